@@ -1,0 +1,30 @@
+//! Schema migrations of solid-notify.
+//!
+//! Creates `notify_def`, `notify_msg` and `notify_msg_history` on SQLite,
+//! PostgreSQL and MySQL/MariaDB. The migrator keeps its own tracking table,
+//! [`MIGRATION_TABLE`], so it never collides with the application's migrator.
+//!
+//! Run it with `cargo run -p migration -- up` (the standard sea-orm-migration
+//! CLI, reading `DATABASE_URL`), `solid-notify migrate`, or
+//! `solid_notify::migrate(&db)` from code.
+
+pub use sea_orm_migration::prelude::*;
+
+mod m20261122_000001_create_tables;
+
+/// Name of the table recording which solid-notify migrations ran.
+pub const MIGRATION_TABLE: &str = "solid_notify_migrations";
+
+/// The solid-notify migrator.
+pub struct Migrator;
+
+#[async_trait::async_trait]
+impl MigratorTrait for Migrator {
+    fn migrations() -> Vec<Box<dyn MigrationTrait>> {
+        vec![Box::new(m20261122_000001_create_tables::Migration)]
+    }
+
+    fn migration_table_name() -> DynIden {
+        Alias::new(MIGRATION_TABLE).into_iden()
+    }
+}

@@ -1,0 +1,65 @@
+//! Config: the tunables of a [`Notifier`](crate::Notifier), with their defaults.
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// Default [`Config::lease`]: 60 seconds.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
+/// Default [`Config::attempt_timeout`]: 30 seconds.
+pub const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default [`Config::max_background_attempts`]: 256.
+pub const DEFAULT_MAX_BACKGROUND_ATTEMPTS: usize = 256;
+
+/// How a notifier claims, runs and caches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// How far a claim pushes `next_call_time`: a sender that dies mid-attempt
+    /// leaves a row that is due again after this long. A freshly added notice
+    /// is leased to its producer's after-commit attempt the same way.
+    /// Default [`DEFAULT_LEASE`]; must exceed `attempt_timeout`.
+    pub lease: Duration,
+    /// An attempt still running after this long is a retryable failure.
+    /// Default [`DEFAULT_ATTEMPT_TIMEOUT`].
+    pub attempt_timeout: Duration,
+    /// How long a snapshot of `notify_def` is trusted.
+    /// Default [`crate::def::cache::DEFAULT_TTL`].
+    pub def_cache_ttl: Duration,
+    /// Whether committed notices are attempted at once in-process. When off,
+    /// new rows are due at once and wait for a sweeper. Default `true`.
+    pub immediate_attempt: bool,
+    /// Background after-commit attempts allowed at once; a notice that finds
+    /// no slot is left to the sweeper (due when its lease ends).
+    /// Default [`DEFAULT_MAX_BACKGROUND_ATTEMPTS`].
+    pub max_background_attempts: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            lease: DEFAULT_LEASE,
+            attempt_timeout: DEFAULT_ATTEMPT_TIMEOUT,
+            def_cache_ttl: crate::def::cache::DEFAULT_TTL,
+            immediate_attempt: true,
+            max_background_attempts: DEFAULT_MAX_BACKGROUND_ATTEMPTS,
+        }
+    }
+}
+
+impl Config {
+    /// Checks the settings against each other.
+    pub fn validate(&self) -> Result<()> {
+        if self.attempt_timeout >= self.lease {
+            return Err(Error::Config(format!(
+                "lease ({:?}) must be longer than attempt_timeout ({:?}), or a slow attempt could be claimed twice",
+                self.lease, self.attempt_timeout
+            )));
+        }
+        if self.max_background_attempts == 0 && self.immediate_attempt {
+            return Err(Error::Config(
+                "max_background_attempts must be at least 1 when immediate_attempt is on".into(),
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,149 @@
+//! Cache: validated definitions read from `notify_def`, refreshed on a short TTL.
+//!
+//! The whole table is read at once (it holds one row per kind of notification,
+//! not per notice). A snapshot older than the TTL is reloaded on next use, and a
+//! name or id that is missing triggers a reload too (at most one every
+//! [`MISS_RELOAD_INTERVAL`]), so rows inserted or edited in place take effect
+//! without a restart.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, RwLock},
+    time::{Duration, Instant},
+};
+
+use sea_orm::{ConnectionTrait, EntityTrait};
+
+use super::{Def, store::validate_row};
+use crate::{
+    entity::notify_def,
+    error::{DefinitionError, Error, Result},
+};
+
+/// Default time a snapshot of `notify_def` is trusted: 5 seconds.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(5);
+
+/// Minimum time between two reloads caused by an unknown name or id: 250 ms.
+pub const MISS_RELOAD_INTERVAL: Duration = Duration::from_millis(250);
+
+type Entry = Result<Arc<Def>, DefinitionError>;
+
+#[derive(Default)]
+struct Snapshot {
+    loaded_at: Option<Instant>,
+    by_name: HashMap<String, Entry>,
+    by_id: HashMap<i64, Entry>,
+}
+
+/// A TTL cache of validated definitions.
+pub struct DefCache {
+    ttl: Duration,
+    snapshot: RwLock<Arc<Snapshot>>,
+    reload: tokio::sync::Mutex<()>,
+}
+
+#[derive(Clone, Copy)]
+enum Key<'a> {
+    Name(&'a str),
+    Id(i64),
+}
+
+impl DefCache {
+    /// An empty cache trusting snapshots for `ttl`.
+    pub fn new(ttl: Duration) -> Self {
+        DefCache {
+            ttl,
+            snapshot: RwLock::new(Arc::new(Snapshot::default())),
+            reload: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// The definition named `name`.
+    pub async fn by_name<C: ConnectionTrait>(&self, db: &C, name: &str) -> Result<Arc<Def>> {
+        self.get(db, Key::Name(name)).await
+    }
+
+    /// The definition with `notify_def.id = id`.
+    pub async fn by_id<C: ConnectionTrait>(&self, db: &C, id: i64) -> Result<Arc<Def>> {
+        self.get(db, Key::Id(id)).await
+    }
+
+    /// Forgets the snapshot so the next use reloads.
+    pub fn invalidate(&self) {
+        self.replace(Snapshot::default());
+    }
+
+    async fn get<C: ConnectionTrait>(&self, db: &C, key: Key<'_>) -> Result<Arc<Def>> {
+        let snap = self.current();
+        let fresh = snap.loaded_at.is_some_and(|t| t.elapsed() < self.ttl);
+        if fresh && let Some(found) = lookup(&snap, key) {
+            return found;
+        }
+        let may_reload = !fresh
+            || snap
+                .loaded_at
+                .is_none_or(|t| t.elapsed() >= MISS_RELOAD_INTERVAL);
+        let snap = if may_reload {
+            self.reload(db, snap.loaded_at).await?
+        } else {
+            snap
+        };
+        lookup(&snap, key).unwrap_or_else(|| {
+            Err(match key {
+                Key::Name(name) => Error::UnknownDef(name.to_string()),
+                Key::Id(id) => Error::UnknownDefId(id),
+            })
+        })
+    }
+
+    fn current(&self) -> Arc<Snapshot> {
+        match self.snapshot.read() {
+            Ok(guard) => guard.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    fn replace(&self, snap: Snapshot) {
+        let snap = Arc::new(snap);
+        match self.snapshot.write() {
+            Ok(mut guard) => *guard = snap,
+            Err(poisoned) => *poisoned.into_inner() = snap,
+        }
+    }
+
+    /// Reloads unless another task already did since `seen` was loaded.
+    async fn reload<C: ConnectionTrait>(
+        &self,
+        db: &C,
+        seen: Option<Instant>,
+    ) -> Result<Arc<Snapshot>> {
+        let _single_flight = self.reload.lock().await;
+        let current = self.current();
+        if current.loaded_at != seen {
+            return Ok(current);
+        }
+        let rows = notify_def::Entity::find().all(db).await?;
+        let mut snap = Snapshot {
+            loaded_at: Some(Instant::now()),
+            ..Snapshot::default()
+        };
+        for row in rows {
+            let entry = validate_row(&row).map(Arc::new);
+            if let Err(e) = &entry {
+                tracing::warn!(def = %row.name, error = %e, "invalid notify_def row");
+            }
+            snap.by_id.insert(row.id, entry.clone());
+            snap.by_name.insert(row.name, entry);
+        }
+        self.replace(snap);
+        Ok(self.current())
+    }
+}
+
+fn lookup(snap: &Snapshot, key: Key<'_>) -> Option<Result<Arc<Def>>> {
+    let entry = match key {
+        Key::Name(name) => snap.by_name.get(name),
+        Key::Id(id) => snap.by_id.get(&id),
+    }?;
+    Some(entry.clone().map_err(Error::InvalidDef))
+}

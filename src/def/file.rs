@@ -1,0 +1,256 @@
+//! File: the TOML format of `definitions/`, loaded and validated.
+//!
+//! Each `*.toml` file holds one or more definitions, one table per definition,
+//! keyed by its unique name. Every `notify_def` column is a key; all but
+//! `channel` and `target` have defaults (see [`DefSpec`]).
+//!
+//! ```toml
+//! [order_paid]
+//! channel = "http"
+//! description = "tell the warehouse an order was paid"
+//! retry_interval = "30s,1m,3m,30m"   # n-th retry waits the n-th entry, last repeats
+//! max_retry_times = 5                # retries after the first attempt; -1 = unlimited
+//! max_retry_interval = 60            # minutes; 0 = no cap
+//! alert_trigger_type = 3             # 0 final, 1 every failure, 2 never, 3 after N
+//! alert_trigger_fail_times = 3
+//! email = "ops@example.com, oncall@example.com"
+//! need_confirm = false
+//! max_confirm_delay = 0              # seconds; 0 = forever
+//! target = { url = "http://127.0.0.1:8080/hook", expected_body = "success" }
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use toml::Table;
+
+use super::{DefSpec, DefSpec as Spec};
+use crate::error::{DefinitionError, Error, Result};
+
+/// A definition read from a file, validated, with where it came from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FileDef {
+    /// The file it was read from.
+    pub path: PathBuf,
+    /// Its column values.
+    pub spec: DefSpec,
+}
+
+/// Reads every `*.toml` file in `dir` (sorted by name) and validates each
+/// definition. Fails on the first problem; a name defined twice is a problem.
+pub fn load_dir(dir: &Path) -> Result<Vec<FileDef>> {
+    let io_err = |e: std::io::Error| Error::DefinitionFile {
+        path: dir.display().to_string(),
+        problem: e.to_string(),
+    };
+    let mut paths = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(io_err)? {
+        let path = entry.map_err(io_err)?.path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            paths.push(path);
+        }
+    }
+    paths.sort();
+    let mut defs: Vec<FileDef> = Vec::new();
+    for path in paths {
+        for def in load_file(&path)? {
+            if let Some(first) = defs.iter().find(|d| d.spec.name == def.spec.name) {
+                return Err(DefinitionError {
+                    origin: path.display().to_string(),
+                    def: def.spec.name,
+                    field: "name".into(),
+                    problem: format!("already defined in {}", first.path.display()),
+                }
+                .into());
+            }
+            defs.push(def);
+        }
+    }
+    Ok(defs)
+}
+
+/// Reads and validates the definitions of one TOML file.
+pub fn load_file(path: &Path) -> Result<Vec<FileDef>> {
+    let source = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| Error::DefinitionFile {
+        path: source.clone(),
+        problem: e.to_string(),
+    })?;
+    parse(&text, &source)?
+        .into_iter()
+        .map(|spec| {
+            spec.validate(0, &source)?;
+            Ok(FileDef {
+                path: path.to_path_buf(),
+                spec,
+            })
+        })
+        .collect()
+}
+
+/// Parses TOML text into specs (not yet validated); `source` names it in errors.
+pub fn parse(text: &str, source: &str) -> Result<Vec<DefSpec>> {
+    let table: Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| Error::DefinitionFile {
+            path: source.to_string(),
+            problem: e.to_string(),
+        })?;
+    table
+        .into_iter()
+        .map(|(name, value)| {
+            let fail = |field: &str, problem: String| DefinitionError {
+                origin: source.to_string(),
+                def: name.clone(),
+                field: field.to_string(),
+                problem,
+            };
+            let toml::Value::Table(fields) = value else {
+                return Err(fail("", "a definition must be a table `[name]`".into()).into());
+            };
+            spec_from_table(&name, fields).map_err(|(f, p)| fail(&f, p).into())
+        })
+        .collect()
+}
+
+const KNOWN: [&str; 12] = [
+    "channel",
+    "target",
+    "retry_interval",
+    "max_retry_times",
+    "max_retry_interval",
+    "alert_trigger_type",
+    "alert_trigger_fail_times",
+    "email",
+    "need_confirm",
+    "max_confirm_delay",
+    "description",
+    "name",
+];
+
+type FieldResult<T> = std::result::Result<T, (String, String)>;
+
+fn spec_from_table(name: &str, mut t: Table) -> FieldResult<DefSpec> {
+    if let Some(unknown) = t.keys().find(|k| !KNOWN.contains(&k.as_str())) {
+        return Err((unknown.clone(), "unknown field".into()));
+    }
+    if let Some(inner) = t.remove("name") {
+        if inner.as_str() != Some(name) {
+            return Err((
+                "name".into(),
+                "must equal the table key or be left out".into(),
+            ));
+        }
+    }
+    let channel = take_str(&mut t, "channel")?.ok_or(("channel".into(), "missing".into()))?;
+    let target = t
+        .remove("target")
+        .ok_or(("target".to_string(), "missing".to_string()))?;
+    let target = serde_json::to_value(target).map_err(|e| ("target".to_string(), e.to_string()))?;
+    let mut spec = Spec::new(name, super::Channel::Handler, Value::Null);
+    spec.channel = channel;
+    spec.target = target;
+    if let Some(v) = take_str(&mut t, "retry_interval")? {
+        spec.retry_interval = v;
+    }
+    for (key, slot) in [
+        ("max_retry_times", &mut spec.max_retry_times),
+        ("max_retry_interval", &mut spec.max_retry_interval),
+        ("alert_trigger_type", &mut spec.alert_trigger_type),
+        (
+            "alert_trigger_fail_times",
+            &mut spec.alert_trigger_fail_times,
+        ),
+        ("max_confirm_delay", &mut spec.max_confirm_delay),
+    ] {
+        if let Some(v) = t.remove(key) {
+            *slot = v
+                .as_integer()
+                .ok_or((key.to_string(), format!("must be an integer, got {v}")))?;
+        }
+    }
+    if let Some(v) = t.remove("need_confirm") {
+        spec.need_confirm = v.as_bool().ok_or((
+            "need_confirm".to_string(),
+            format!("must be true or false, got {v}"),
+        ))?;
+    }
+    if let Some(v) = take_str(&mut t, "email")? {
+        spec.email = v;
+    }
+    if let Some(v) = take_str(&mut t, "description")? {
+        spec.description = v;
+    }
+    Ok(spec)
+}
+
+fn take_str(t: &mut Table, key: &str) -> FieldResult<Option<String>> {
+    match t.remove(key) {
+        None => Ok(None),
+        Some(toml::Value::String(s)) => Ok(Some(s)),
+        Some(other) => Err((key.to_string(), format!("must be a string, got {other}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problem(text: &str) -> DefinitionError {
+        let specs = match parse(text, "t.toml") {
+            Ok(specs) => specs,
+            Err(Error::InvalidDef(e)) => return e,
+            Err(other) => panic!("unexpected {other}"),
+        };
+        specs
+            .iter()
+            .find_map(|s| s.validate(0, "t.toml").err())
+            .expect("expected a validation error")
+    }
+
+    #[test]
+    fn full_definition_parses() {
+        let specs = parse(
+            r#"
+            [order_paid]
+            channel = "http"
+            retry_interval = "30s,1m"
+            max_retry_times = -1
+            alert_trigger_type = 3
+            alert_trigger_fail_times = 2
+            email = "ops@example.com"
+            need_confirm = true
+            max_confirm_delay = 30
+            target = { url = "http://127.0.0.1:1/x", expected_body = "success" }
+            "#,
+            "t.toml",
+        )
+        .unwrap();
+        let def = specs[0].validate(0, "t.toml").unwrap();
+        assert_eq!(def.name, "order_paid");
+        assert_eq!(def.retry.max_retries, None);
+        assert_eq!(def.alert_emails, ["ops@example.com"]);
+    }
+
+    #[test]
+    fn errors_name_file_def_and_field() {
+        let e = problem("[a]\nchannel = \"fax\"\ntarget = {}\n");
+        assert_eq!(
+            (e.origin.as_str(), e.def.as_str(), e.field.as_str()),
+            ("t.toml", "a", "channel")
+        );
+        assert_eq!(
+            problem("[a]\nchannel = \"handler\"\ntarget = {handler = \"h\"}\ncolour = 1\n").field,
+            "colour"
+        );
+        assert_eq!(
+            problem(
+                "[a]\nchannel = \"handler\"\ntarget = {handler = \"h\"}\nmax_retry_times = \"5\"\n"
+            )
+            .field,
+            "max_retry_times"
+        );
+        assert_eq!(problem("[a]\nchannel = \"handler\"\n").field, "target");
+        assert_eq!(problem("[a]\nchannel = \"handler\"\ntarget = {handler = \"h\"}\nretry_interval = \"soon\"\n").field, "retry_interval");
+    }
+}

@@ -1,0 +1,387 @@
+//! Def: a kind of notification and its delivery policy (a `notify_def` row).
+//!
+//! Definitions are kept as TOML files under `definitions/` ([`file`]), synced
+//! into the table ([`store`]), and read back through a short-lived cache
+//! ([`cache`]) so that edits made directly in the table take effect without a
+//! restart. Whatever the source, every definition passes the same validation,
+//! [`DefSpec::validate`], before it is used.
+
+pub mod cache;
+pub mod file;
+pub mod store;
+mod target;
+
+use std::{sync::Arc, time::Duration};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+pub use target::{AmqpTarget, Channel, EmailTarget, HandlerTarget, HttpTarget, Target};
+
+use crate::{
+    entity::notify_def,
+    error::DefinitionError,
+    schedule::{RetryIntervals, RetryPolicy},
+};
+
+/// Default `retry_interval`: `5s,5m,1h,1d`.
+pub const DEFAULT_RETRY_INTERVAL: &str = "5s,5m,1h,1d";
+/// Default `max_retry_times`: 5 retries after the first attempt.
+pub const DEFAULT_MAX_RETRY_TIMES: i64 = 5;
+/// Default `max_retry_interval`: 1440 minutes (one day). `0` means no cap.
+pub const DEFAULT_MAX_RETRY_INTERVAL: i64 = 1440;
+
+/// When a definition's failures e-mail its `email` recipients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum AlertPolicy {
+    /// Type 0: once, when the notice fails for good.
+    OnFinalFailure,
+    /// Type 1: on every failed attempt (rate-limited by the alert sender).
+    OnEveryFailure,
+    /// Type 2: never.
+    Never,
+    /// Type 3: once, when the failure count reaches N.
+    AfterFailures(u32),
+}
+
+impl AlertPolicy {
+    /// Whether the failure that brought the count to `failures` alerts.
+    pub fn fires(self, failures: u32, is_final: bool) -> bool {
+        match self {
+            AlertPolicy::OnFinalFailure => is_final,
+            AlertPolicy::OnEveryFailure => true,
+            AlertPolicy::Never => false,
+            AlertPolicy::AfterFailures(n) => failures == n,
+        }
+    }
+
+    /// The `alert_trigger_type` column value.
+    pub fn type_code(self) -> i16 {
+        match self {
+            AlertPolicy::OnFinalFailure => 0,
+            AlertPolicy::OnEveryFailure => 1,
+            AlertPolicy::Never => 2,
+            AlertPolicy::AfterFailures(_) => 3,
+        }
+    }
+}
+
+/// Whether and how long a sent notice waits for a confirmation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Confirm {
+    /// A successful send is final (`need_confirm = false`).
+    NotNeeded,
+    /// Unconfirmed after this long = a failed attempt.
+    Within(Duration),
+    /// Wait for the confirmation forever (`max_confirm_delay = 0`).
+    Forever,
+}
+
+/// A validated definition, ready for producers and dispatch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Def {
+    /// `notify_def.id`.
+    pub id: i64,
+    /// Unique name.
+    pub name: String,
+    /// Channel and its settings.
+    pub target: Target,
+    /// The target as stored, for merging per-notice overrides.
+    pub target_json: Value,
+    /// Retry schedule and limits.
+    pub retry: RetryPolicy,
+    /// When failures alert.
+    pub alert: AlertPolicy,
+    /// Alert recipients.
+    pub alert_emails: Vec<String>,
+    /// Confirmation policy.
+    pub confirm: Confirm,
+    /// Free text.
+    pub description: String,
+}
+
+/// The column values of a definition, unvalidated: what a TOML file or a
+/// `notify_def` row holds. Field names are the column names.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DefSpec {
+    /// Unique name (the table key in a TOML file).
+    pub name: String,
+    /// `http`, `amqp`, `email` or `handler`.
+    pub channel: String,
+    /// The channel's settings, a JSON object.
+    pub target: Value,
+    /// `5m` or `5s,5m,1h,1d`. Default [`DEFAULT_RETRY_INTERVAL`].
+    pub retry_interval: String,
+    /// Retries after the first attempt, -1 = unlimited. Default [`DEFAULT_MAX_RETRY_TIMES`].
+    pub max_retry_times: i64,
+    /// Cap on one wait in minutes, 0 = none. Default [`DEFAULT_MAX_RETRY_INTERVAL`].
+    pub max_retry_interval: i64,
+    /// 0 final failure, 1 every failure, 2 never, 3 after N failures. Default 0.
+    pub alert_trigger_type: i64,
+    /// N for type 3. Default 0.
+    pub alert_trigger_fail_times: i64,
+    /// Alert recipients, comma separated. Default empty (alerts are only logged).
+    pub email: String,
+    /// Whether a send only counts once confirmed. Default `false`.
+    pub need_confirm: bool,
+    /// Seconds to wait for confirmation, 0 = forever. Default 0.
+    pub max_confirm_delay: i64,
+    /// Free text. Default empty.
+    pub description: String,
+}
+
+impl DefSpec {
+    /// A spec with every default filled in.
+    pub fn new(name: impl Into<String>, channel: Channel, target: Value) -> Self {
+        DefSpec {
+            name: name.into(),
+            channel: channel.as_str().into(),
+            target,
+            retry_interval: DEFAULT_RETRY_INTERVAL.into(),
+            max_retry_times: DEFAULT_MAX_RETRY_TIMES,
+            max_retry_interval: DEFAULT_MAX_RETRY_INTERVAL,
+            alert_trigger_type: 0,
+            alert_trigger_fail_times: 0,
+            email: String::new(),
+            need_confirm: false,
+            max_confirm_delay: 0,
+            description: String::new(),
+        }
+    }
+
+    /// Reads the spec back from a stored row.
+    pub fn from_row(row: &notify_def::Model) -> Result<Self, DefinitionError> {
+        let target = serde_json::from_str(&row.target).map_err(|e| DefinitionError {
+            origin: format!("notify_def#{}", row.id),
+            def: row.name.clone(),
+            field: "target".into(),
+            problem: format!("not valid JSON: {e}"),
+        })?;
+        Ok(DefSpec {
+            name: row.name.clone(),
+            channel: row.channel.clone(),
+            target,
+            retry_interval: row.retry_interval.clone(),
+            max_retry_times: row.max_retry_times.into(),
+            max_retry_interval: row.max_retry_interval.into(),
+            alert_trigger_type: row.alert_trigger_type.into(),
+            alert_trigger_fail_times: row.alert_trigger_fail_times.into(),
+            email: row.email.clone(),
+            need_confirm: row.need_confirm,
+            max_confirm_delay: row.max_confirm_delay.into(),
+            description: row.description.clone(),
+        })
+    }
+
+    /// Validates every field; `source` names where the spec came from.
+    pub fn validate(&self, id: i64, source: &str) -> Result<Def, DefinitionError> {
+        let fail = |field: &str, problem: String| DefinitionError {
+            origin: source.to_string(),
+            def: self.name.clone(),
+            field: field.to_string(),
+            problem,
+        };
+        if self.name.trim().is_empty() || self.name.len() > 191 {
+            return Err(fail("name", "must be 1 to 191 characters".into()));
+        }
+        let channel = Channel::parse(&self.channel).ok_or_else(|| {
+            fail(
+                "channel",
+                format!(
+                    "unknown channel `{}` (use http, amqp, email or handler)",
+                    self.channel
+                ),
+            )
+        })?;
+        let target = Target::parse(channel, &self.target).map_err(|p| fail("target", p))?;
+        let intervals: RetryIntervals = self
+            .retry_interval
+            .parse()
+            .map_err(|p| fail("retry_interval", p))?;
+        let max_retries = match self.max_retry_times {
+            -1 => None,
+            n => Some(
+                u32::try_from(n)
+                    .ok()
+                    .filter(|n| *n <= i32::MAX as u32)
+                    .ok_or_else(|| fail("max_retry_times", format!("{n} is not -1 or a count")))?,
+            ),
+        };
+        let cap_minutes = non_negative(self.max_retry_interval)
+            .ok_or_else(|| fail("max_retry_interval", "must be 0 (no cap) or minutes".into()))?;
+        let cap = (cap_minutes > 0).then(|| Duration::from_secs(u64::from(cap_minutes) * 60));
+        let alert = match self.alert_trigger_type {
+            0 => AlertPolicy::OnFinalFailure,
+            1 => AlertPolicy::OnEveryFailure,
+            2 => AlertPolicy::Never,
+            3 => {
+                let n = non_negative(self.alert_trigger_fail_times)
+                    .filter(|n| *n > 0)
+                    .ok_or_else(|| {
+                        fail(
+                            "alert_trigger_fail_times",
+                            "alert type 3 needs a count of at least 1".into(),
+                        )
+                    })?;
+                if let Some(max) = max_retries
+                    && n > max.saturating_add(1)
+                {
+                    return Err(fail(
+                        "alert_trigger_fail_times",
+                        format!(
+                            "{n} failures can never happen with max_retry_times = {max} ({} attempts)",
+                            max + 1
+                        ),
+                    ));
+                }
+                AlertPolicy::AfterFailures(n)
+            }
+            other => {
+                return Err(fail(
+                    "alert_trigger_type",
+                    format!(
+                        "{other} is not 0 (final failure), 1 (every failure), 2 (never) or 3 (after N failures)"
+                    ),
+                ));
+            }
+        };
+        if non_negative(self.alert_trigger_fail_times).is_none() {
+            return Err(fail(
+                "alert_trigger_fail_times",
+                "must not be negative".into(),
+            ));
+        }
+        let alert_emails = parse_address_list(&self.email).map_err(|p| fail("email", p))?;
+        let delay = non_negative(self.max_confirm_delay)
+            .ok_or_else(|| fail("max_confirm_delay", "must be 0 (forever) or seconds".into()))?;
+        let confirm = match (self.need_confirm, delay) {
+            (false, _) => Confirm::NotNeeded,
+            (true, 0) => Confirm::Forever,
+            (true, secs) => Confirm::Within(Duration::from_secs(secs.into())),
+        };
+        Ok(Def {
+            id,
+            name: self.name.clone(),
+            target,
+            target_json: self.target.clone(),
+            retry: RetryPolicy {
+                intervals,
+                max_retries,
+                cap,
+            },
+            alert,
+            alert_emails,
+            confirm,
+            description: self.description.clone(),
+        })
+    }
+}
+
+/// `Some(n)` when `n` fits a non-negative `i32` column.
+fn non_negative(n: i64) -> Option<u32> {
+    u32::try_from(n).ok().filter(|n| *n <= i32::MAX as u32)
+}
+
+/// Validates one e-mail address (lettre's parser).
+pub(crate) fn parse_address(text: &str) -> Result<lettre::Address, String> {
+    text.trim()
+        .parse()
+        .map_err(|e| format!("`{text}` is not an e-mail address: {e}"))
+}
+
+/// Splits and validates a comma-separated address list (empty = no addresses).
+fn parse_address_list(text: &str) -> Result<Vec<String>, String> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| parse_address(s).map(|a| a.to_string()))
+        .collect()
+}
+
+/// A shared, validated definition.
+pub type DefRef = Arc<Def>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn spec() -> DefSpec {
+        DefSpec::new("d", Channel::Handler, json!({"handler": "h"}))
+    }
+
+    fn field_of(spec: DefSpec) -> String {
+        spec.validate(0, "test").unwrap_err().field
+    }
+
+    #[test]
+    fn defaults_validate() {
+        let def = spec().validate(7, "test").unwrap();
+        assert_eq!(def.id, 7);
+        assert_eq!(def.retry.max_retries, Some(5));
+        assert_eq!(def.retry.cap, Some(Duration::from_secs(86_400)));
+        assert_eq!(def.alert, AlertPolicy::OnFinalFailure);
+        assert_eq!(def.confirm, Confirm::NotNeeded);
+    }
+
+    #[test]
+    fn each_bad_field_is_named() {
+        let cases: Vec<(&str, Box<dyn Fn(&mut DefSpec)>)> = vec![
+            ("channel", Box::new(|s| s.channel = "sms".into())),
+            ("target", Box::new(|s| s.target = json!({"nope": 1}))),
+            ("target", Box::new(|s| s.target = json!("h"))),
+            (
+                "retry_interval",
+                Box::new(|s| s.retry_interval = "5 min".into()),
+            ),
+            ("max_retry_times", Box::new(|s| s.max_retry_times = -2)),
+            (
+                "max_retry_interval",
+                Box::new(|s| s.max_retry_interval = -1),
+            ),
+            ("alert_trigger_type", Box::new(|s| s.alert_trigger_type = 4)),
+            (
+                "alert_trigger_fail_times",
+                Box::new(|s| s.alert_trigger_type = 3),
+            ),
+            (
+                "alert_trigger_fail_times",
+                Box::new(|s| {
+                    s.alert_trigger_type = 3;
+                    s.alert_trigger_fail_times = 9;
+                }),
+            ),
+            (
+                "email",
+                Box::new(|s| s.email = "ops@example.com, not-an-address".into()),
+            ),
+            ("max_confirm_delay", Box::new(|s| s.max_confirm_delay = -5)),
+            ("name", Box::new(|s| s.name = " ".into())),
+        ];
+        for (field, edit) in cases {
+            let mut s = spec();
+            edit(&mut s);
+            assert_eq!(field_of(s), field);
+        }
+    }
+
+    #[test]
+    fn alert_policy_fires() {
+        assert!(AlertPolicy::OnFinalFailure.fires(3, true));
+        assert!(!AlertPolicy::OnFinalFailure.fires(3, false));
+        assert!(AlertPolicy::OnEveryFailure.fires(1, false));
+        assert!(!AlertPolicy::Never.fires(9, true));
+        let three = AlertPolicy::AfterFailures(3);
+        let fired: Vec<u32> = (1..=6).filter(|n| three.fires(*n, *n == 6)).collect();
+        assert_eq!(fired, [3]);
+    }
+
+    #[test]
+    fn http_target_checks() {
+        let t = |v: Value| Target::parse(Channel::Http, &v);
+        assert!(t(json!({"url": "http://127.0.0.1:1/x"})).is_ok());
+        assert!(t(json!({"url": "ftp://x"})).is_err());
+        assert!(t(json!({"url": "http://x", "method": "BREW"})).is_err());
+        assert!(t(json!({"url": "http://x", "timeout": "soon"})).is_err());
+    }
+}

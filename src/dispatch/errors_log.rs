@@ -1,0 +1,85 @@
+//! Errors log: the `errors` column, one line per failed attempt.
+
+use chrono::NaiveDateTime;
+
+/// Longest reason kept on one line, in bytes; longer reasons are cut.
+pub const MAX_REASON_BYTES: usize = 1_000;
+/// Largest log kept, in bytes; the oldest lines are dropped past it (the
+/// column must fit MySQL's TEXT and stay cheap to rewrite).
+pub const MAX_LOG_BYTES: usize = 32 * 1_024;
+
+/// Appends `time attempt N: reason` to `log`, keeping it under [`MAX_LOG_BYTES`].
+pub(crate) fn append_error(log: &str, at: NaiveDateTime, attempt: u32, reason: &str) -> String {
+    let reason: String = reason
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    let reason = truncate(reason.trim(), MAX_REASON_BYTES);
+    let line = format!(
+        "{} attempt {attempt}: {reason}",
+        at.format("%Y-%m-%dT%H:%M:%S%.3fZ")
+    );
+    let mut lines: Vec<&str> = log.lines().filter(|l| !l.is_empty()).collect();
+    lines.push(&line);
+    let mut dropped = 0usize;
+    let size = |lines: &[&str]| lines.iter().map(|l| l.len() + 1).sum::<usize>() + 40;
+    while lines.len() > 1 && size(&lines) > MAX_LOG_BYTES {
+        let first = lines.remove(0);
+        dropped += first
+            .strip_prefix("[")
+            .and_then(|s| s.split(' ').next())
+            .and_then(|n| n.parse::<usize>().ok())
+            .unwrap_or(1);
+    }
+    let mut out = String::new();
+    if dropped > 0 {
+        out.push_str(&format!("[{dropped} earlier lines dropped]\n"));
+    }
+    out.push_str(&lines.join("\n"));
+    out
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at() -> NaiveDateTime {
+        chrono::DateTime::from_timestamp(0, 0).unwrap().naive_utc()
+    }
+
+    #[test]
+    fn one_line_per_attempt() {
+        let log = append_error("", at(), 1, "boom\nwith newline");
+        let log = append_error(&log, at(), 2, "again");
+        assert_eq!(
+            log,
+            "1970-01-01T00:00:00.000Z attempt 1: boom with newline\n1970-01-01T00:00:00.000Z attempt 2: again"
+        );
+    }
+
+    #[test]
+    fn log_is_capped_and_counts_dropped_lines() {
+        let mut log = String::new();
+        let reason = "é".repeat(600);
+        for n in 1..=200 {
+            log = append_error(&log, at(), n, &reason);
+        }
+        assert!(log.len() <= MAX_LOG_BYTES);
+        assert!(log.ends_with("…"));
+        let first = log.lines().next().unwrap();
+        let kept = log.lines().count() - 1;
+        assert_eq!(first, format!("[{} earlier lines dropped]", 200 - kept));
+        assert!(log.lines().last().unwrap().contains("attempt 200"));
+    }
+}

@@ -1,0 +1,52 @@
+//! `notify_def`: one row per kind of notification, holding its delivery policy.
+
+use sea_orm::entity::prelude::*;
+use serde::Serialize;
+
+/// A `notify_def` row as stored. See [`crate::def::Def`] for the validated form.
+#[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel, Serialize)]
+#[sea_orm(table_name = "notify_def")]
+pub struct Model {
+    /// Surrogate key, referenced by `notify_msg.def_id`.
+    #[sea_orm(primary_key)]
+    pub id: i64,
+    /// Unique name producers refer to.
+    #[sea_orm(unique)]
+    pub name: String,
+    /// `http`, `amqp`, `email` or `handler`.
+    pub channel: String,
+    /// JSON object with the channel's settings.
+    #[sea_orm(column_type = "Text")]
+    pub target: String,
+    /// `5m` or `5s,5m,1h,1d`.
+    pub retry_interval: String,
+    /// Retries after the first attempt; -1 = unlimited.
+    pub max_retry_times: i32,
+    /// Cap on a single wait, in minutes; 0 = no cap.
+    pub max_retry_interval: i32,
+    /// 0 final failure, 1 every failure, 2 never, 3 after N failures.
+    pub alert_trigger_type: i16,
+    /// N for alert type 3.
+    pub alert_trigger_fail_times: i32,
+    /// Alert recipients, comma separated.
+    #[sea_orm(column_type = "Text")]
+    pub email: String,
+    /// Whether a send only counts once confirmed.
+    pub need_confirm: bool,
+    /// Seconds to wait for confirmation; 0 = forever.
+    pub max_confirm_delay: i32,
+    /// Free text.
+    #[sea_orm(column_type = "Text")]
+    pub description: String,
+    /// When the row was created.
+    pub create_time: DateTime,
+    /// When the row was last changed by `defs sync`.
+    pub update_time: DateTime,
+}
+
+/// No relations are declared: `notify_msg.def_id` is a plain column so that
+/// producers in other languages can insert rows without ORM knowledge.
+#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+pub enum Relation {}
+
+impl ActiveModelBehavior for ActiveModel {}

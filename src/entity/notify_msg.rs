@@ -1,0 +1,51 @@
+//! `notify_msg`: one row per notice still in flight.
+
+use sea_orm::entity::prelude::*;
+use serde::Serialize;
+
+use crate::Status;
+
+/// A notice in flight. `notify_msg_history` has the same columns.
+#[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel, Serialize)]
+#[sea_orm(table_name = "notify_msg")]
+pub struct Model {
+    /// The notice id, stable across attempts and handed to receivers.
+    #[sea_orm(primary_key)]
+    pub id: i64,
+    /// The `notify_def.id` this notice follows.
+    pub def_id: i64,
+    /// The JSON payload, stored as given.
+    #[sea_orm(column_type = "Text")]
+    pub param: String,
+    /// The caller's context; handlers may append results.
+    #[sea_orm(column_type = "Text")]
+    pub description: String,
+    /// The failure log, one line per failed attempt.
+    #[sea_orm(column_type = "Text")]
+    pub errors: String,
+    /// Life-cycle state.
+    pub status: Status,
+    /// Failed attempts so far.
+    pub retry_times: i32,
+    /// Start of the latest attempt.
+    pub last_call_time: Option<DateTime>,
+    /// When the row is next due (also the lease end while an attempt runs).
+    pub next_call_time: DateTime,
+    /// When the notice was added.
+    pub create_time: DateTime,
+    /// Optimistic lock: bumped by every claim and every outcome.
+    pub version: i32,
+    /// Partition number for spreading work across workers.
+    pub load_balance_num: i32,
+    /// Key handed to receivers for de-duplication; the notice id when absent.
+    pub idempotency_key: Option<String>,
+    /// Per-notice JSON object merged over the definition's target.
+    #[sea_orm(column_type = "Text", nullable)]
+    pub target_override: Option<String>,
+}
+
+/// See [`super::notify_def::Relation`].
+#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+pub enum Relation {}
+
+impl ActiveModelBehavior for ActiveModel {}

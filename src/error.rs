@@ -1,0 +1,79 @@
+//! Error: every way a solid-notify call can fail, typed so callers can react.
+
+use sea_orm::DbErr;
+
+/// A definition that failed validation, with where it came from.
+///
+/// `origin` is a file path for definitions loaded from `definitions/`, or
+/// `notify_def#<id>` for a row edited directly in the table.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{origin}: definition `{def}`: field `{field}`: {problem}")]
+pub struct DefinitionError {
+    /// File path or table row the definition was read from.
+    pub origin: String,
+    /// Name of the definition (empty when the name itself is missing).
+    pub def: String,
+    /// The offending field (a `notify_def` column name, or `target.<key>`).
+    pub field: String,
+    /// What is wrong with it.
+    pub problem: String,
+}
+
+/// Errors returned by the solid-notify API.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The database refused or failed a statement (unreachable, constraint, …).
+    #[error("database error: {0}")]
+    Db(#[from] DbErr),
+
+    /// `add_notice` named a definition that is not in `notify_def`.
+    #[error("unknown notify definition `{0}`")]
+    UnknownDef(String),
+
+    /// A notice refers to a `notify_def.id` that no longer exists.
+    #[error("notice refers to notify_def id {0}, which does not exist")]
+    UnknownDefId(i64),
+
+    /// The definition exists but its row does not validate (edited badly in place).
+    #[error("notify definition is invalid: {0}")]
+    InvalidDef(#[from] DefinitionError),
+
+    /// The notice's param could not be serialised to JSON.
+    #[error("param of a `{def}` notice is not serialisable to JSON: {source}")]
+    Param {
+        /// Definition the notice was for.
+        def: String,
+        /// What serde_json reported.
+        source: serde_json::Error,
+    },
+
+    /// A per-notice override is out of range.
+    #[error("invalid notice for `{def}`: {problem}")]
+    InvalidNotice {
+        /// Definition the notice was for.
+        def: String,
+        /// What is wrong.
+        problem: String,
+    },
+
+    /// A definitions file could not be read or parsed.
+    #[error("cannot read definitions from {path}: {problem}")]
+    DefinitionFile {
+        /// The file or directory.
+        path: String,
+        /// The I/O or TOML error.
+        problem: String,
+    },
+
+    /// The notifier configuration is inconsistent.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+
+    /// No notice with this id is in `notify_msg` (or, for history calls, in history).
+    #[error("notice {0} not found")]
+    NoticeNotFound(i64),
+}
+
+/// Result alias used across the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,60 @@
+//! # solid-notify
+//!
+//! Reliable notifications after commit: the transactional outbox for sea-orm.
+//!
+//! A producer adds a notice inside its own transaction ([`NoticeTx`]); the
+//! notice row (`notify_msg`) commits with the business data or not at all.
+//! Right after the commit the notice is attempted once in-process. Every
+//! attempt, then and later, takes the one [`dispatch`] path: claim the row with
+//! an optimistic version check and a lease, deliver it through its channel or
+//! Rust [`handler`], record the outcome. Failures are retried on the schedule
+//! of the notice's [`def`]inition ([`schedule`]); past its retries a notice is
+//! a final failure, raises an [`alert`], and moves to `notify_msg_history`
+//! like every finished notice.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), solid_notify::Error> {
+//! use solid_notify::{Notifier, Outcome};
+//! let db = sea_orm::Database::connect("sqlite://notify.db?mode=rwc").await?;
+//! solid_notify::migrate(&db).await?;
+//! let notifier = Notifier::builder(db)
+//!     .handler("ship", |n: solid_notify::Notice| async move {
+//!         println!("shipping order {}", n.param["order"]);
+//!         Ok(Outcome::success())
+//!     })
+//!     .build()?;
+//! let tx = notifier.begin().await?;
+//! // … business writes on `&tx` …
+//! tx.add_notice("order_paid", &serde_json::json!({"order": 42}), "web checkout").await?;
+//! tx.commit().await?; // the notice is attempted once the commit succeeded
+//! # Ok(()) }
+//! ```
+
+pub mod alert;
+pub mod config;
+pub mod def;
+pub mod dispatch;
+pub mod entity;
+pub mod error;
+pub mod handler;
+mod notifier;
+pub mod producer;
+pub mod schedule;
+mod status;
+
+pub use alert::{AlertHook, FailureEvent};
+pub use config::Config;
+pub use dispatch::{AttemptReport, AttemptResult};
+pub use error::{DefinitionError, Error, Result};
+pub use handler::{BoxError, Handler, Notice, Outcome};
+pub use notifier::{Notifier, NotifierBuilder};
+pub use producer::{NewNotice, NoticeTx, PendingNotice};
+pub use status::Status;
+
+/// Runs solid-notify's migrations (its own tracking table,
+/// `solid_notify_migrations`): creates or upgrades the three tables.
+pub async fn migrate(db: &sea_orm::DatabaseConnection) -> Result<()> {
+    use migration::MigratorTrait;
+    migration::Migrator::up(db, None).await?;
+    Ok(())
+}

@@ -1,0 +1,60 @@
+//! Status: the life-cycle state of a notice, as stored in the `status` column.
+
+use sea_orm::entity::prelude::*;
+use serde::Serialize;
+
+/// State of a notice row (`notify_msg.status` / `notify_msg_history.status`).
+///
+/// Rows in `notify_msg` are always [`NotSent`](Status::NotSent),
+/// [`Failed`](Status::Failed) or [`AwaitingConfirm`](Status::AwaitingConfirm);
+/// terminal states live in `notify_msg_history`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EnumIter, DeriveActiveEnum, Serialize)]
+#[sea_orm(rs_type = "i16", db_type = "SmallInteger")]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// 0: not attempted yet.
+    #[sea_orm(num_value = 0)]
+    NotSent,
+    /// 1: delivered (and confirmed, when the definition needs it). Terminal.
+    #[sea_orm(num_value = 1)]
+    Succeeded,
+    /// 2: the last attempt failed; another is scheduled at `next_call_time`.
+    #[sea_orm(num_value = 2)]
+    Failed,
+    /// 3: retries exhausted or a permanent failure. Terminal.
+    #[sea_orm(num_value = 3)]
+    FinalFailure,
+    /// 4: sent, waiting for confirmation until `next_call_time`.
+    #[sea_orm(num_value = 4)]
+    AwaitingConfirm,
+    /// 5: cancelled by an operator. Terminal.
+    #[sea_orm(num_value = 5)]
+    Cancelled,
+}
+
+impl Status {
+    /// The states a sweeper picks up when they are due.
+    pub const DUE: [Status; 3] = [Status::NotSent, Status::Failed, Status::AwaitingConfirm];
+
+    /// Whether this state only appears in `notify_msg_history`.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            Status::Succeeded | Status::FinalFailure | Status::Cancelled
+        )
+    }
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = match self {
+            Status::NotSent => "not_sent",
+            Status::Succeeded => "succeeded",
+            Status::Failed => "failed",
+            Status::FinalFailure => "final_failure",
+            Status::AwaitingConfirm => "awaiting_confirm",
+            Status::Cancelled => "cancelled",
+        };
+        f.write_str(s)
+    }
+}
