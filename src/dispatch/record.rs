@@ -1,7 +1,10 @@
 //! Record: write an attempt's outcome against the claimed version.
 
 use chrono::{NaiveDate, NaiveDateTime, Utc};
-use sea_orm::{ActiveValue::Set, ColumnTrait, DbErr, EntityTrait, QueryFilter, TransactionTrait};
+use sea_orm::{
+    ActiveModelTrait, ActiveValue::Set, ColumnTrait, DbErr, EntityTrait, QueryFilter,
+    TransactionTrait,
+};
 
 use super::{AttemptResult, append_error, claim::Claimed};
 use crate::{
@@ -161,7 +164,7 @@ async fn update(
     claimed_version: i32,
 ) -> Result<bool, DbErr> {
     let id = row.id;
-    let mut active: notify_msg::ActiveModel = row.into();
+    let mut active = notify_msg::ActiveModel::from(row).reset_all();
     active.id = sea_orm::ActiveValue::NotSet;
     let done = notify_msg::Entity::update_many()
         .set(active)

@@ -1,0 +1,186 @@
+//! Producer: atomic with the business transaction, attempted after commit.
+
+use std::{sync::Arc, time::Duration};
+
+use serde_json::json;
+use solid_notify::{AttemptResult, NewNotice, Outcome, Status};
+
+use crate::{
+    db_test,
+    support::{Recorder, TestDb, eventually},
+};
+
+async fn notifier_with(db: &TestDb, rec: &Recorder) -> solid_notify::Notifier {
+    db.def("ship", "ship", |_| {}).await;
+    db.notifier()
+        .handler("ship", rec.handler(|_| Outcome::success()))
+        .build()
+        .unwrap()
+}
+
+db_test!(rollback_and_drop_store_and_send_nothing, |db: Arc<
+    TestDb,
+>| async move {
+    let rec = Recorder::default();
+    let notifier = notifier_with(&db, &rec).await;
+
+    let tx = notifier.begin().await.unwrap();
+    db.insert_order(&tx, 1).await;
+    tx.add_notice("ship", &json!({"order": 1}), "rolled back")
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+
+    {
+        let tx = notifier.begin().await.unwrap();
+        db.insert_order(&tx, 2).await;
+        tx.add_notice("ship", &json!({"order": 2}), "dropped")
+            .await
+            .unwrap();
+        // dropped without commit
+    }
+
+    // A committed sentinel: once it is delivered, any earlier attempt would have been too.
+    let tx = notifier.begin().await.unwrap();
+    db.insert_order(&tx, 3).await;
+    let sentinel = tx
+        .add_notice("ship", &json!({"order": 3}), "sentinel")
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    eventually(10, "sentinel delivered", || async {
+        db.history_of(sentinel)
+            .await
+            .filter(|h| h.status == Status::Succeeded)
+    })
+    .await;
+
+    assert_eq!(
+        db.count_orders().await,
+        1,
+        "only the committed order exists"
+    );
+    assert_eq!(db.counts().await, (0, 1), "only the sentinel was stored");
+    let calls = rec.calls();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].param, json!({"order": 3}));
+});
+
+db_test!(commit_sends_exactly_once, |db: Arc<TestDb>| async move {
+    let rec = Recorder::default();
+    let notifier = notifier_with(&db, &rec).await;
+
+    let tx = notifier.begin().await.unwrap();
+    db.insert_order(&tx, 10).await;
+    let id = tx
+        .add(
+            NewNotice::new("ship", &json!({"order": 10}))
+                .description("checkout")
+                .load_balance_num(3)
+                .idempotency_key("order-10"),
+        )
+        .await
+        .unwrap();
+    // Not visible to others before the commit, and not attempted.
+    assert_eq!(db.counts().await, (0, 0));
+    let ids = tx.commit().await.unwrap();
+    assert_eq!(ids, [id]);
+
+    let done = eventually(10, "notice in history", || async {
+        db.history_of(id).await
+    })
+    .await;
+    assert_eq!(done.status, Status::Succeeded);
+    assert_eq!(done.retry_times, 0);
+    assert!(done.errors.is_empty());
+    assert_eq!(done.load_balance_num, 3);
+    assert_eq!(db.counts().await, (0, 1));
+    assert_eq!(db.count_orders().await, 1);
+
+    // Sweeping afterwards finds nothing: the single attempt was the only one.
+    assert_eq!(db.attempt_due(&notifier).await, 0);
+    let calls = rec.calls();
+    assert_eq!(calls.len(), 1);
+    let call = &calls[0];
+    assert_eq!((call.id, call.attempt, call.def.as_str()), (id, 1, "ship"));
+    assert_eq!(call.idempotency_key, "order-10");
+    assert_eq!(call.description, "checkout");
+    assert_eq!(call.load_balance_num, 3);
+});
+
+db_test!(
+    commit_and_wait_reports_each_outcome,
+    |db: Arc<TestDb>| async move {
+        let rec = Recorder::default();
+        db.def("ship", "ship", |_| {}).await;
+        db.def("flaky", "flaky", |s| s.retry_interval = "1m".into())
+            .await;
+        let notifier = db
+            .notifier()
+            .handler("ship", rec.handler(|_| Outcome::success()))
+            .handler("flaky", rec.handler(|_| Outcome::retry("receiver busy")))
+            .build()
+            .unwrap();
+
+        let tx = notifier.begin().await.unwrap();
+        let ok = tx.add_notice("ship", &json!({"n": 1}), "").await.unwrap();
+        let bad = tx.add_notice("flaky", &json!({"n": 2}), "").await.unwrap();
+        let started = chrono::Utc::now().naive_utc();
+        let reports = tx.commit_and_wait().await.unwrap();
+
+        assert_eq!(reports.len(), 2);
+        assert_eq!(reports[0].notice_id, ok);
+        assert_eq!(reports[0].result, AttemptResult::Succeeded);
+        assert_eq!(reports[1].notice_id, bad);
+        let AttemptResult::WillRetry {
+            attempt,
+            at,
+            reason,
+        } = &reports[1].result
+        else {
+            panic!("expected a retry, got {:?}", reports[1].result);
+        };
+        assert_eq!((*attempt, reason.as_str()), (1, "receiver busy"));
+        let wait = (*at - started).to_std().unwrap();
+        assert!(
+            wait >= Duration::from_secs(59) && wait < Duration::from_secs(70),
+            "{wait:?}"
+        );
+
+        let live = db.live().await;
+        assert_eq!(live.len(), 1);
+        assert_eq!(
+            (live[0].id, live[0].status, live[0].retry_times),
+            (bad, Status::Failed, 1)
+        );
+        assert!(
+            live[0].errors.ends_with("attempt 1: receiver busy"),
+            "{}",
+            live[0].errors
+        );
+        assert_eq!(db.history_of(ok).await.unwrap().status, Status::Succeeded);
+    }
+);
+
+db_test!(business_code_runs_unchanged_on_the_wrapper, |db: Arc<
+    TestDb,
+>| async move {
+    use sea_orm::{EntityTrait, PaginatorTrait};
+    let rec = Recorder::default();
+    let notifier = notifier_with(&db, &rec).await;
+    // Ordinary sea-orm calls take the wrapper as their connection.
+    let tx = notifier.begin().await.unwrap();
+    db.insert_order(&tx, 7).await;
+    let in_tx = solid_notify::entity::notify_def::Entity::find()
+        .count(&tx)
+        .await
+        .unwrap();
+    assert_eq!(in_tx, 1);
+    // A transaction begun by the caller can be wrapped too.
+    tx.commit().await.unwrap();
+    let own = sea_orm::TransactionTrait::begin(&db.db).await.unwrap();
+    let wrapped = notifier.wrap(own);
+    db.insert_order(&wrapped, 8).await;
+    wrapped.commit().await.unwrap();
+    assert_eq!(db.count_orders().await, 2);
+});

@@ -1,0 +1,315 @@
+//! Dispatch: claims, retries on schedule, final failure, panics.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicU32, Ordering},
+    },
+    time::Duration,
+};
+
+use serde_json::json;
+use solid_notify::{AttemptResult, Config, Outcome, Status, entity::notify_msg};
+
+use crate::{
+    db_test,
+    support::{Alerts, Recorder, TestDb, eventually, test_config},
+};
+
+db_test!(
+    two_concurrent_claimers_one_sends,
+    |db: Arc<TestDb>| async move {
+        db.def("slow", "slow", |_| {}).await;
+        let calls = Arc::new(AtomicU32::new(0));
+        let counter = calls.clone();
+        let notifier = db
+            .notifier()
+            .config(Config {
+                immediate_attempt: false,
+                ..test_config()
+            })
+            .handler("slow", move |_n| {
+                let counter = counter.clone();
+                async move {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    Ok(Outcome::success())
+                }
+            })
+            .build()
+            .unwrap();
+        for round in 0..5 {
+            let tx = notifier.begin().await.unwrap();
+            tx.add_notice("slow", &json!({"round": round}), "")
+                .await
+                .unwrap();
+            tx.commit().await.unwrap();
+        }
+        for row in db.live().await {
+            // Eight senders read the same version; exactly one may send.
+            let attempts = (0..8).map(|_| {
+                let notifier = notifier.clone();
+                let row = row.clone();
+                tokio::spawn(async move { notifier.attempt(row).await.result })
+            });
+            let results: Vec<AttemptResult> = futures::future::join_all(attempts)
+                .await
+                .into_iter()
+                .map(Result::unwrap)
+                .collect();
+            let won = results
+                .iter()
+                .filter(|r| **r == AttemptResult::Succeeded)
+                .count();
+            let lost = results
+                .iter()
+                .filter(|r| **r == AttemptResult::LostClaim)
+                .count();
+            assert_eq!((won, lost), (1, 7), "{results:?}");
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 5);
+        assert_eq!(db.counts().await, (0, 5));
+    }
+);
+
+db_test!(
+    failing_handler_retries_on_schedule_then_final_failure,
+    |db: Arc<TestDb>| async move {
+        db.def("always_fails", "fails", |s| {
+            s.retry_interval = "1s,2s".into();
+            s.max_retry_times = 2;
+        })
+        .await;
+        let rec = Recorder::default();
+        let alerts = Alerts::default();
+        let notifier = db
+            .notifier()
+            .alert_hook(alerts.clone())
+            .handler(
+                "fails",
+                rec.handler(|n| Outcome::retry(format!("boom {}", n.attempt))),
+            )
+            .build()
+            .unwrap();
+
+        let tx = notifier.begin().await.unwrap();
+        let id = tx
+            .add_notice("always_fails", &json!({"k": "v"}), "")
+            .await
+            .unwrap();
+        let first = tx.commit_and_wait().await.unwrap();
+        assert!(matches!(
+            first[0].result,
+            AttemptResult::WillRetry { attempt: 1, .. }
+        ));
+
+        // After each failure the row waits the schedule's entry for that retry.
+        for (failures, wait) in [(1, 1), (2, 2)] {
+            let row = db.live().await.pop().expect("still in flight");
+            assert_eq!((row.status, row.retry_times), (Status::Failed, failures));
+            assert_eq!(row.errors.lines().count(), failures as usize);
+            let waited = (row.next_call_time - row.last_call_time.unwrap())
+                .to_std()
+                .unwrap();
+            assert!(
+                waited >= Duration::from_secs(wait)
+                    && waited < Duration::from_secs(wait) + Duration::from_millis(500),
+                "retry {failures} waits {waited:?}"
+            );
+            // Not due before its time: a sweep now sends nothing.
+            assert_eq!(db.attempt_due(&notifier).await, 0);
+            eventually(10, "retry attempted", || async {
+                (db.attempt_due(&notifier).await > 0).then_some(())
+            })
+            .await;
+        }
+
+        let done = db.history_of(id).await.expect("final failure in history");
+        assert_eq!(done.status, Status::FinalFailure);
+        assert_eq!(done.retry_times, 3);
+        let lines: Vec<&str> = done.errors.lines().collect();
+        assert_eq!(lines.len(), 3, "{}", done.errors);
+        for (i, line) in lines.iter().enumerate() {
+            assert!(
+                line.ends_with(&format!("attempt {}: boom {}", i + 1, i + 1)),
+                "{line}"
+            );
+        }
+        assert_eq!(db.counts().await, (0, 1));
+        assert_eq!(rec.count(), 3);
+        // Alert type 0: exactly one alert, on the final failure, with the whole log.
+        let events = alerts.events();
+        assert_eq!(events.len(), 1);
+        assert!(events[0].is_final);
+        assert_eq!(
+            (events[0].notice_id, events[0].attempt, events[0].failures),
+            (id, 3, 3)
+        );
+        assert_eq!(events[0].errors, done.errors);
+    }
+);
+
+db_test!(
+    permanent_failure_skips_retries,
+    |db: Arc<TestDb>| async move {
+        db.def("reject", "reject", |s| s.max_retry_times = -1).await;
+        let rec = Recorder::default();
+        let notifier = db
+            .notifier()
+            .handler(
+                "reject",
+                rec.handler(|_| Outcome::permanent("400 bad request")),
+            )
+            .build()
+            .unwrap();
+        let tx = notifier.begin().await.unwrap();
+        let id = tx.add_notice("reject", &json!({}), "").await.unwrap();
+        let report = tx.commit_and_wait().await.unwrap();
+        assert!(matches!(
+            report[0].result,
+            AttemptResult::FinalFailure { attempt: 1, .. }
+        ));
+        let done = db.history_of(id).await.unwrap();
+        assert_eq!((done.status, done.retry_times), (Status::FinalFailure, 1));
+        assert!(done.errors.ends_with("attempt 1: 400 bad request"));
+    }
+);
+
+db_test!(panicking_handler_is_a_retryable_failure, |db: Arc<
+    TestDb,
+>| async move {
+    db.def("panics", "panics", |_| {}).await;
+    db.def("fine", "fine", |_| {}).await;
+    let rec = Recorder::default();
+    let notifier = db
+        .notifier()
+        .handler("panics", |_n| async move {
+            if true {
+                panic!("handler bug");
+            }
+            Ok(Outcome::success())
+        })
+        .handler("fine", rec.handler(|_| Outcome::success()))
+        .build()
+        .unwrap();
+    let tx = notifier.begin().await.unwrap();
+    let bad = tx.add_notice("panics", &json!({}), "").await.unwrap();
+    tx.commit().await.unwrap();
+    let row = eventually(10, "panic recorded", || async {
+        db.live()
+            .await
+            .into_iter()
+            .find(|r| r.id == bad && r.retry_times == 1)
+    })
+    .await;
+    assert_eq!(row.status, Status::Failed);
+    assert!(
+        row.errors.contains("handler panicked: handler bug"),
+        "{}",
+        row.errors
+    );
+
+    // The notifier keeps working.
+    let tx = notifier.begin().await.unwrap();
+    let good = tx.add_notice("fine", &json!({}), "").await.unwrap();
+    let report = tx.commit_and_wait().await.unwrap();
+    assert_eq!(report[0].result, AttemptResult::Succeeded);
+    assert_eq!(rec.count_for(good), 1);
+});
+
+db_test!(errors_and_timeouts_are_retryable_failures, |db: Arc<
+    TestDb,
+>| async move {
+    db.def("errs", "errs", |_| {}).await;
+    db.def("hangs", "hangs", |_| {}).await;
+    let notifier = db
+        .notifier()
+        .config(Config {
+            attempt_timeout: Duration::from_millis(200),
+            ..test_config()
+        })
+        .handler("errs", |_n| async move {
+            Err::<Outcome, _>("connection reset".into())
+        })
+        .handler("hangs", |_n| async move {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            Ok(Outcome::success())
+        })
+        .build()
+        .unwrap();
+    let tx = notifier.begin().await.unwrap();
+    tx.add_notice("errs", &json!({}), "").await.unwrap();
+    tx.add_notice("hangs", &json!({}), "").await.unwrap();
+    let reports = tx.commit_and_wait().await.unwrap();
+    let reasons: Vec<String> = reports
+        .iter()
+        .map(|r| match &r.result {
+            AttemptResult::WillRetry { reason, .. } => reason.clone(),
+            other => panic!("expected retry, got {other:?}"),
+        })
+        .collect();
+    assert_eq!(reasons[0], "handler error: connection reset");
+    assert!(
+        reasons[1].starts_with("attempt timed out"),
+        "{}",
+        reasons[1]
+    );
+    assert!(
+        db.live()
+            .await
+            .iter()
+            .all(|r| r.status == Status::Failed && r.retry_times == 1)
+    );
+});
+
+db_test!(
+    plain_sql_insert_is_due_at_once,
+    |db: Arc<TestDb>| async move {
+        use sea_orm::ConnectionTrait;
+        db.def("from_sql", "rec", |_| {}).await;
+        let rec = Recorder::default();
+        let notifier = db
+            .notifier()
+            .handler("rec", rec.handler(|_| Outcome::success()))
+            .build()
+            .unwrap();
+        // What a producer in another language writes: the def id and the param.
+        db.db
+            .execute_unprepared(
+                "INSERT INTO notify_msg (def_id, param) \
+             SELECT id, '{\"from\":\"sql\"}' FROM notify_def WHERE name = 'from_sql'",
+            )
+            .await
+            .unwrap();
+        let rows = db.live().await;
+        assert_eq!(rows.len(), 1);
+        let row: &notify_msg::Model = &rows[0];
+        assert_eq!(
+            (row.status, row.version, row.retry_times),
+            (Status::NotSent, 0, 0)
+        );
+        assert_eq!(db.attempt_due(&notifier).await, 1);
+        let calls = rec.calls();
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0].param, json!({"from": "sql"}));
+        assert_eq!(calls[0].idempotency_key, row.id.to_string());
+        assert_eq!(
+            db.history_of(row.id).await.unwrap().status,
+            Status::Succeeded
+        );
+    }
+);
+
+db_test!(
+    unregistered_handler_is_left_for_another_process,
+    |db: Arc<TestDb>| async move {
+        db.def("elsewhere", "not_here", |_| {}).await;
+        let notifier = db.notifier().build().unwrap();
+        let tx = notifier.begin().await.unwrap();
+        let id = tx.add_notice("elsewhere", &json!({}), "").await.unwrap();
+        let reports = tx.commit_and_wait().await.unwrap();
+        assert!(matches!(reports[0].result, AttemptResult::Skipped { .. }));
+        let row = db.live().await.pop().unwrap();
+        assert_eq!((row.id, row.version, row.status), (id, 0, Status::NotSent));
+    }
+);

@@ -1,0 +1,373 @@
+//! Test support: a fresh database per test on each backend, recording
+//! handlers and alert hooks, and deadline-bounded polling.
+
+use std::{
+    future::Future,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use sea_orm::{
+    ColumnTrait, ConnectionTrait, Database, DatabaseConnection, EntityTrait, PaginatorTrait,
+    QueryFilter, QueryOrder,
+    sea_query::{Alias, ColumnDef, Query, Table},
+};
+use serde_json::json;
+use solid_notify::{
+    AlertHook, BoxError, Config, FailureEvent, Notice, Notifier, NotifierBuilder, Outcome, Status,
+    def::{Channel, DefSpec, store},
+    entity::{notify_msg, notify_msg_history},
+};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+    MySql,
+}
+
+impl Backend {
+    fn key(self) -> &'static str {
+        match self {
+            Backend::Sqlite => "sqlite",
+            Backend::Postgres => "postgres",
+            Backend::MySql => "mysql",
+        }
+    }
+
+    /// Backends are all on unless `SN_TEST_BACKENDS` (e.g. `sqlite`) narrows
+    /// them; CI never sets it, so there a missing server fails its tests.
+    pub fn selected(self) -> bool {
+        match std::env::var("SN_TEST_BACKENDS") {
+            Ok(list) => list.split(',').any(|b| b.trim() == self.key()),
+            Err(_) => true,
+        }
+    }
+}
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// A fresh, migrated database of one backend.
+pub struct TestDb {
+    pub backend: Backend,
+    pub db: DatabaseConnection,
+    pub url: String,
+    name: String,
+    admin: Option<DatabaseConnection>,
+}
+
+fn unique_name() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!(
+        "sn_t_{}_{}_{nanos}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+impl TestDb {
+    pub async fn new(backend: Backend) -> TestDb {
+        let name = unique_name();
+        let (url, admin) = match backend {
+            Backend::Sqlite => {
+                let path = std::env::temp_dir().join(format!("{name}.db"));
+                (format!("sqlite://{}?mode=rwc", path.display()), None)
+            }
+            Backend::Postgres => {
+                let base = std::env::var("SN_TEST_PG_URL")
+                    .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
+                let admin = connect(&format!("{base}/postgres")).await;
+                admin
+                    .execute_unprepared(&format!("CREATE DATABASE {name}"))
+                    .await
+                    .expect("create PostgreSQL test database");
+                (format!("{base}/{name}"), Some(admin))
+            }
+            Backend::MySql => {
+                let base = std::env::var("SN_TEST_MYSQL_URL")
+                    .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306".into());
+                let admin = connect(&format!("{base}/test")).await;
+                admin
+                    .execute_unprepared(&format!("CREATE DATABASE {name}"))
+                    .await
+                    .expect("create MariaDB test database");
+                (format!("{base}/{name}"), Some(admin))
+            }
+        };
+        let db = connect(&url).await;
+        solid_notify::migrate(&db).await.expect("migrate");
+        let orders = Table::create()
+            .table(Alias::new("orders"))
+            .col(
+                ColumnDef::new(Alias::new("id"))
+                    .big_integer()
+                    .not_null()
+                    .primary_key(),
+            )
+            .col(
+                ColumnDef::new(Alias::new("item"))
+                    .string_len(100)
+                    .not_null(),
+            )
+            .to_owned();
+        db.execute(&orders).await.expect("create orders");
+        TestDb {
+            backend,
+            db,
+            url,
+            name,
+            admin,
+        }
+    }
+
+    /// Drops the database (best effort; `.ci/run` sweeps leftovers of failed runs).
+    pub async fn cleanup(self) {
+        self.db.close().await.ok();
+        match (self.backend, self.admin) {
+            (Backend::Sqlite, _) => {
+                let path = std::env::temp_dir().join(format!("{}.db", self.name));
+                for suffix in ["", "-wal", "-shm"] {
+                    std::fs::remove_file(format!("{}{suffix}", path.display())).ok();
+                }
+            }
+            (Backend::Postgres, Some(admin)) => {
+                admin
+                    .execute_unprepared(&format!(
+                        "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                        self.name
+                    ))
+                    .await
+                    .ok();
+            }
+            (_, Some(admin)) => {
+                admin
+                    .execute_unprepared(&format!("DROP DATABASE IF EXISTS {}", self.name))
+                    .await
+                    .ok();
+            }
+            _ => {}
+        }
+    }
+
+    /// A notifier on this database with test-friendly settings.
+    pub fn notifier(&self) -> NotifierBuilder {
+        Notifier::builder(self.db.clone()).config(test_config())
+    }
+
+    pub async fn insert_order(&self, conn: &impl ConnectionTrait, id: i64) {
+        let stmt = Query::insert()
+            .into_table(Alias::new("orders"))
+            .columns([Alias::new("id"), Alias::new("item")])
+            .values_panic([id.into(), "book".into()])
+            .to_owned();
+        conn.execute(&stmt).await.expect("insert order");
+    }
+
+    pub async fn count_orders(&self) -> i64 {
+        let stmt = Query::select()
+            .expr(sea_orm::sea_query::Expr::cust("COUNT(*)"))
+            .from(Alias::new("orders"))
+            .to_owned();
+        let row = self.db.query_one(&stmt).await.expect("count").expect("row");
+        row.try_get_by_index::<i64>(0).expect("count value")
+    }
+
+    pub async fn live(&self) -> Vec<notify_msg::Model> {
+        notify_msg::Entity::find()
+            .order_by_asc(notify_msg::Column::Id)
+            .all(&self.db)
+            .await
+            .expect("read notify_msg")
+    }
+
+    pub async fn history_of(&self, id: i64) -> Option<notify_msg_history::Model> {
+        notify_msg_history::Entity::find_by_id(id)
+            .one(&self.db)
+            .await
+            .expect("read history row")
+    }
+
+    pub async fn counts(&self) -> (u64, u64) {
+        let live = notify_msg::Entity::find()
+            .count(&self.db)
+            .await
+            .expect("count");
+        let done = notify_msg_history::Entity::find()
+            .count(&self.db)
+            .await
+            .expect("count");
+        (live, done)
+    }
+
+    /// Adds a `handler` definition named `name` delivered by handler `handler`.
+    pub async fn def(&self, name: &str, handler: &str, edit: impl FnOnce(&mut DefSpec)) {
+        let mut spec = DefSpec::new(name, Channel::Handler, json!({ "handler": handler }));
+        edit(&mut spec);
+        store::sync(&self.db, &[spec]).await.expect("sync def");
+    }
+
+    /// Attempts every due row once, oldest first, as a sweep would.
+    pub async fn attempt_due(&self, notifier: &Notifier) -> usize {
+        let now = chrono::Utc::now().naive_utc();
+        let due = notify_msg::Entity::find()
+            .filter(notify_msg::Column::NextCallTime.lte(now))
+            .filter(notify_msg::Column::Status.is_in(Status::DUE))
+            .order_by_asc(notify_msg::Column::NextCallTime)
+            .all(&self.db)
+            .await
+            .expect("read due rows");
+        let n = due.len();
+        for row in due {
+            notifier.attempt(row).await;
+        }
+        n
+    }
+}
+
+async fn connect(url: &str) -> DatabaseConnection {
+    let mut opts = sea_orm::ConnectOptions::new(url.to_string());
+    opts.max_connections(10).sqlx_logging(false);
+    Database::connect(opts).await.unwrap_or_else(|e| {
+        panic!("cannot connect to {url}: {e} (is the server running? .ci/run starts it)")
+    })
+}
+
+pub fn test_config() -> Config {
+    Config {
+        lease: Duration::from_secs(10),
+        attempt_timeout: Duration::from_secs(5),
+        def_cache_ttl: Duration::from_millis(100),
+        ..Config::default()
+    }
+}
+
+/// Runs `body` on a fresh database of `backend`, then drops it.
+pub async fn run<F, Fut>(backend: Backend, body: F)
+where
+    F: FnOnce(Arc<TestDb>) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    if !backend.selected() {
+        eprintln!("{backend:?} not in SN_TEST_BACKENDS: not run");
+        return;
+    }
+    let db = Arc::new(TestDb::new(backend).await);
+    body(db.clone()).await;
+    if let Ok(db) = Arc::try_unwrap(db) {
+        db.cleanup().await;
+    }
+}
+
+/// One test function per backend.
+#[macro_export]
+macro_rules! db_test {
+    ($name:ident, $body:expr) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn sqlite() {
+                $crate::support::run($crate::support::Backend::Sqlite, $body).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn postgres() {
+                $crate::support::run($crate::support::Backend::Postgres, $body).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn mysql() {
+                $crate::support::run($crate::support::Backend::MySql, $body).await
+            }
+        }
+    };
+}
+
+/// Polls `check` every 20 ms until it returns `Some`, or panics after `secs`.
+pub async fn eventually<T, F, Fut>(secs: u64, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {secs}s waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A handler that records every call and answers from a script.
+#[derive(Clone, Default)]
+pub struct Recorder {
+    calls: Arc<Mutex<Vec<Notice>>>,
+}
+
+impl Recorder {
+    pub fn calls(&self) -> Vec<Notice> {
+        self.calls.lock().unwrap().clone()
+    }
+
+    pub fn count(&self) -> usize {
+        self.calls.lock().unwrap().len()
+    }
+
+    pub fn count_for(&self, id: i64) -> usize {
+        self.calls
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|n| n.id == id)
+            .count()
+    }
+
+    /// A handler recording the call, then answering `script(notice)`.
+    pub fn handler(
+        &self,
+        script: impl Fn(&Notice) -> Outcome + Send + Sync + 'static,
+    ) -> impl Fn(Notice) -> std::pin::Pin<Box<dyn Future<Output = Result<Outcome, BoxError>> + Send>>
+    + Send
+    + Sync
+    + 'static {
+        let calls = self.calls.clone();
+        let script = Arc::new(script);
+        move |notice: Notice| {
+            let calls = calls.clone();
+            let script = script.clone();
+            Box::pin(async move {
+                let outcome = script(&notice);
+                calls.lock().unwrap().push(notice);
+                Ok(outcome)
+            })
+        }
+    }
+}
+
+/// An alert hook that records every event.
+#[derive(Clone, Default)]
+pub struct Alerts(pub Arc<Mutex<Vec<FailureEvent>>>);
+
+#[async_trait::async_trait]
+impl AlertHook for Alerts {
+    async fn alert(&self, event: FailureEvent) {
+        self.0.lock().unwrap().push(event);
+    }
+}
+
+impl Alerts {
+    pub fn events(&self) -> Vec<FailureEvent> {
+        self.0.lock().unwrap().clone()
+    }
+}
