@@ -41,6 +41,7 @@ mod notifier;
 pub mod producer;
 pub mod schedule;
 mod status;
+mod sweep;
 
 pub use alert::{AlertHook, FailureEvent};
 pub use config::Config;

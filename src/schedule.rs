@@ -50,9 +50,9 @@ pub fn parse_interval(text: &str) -> Result<Duration, String> {
 pub fn format_interval(d: Duration) -> String {
     let s = d.as_secs();
     match s {
-        _ if s > 0 && s % 86_400 == 0 => format!("{}d", s / 86_400),
-        _ if s > 0 && s % 3_600 == 0 => format!("{}h", s / 3_600),
-        _ if s > 0 && s % 60 == 0 => format!("{}m", s / 60),
+        _ if s > 0 && s.is_multiple_of(86_400) => format!("{}d", s / 86_400),
+        _ if s > 0 && s.is_multiple_of(3_600) => format!("{}h", s / 3_600),
+        _ if s > 0 && s.is_multiple_of(60) => format!("{}m", s / 60),
         _ => format!("{s}s"),
     }
 }

@@ -134,13 +134,13 @@ fn spec_from_table(name: &str, mut t: Table) -> FieldResult<DefSpec> {
     if let Some(unknown) = t.keys().find(|k| !KNOWN.contains(&k.as_str())) {
         return Err((unknown.clone(), "unknown field".into()));
     }
-    if let Some(inner) = t.remove("name") {
-        if inner.as_str() != Some(name) {
-            return Err((
-                "name".into(),
-                "must equal the table key or be left out".into(),
-            ));
-        }
+    if let Some(inner) = t.remove("name")
+        && inner.as_str() != Some(name)
+    {
+        return Err((
+            "name".into(),
+            "must equal the table key or be left out".into(),
+        ));
     }
     let channel = take_str(&mut t, "channel")?.ok_or(("channel".into(), "missing".into()))?;
     let target = t

@@ -326,7 +326,8 @@ mod tests {
 
     #[test]
     fn each_bad_field_is_named() {
-        let cases: Vec<(&str, Box<dyn Fn(&mut DefSpec)>)> = vec![
+        type Edit = Box<dyn Fn(&mut DefSpec)>;
+        let cases: Vec<(&str, Edit)> = vec![
             ("channel", Box::new(|s| s.channel = "sms".into())),
             ("target", Box::new(|s| s.target = json!({"nope": 1}))),
             ("target", Box::new(|s| s.target = json!("h"))),

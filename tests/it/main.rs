@@ -1,4 +1,5 @@
 //! Integration tests: every database test runs on SQLite, PostgreSQL and MariaDB.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 

@@ -11,13 +11,12 @@ use std::{
 };
 
 use sea_orm::{
-    ColumnTrait, ConnectionTrait, Database, DatabaseConnection, EntityTrait, PaginatorTrait,
-    QueryFilter, QueryOrder,
+    ConnectionTrait, Database, DatabaseConnection, EntityTrait, PaginatorTrait, QueryOrder,
     sea_query::{Alias, ColumnDef, Query, Table},
 };
 use serde_json::json;
 use solid_notify::{
-    AlertHook, BoxError, Config, FailureEvent, Notice, Notifier, NotifierBuilder, Outcome, Status,
+    AlertHook, BoxError, Config, FailureEvent, Notice, Notifier, NotifierBuilder, Outcome,
     def::{Channel, DefSpec, store},
     entity::{notify_msg, notify_msg_history},
 };
@@ -214,19 +213,7 @@ impl TestDb {
 
     /// Attempts every due row once, oldest first, as a sweep would.
     pub async fn attempt_due(&self, notifier: &Notifier) -> usize {
-        let now = chrono::Utc::now().naive_utc();
-        let due = notify_msg::Entity::find()
-            .filter(notify_msg::Column::NextCallTime.lte(now))
-            .filter(notify_msg::Column::Status.is_in(Status::DUE))
-            .order_by_asc(notify_msg::Column::NextCallTime)
-            .all(&self.db)
-            .await
-            .expect("read due rows");
-        let n = due.len();
-        for row in due {
-            notifier.attempt(row).await;
-        }
-        n
+        notifier.sweep_once(10_000).await.expect("sweep").len()
     }
 }
 

@@ -1,0 +1,148 @@
+//! Quickstart on the embedded default: a SQLite file, no services.
+//!
+//! Migrates, syncs `definitions/`, commits business transactions that add
+//! notices, and drives retries until every notice has finished: one handler
+//! fails twice then succeeds, another always fails and ends in history as a
+//! final failure. A rolled-back transaction shows that nothing is sent.
+//!
+//! Run: `cargo run --example quickstart`
+
+use std::{error::Error, path::Path, time::Duration};
+
+use sea_orm::{ConnectionTrait, EntityTrait, QueryOrder};
+use serde_json::json;
+use solid_notify::{
+    Config, Notice, Notifier, Outcome,
+    def::{file, store},
+    entity::notify_msg_history,
+};
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn Error>> {
+    // Alerts of final failures are logged at `error` level by the default hook.
+    tracing_subscriber::fmt()
+        .with_env_filter("solid_notify=error")
+        .with_target(false)
+        .init();
+    let path = std::env::temp_dir().join("solid-notify-quickstart.db");
+    for suffix in ["", "-wal", "-shm"] {
+        std::fs::remove_file(format!("{}{suffix}", path.display())).ok();
+    }
+    let db = sea_orm::Database::connect(format!("sqlite://{}?mode=rwc", path.display())).await?;
+    solid_notify::migrate(&db).await?;
+    db.execute_unprepared("CREATE TABLE orders (id INTEGER PRIMARY KEY, item TEXT NOT NULL)")
+        .await?;
+
+    let defs_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("definitions");
+    let specs: Vec<_> = file::load_dir(&defs_dir)?
+        .into_iter()
+        .map(|d| d.spec)
+        .collect();
+    let report = store::sync(&db, &specs).await?;
+    println!("synced definitions: inserted {:?}", report.inserted);
+
+    // The flaky mailer fails the first two attempts of each notice.
+    let notifier = Notifier::builder(db.clone())
+        .config(Config {
+            lease: Duration::from_secs(5),
+            attempt_timeout: Duration::from_secs(2),
+            ..Config::default()
+        })
+        .handler("flaky_mailer", |n: Notice| async move {
+            println!(
+                "  flaky_mailer  notice {} attempt {}: {}",
+                n.id, n.attempt, n.param
+            );
+            Ok(if n.attempt <= 2 {
+                Outcome::retry(format!("SMTP busy (attempt {})", n.attempt))
+            } else {
+                Outcome::success()
+            })
+        })
+        .handler("broken_crm", |n: Notice| async move {
+            println!(
+                "  broken_crm    notice {} attempt {}: {}",
+                n.id, n.attempt, n.param
+            );
+            Ok(Outcome::retry("CRM answered 503"))
+        })
+        .build()?;
+
+    println!("\n1. a business transaction that rolls back: nothing is stored or sent");
+    let tx = notifier.begin().await?;
+    tx.execute_unprepared("INSERT INTO orders (id, item) VALUES (1, 'lamp')")
+        .await?;
+    tx.add_notice("welcome_mail", &json!({"order": 1}), "rolled back")
+        .await?;
+    tx.rollback().await?;
+
+    println!("\n2. two committed transactions: each notice is attempted right after commit");
+    for (id, item) in [(2, "chair"), (3, "desk")] {
+        let tx = notifier.begin().await?;
+        tx.execute_unprepared(&format!(
+            "INSERT INTO orders (id, item) VALUES ({id}, '{item}')"
+        ))
+        .await?;
+        tx.add_notice(
+            "welcome_mail",
+            &json!({"order": id, "item": item}),
+            "order placed",
+        )
+        .await?;
+        tx.add_notice("crm_sync", &json!({"order": id}), "order placed")
+            .await?;
+        for report in tx.commit_and_wait().await? {
+            println!("  -> notice {}: {:?}", report.notice_id, report.result);
+        }
+    }
+
+    println!("\n3. retries, as a sweeper drives them (intervals of 1-2 s)");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !notifier.due(1).await?.is_empty() || !live_is_empty(&db).await? {
+        for report in notifier.sweep_once(100).await? {
+            println!("  -> notice {}: {:?}", report.notice_id, report.result);
+        }
+        if std::time::Instant::now() > deadline {
+            return Err("retries did not finish within 30 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    println!("\n4. history (notify_msg_history): every notice has finished");
+    let rows = notify_msg_history::Entity::find()
+        .order_by_asc(notify_msg_history::Column::Id)
+        .all(&db)
+        .await?;
+    for row in &rows {
+        println!(
+            "  notice {} status {} after {} failures, param {}",
+            row.id, row.status, row.retry_times, row.param
+        );
+        for line in row.errors.lines() {
+            println!("      {line}");
+        }
+    }
+    let orders = db
+        .query_one_raw(sea_orm::Statement::from_string(
+            db.get_database_backend(),
+            "SELECT COUNT(*) AS n FROM orders",
+        ))
+        .await?
+        .map(|r| r.try_get::<i64>("", "n"))
+        .transpose()?
+        .unwrap_or(0);
+    println!(
+        "\norders committed: {orders}; notices finished: {}",
+        rows.len()
+    );
+    println!("database file: {}", path.display());
+    Ok(())
+}
+
+async fn live_is_empty(db: &sea_orm::DatabaseConnection) -> Result<bool, sea_orm::DbErr> {
+    use sea_orm::PaginatorTrait;
+    Ok(solid_notify::entity::notify_msg::Entity::find()
+        .count(db)
+        .await?
+        == 0)
+}
