@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
-use crate::error::{Error, Result};
+use crate::{
+    error::{Error, Result},
+    load_balance::LoadBalance,
+};
 
 /// Default [`Config::lease`]: 60 seconds.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
@@ -32,6 +35,9 @@ pub struct Config {
     /// no slot is left to the sweeper (due when its lease ends).
     /// Default [`DEFAULT_MAX_BACKGROUND_ATTEMPTS`].
     pub max_background_attempts: usize,
+    /// How new notices get their `load_balance_num` when they do not set it.
+    /// Default `LoadBalance::Fixed { num: 0 }`.
+    pub load_balance: LoadBalance,
 }
 
 impl Default for Config {
@@ -42,6 +48,7 @@ impl Default for Config {
             def_cache_ttl: crate::def::cache::DEFAULT_TTL,
             immediate_attempt: true,
             max_background_attempts: DEFAULT_MAX_BACKGROUND_ATTEMPTS,
+            load_balance: LoadBalance::default(),
         }
     }
 }
@@ -60,6 +67,6 @@ impl Config {
                 "max_background_attempts must be at least 1 when immediate_attempt is on".into(),
             ));
         }
-        Ok(())
+        self.load_balance.validate().map_err(Error::Config)
     }
 }

@@ -61,6 +61,8 @@ pub struct Notice {
     pub def: String,
     /// 1 for the first attempt, 2 for the first retry, …
     pub attempt: u32,
+    /// The row version this attempt claimed: unique per attempt of a notice.
+    pub version: i32,
     /// The param, parsed.
     pub param: Value,
     /// The producer's description.

@@ -32,25 +32,30 @@
 
 pub mod alert;
 pub mod config;
+mod db;
 pub mod def;
 pub mod dispatch;
 pub mod entity;
 pub mod error;
 pub mod handler;
+pub mod load_balance;
 mod notifier;
 pub mod producer;
 pub mod schedule;
 mod status;
-mod sweep;
+pub mod sweep;
+pub mod worker;
 
 pub use alert::{AlertHook, FailureEvent};
 pub use config::Config;
 pub use dispatch::{AttemptReport, AttemptResult};
 pub use error::{DefinitionError, Error, Result};
 pub use handler::{BoxError, Handler, Notice, Outcome};
+pub use load_balance::LoadBalance;
 pub use notifier::{Notifier, NotifierBuilder};
 pub use producer::{NewNotice, NoticeTx, PendingNotice};
 pub use status::Status;
+pub use worker::{Worker, WorkerConfig};
 
 /// Runs solid-notify's migrations (its own tracking table,
 /// `solid_notify_migrations`): creates or upgrades the three tables.

@@ -1,9 +1,14 @@
-//! The `solid-notify` command: migrations and definitions.
+//! The `solid-notify` command: migrations, definitions and the worker.
 
-use std::{path::PathBuf, process::ExitCode};
+use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use clap::{Parser, Subcommand};
-use solid_notify::def::{file, store};
+use solid_notify::{
+    Config, Notifier, Worker, WorkerConfig,
+    def::{file, store},
+    worker::Mode,
+};
+use tokio_util::sync::CancellationToken;
 
 /// Reliable notifications after commit: operate the outbox tables.
 #[derive(Parser)]
@@ -30,6 +35,142 @@ enum Command {
         #[command(subcommand)]
         command: DefsCommand,
     },
+    /// Sweep due notices on a schedule until SIGINT or SIGTERM.
+    Worker(Box<WorkerArgs>),
+}
+
+/// Worker settings: a TOML file (`--config`), then environment, then flags.
+#[derive(clap::Args)]
+struct WorkerArgs {
+    /// TOML file with a `[worker]` table (WorkerConfig keys) and a `[notifier]`
+    /// table (`lease`, `attempt_timeout`, `def_cache_ttl`).
+    #[arg(long, env = "SOLID_NOTIFY_CONFIG")]
+    config: Option<PathBuf>,
+    /// fixed-rate (sweep at every cron tick) or fixed-delay (pause after each sweep).
+    #[arg(long, env = "SOLID_NOTIFY_MODE", value_parser = parse_mode)]
+    mode: Option<Mode>,
+    /// Cron expression, seconds first (default: every second).
+    #[arg(long, env = "SOLID_NOTIFY_CRON")]
+    cron: Option<String>,
+    /// Pause after each sweep in fixed-delay mode, e.g. 500ms, 2s (default 1s).
+    #[arg(long, env = "SOLID_NOTIFY_DELAY", value_parser = humantime::parse_duration)]
+    delay: Option<Duration>,
+    /// Wait before the first sweep (default 0).
+    #[arg(long, env = "SOLID_NOTIFY_INITIAL_DELAY", value_parser = humantime::parse_duration)]
+    initial_delay: Option<Duration>,
+    /// Rows claimed per batch (default 1000).
+    #[arg(long, env = "SOLID_NOTIFY_BATCH_SIZE")]
+    batch_size: Option<u64>,
+    /// Deliveries at once (default 32).
+    #[arg(long, env = "SOLID_NOTIFY_CONCURRENCY")]
+    concurrency: Option<usize>,
+    /// Only these definitions, comma separated.
+    #[arg(long, env = "SOLID_NOTIFY_DEFS", value_delimiter = ',')]
+    defs: Option<Vec<String>>,
+    /// Only definitions delivered by these handlers, comma separated.
+    #[arg(long, env = "SOLID_NOTIFY_HANDLERS", value_delimiter = ',')]
+    handlers: Option<Vec<String>>,
+    /// Only these load_balance_num partitions, comma separated.
+    #[arg(long, env = "SOLID_NOTIFY_PARTITIONS", value_delimiter = ',')]
+    partitions: Option<Vec<i32>>,
+    /// Claim lease (default 60s): a killed worker's rows are due again after it.
+    #[arg(long, env = "SOLID_NOTIFY_LEASE", value_parser = humantime::parse_duration)]
+    lease: Option<Duration>,
+    /// Attempt timeout (default 30s), shorter than the lease.
+    #[arg(long, env = "SOLID_NOTIFY_ATTEMPT_TIMEOUT", value_parser = humantime::parse_duration)]
+    attempt_timeout: Option<Duration>,
+    /// How long in-flight deliveries may finish at shutdown (default 30s).
+    #[arg(long, env = "SOLID_NOTIFY_SHUTDOWN_TIMEOUT", value_parser = humantime::parse_duration)]
+    shutdown_timeout: Option<Duration>,
+}
+
+/// The TOML file of `worker --config`.
+#[derive(Default, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct WorkerFile {
+    worker: WorkerConfig,
+    notifier: NotifierFile,
+}
+
+#[derive(Default, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct NotifierFile {
+    #[serde(with = "humantime_serde")]
+    lease: Option<Duration>,
+    #[serde(with = "humantime_serde")]
+    attempt_timeout: Option<Duration>,
+    #[serde(with = "humantime_serde")]
+    def_cache_ttl: Option<Duration>,
+}
+
+fn parse_mode(text: &str) -> Result<Mode, String> {
+    match text.replace('_', "-").as_str() {
+        "fixed-rate" => Ok(Mode::FixedRate),
+        "fixed-delay" => Ok(Mode::FixedDelay),
+        other => Err(format!("`{other}` is not fixed-rate or fixed-delay")),
+    }
+}
+
+impl WorkerArgs {
+    /// Merges file, environment and flags (later wins) into the two configs.
+    fn resolve(self) -> solid_notify::Result<(Config, WorkerConfig)> {
+        let file: WorkerFile = match &self.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| solid_notify::Error::Config(format!("{}: {e}", path.display())))?;
+                toml::from_str(&text)
+                    .map_err(|e| solid_notify::Error::Config(format!("{}: {e}", path.display())))?
+            }
+            None => WorkerFile::default(),
+        };
+        let mut w = file.worker;
+        let mut n = Config::default();
+        macro_rules! set {
+            ($target:expr, $value:expr) => {
+                if let Some(v) = $value {
+                    $target = v;
+                }
+            };
+        }
+        set!(n.lease, file.notifier.lease);
+        set!(n.attempt_timeout, file.notifier.attempt_timeout);
+        set!(n.def_cache_ttl, file.notifier.def_cache_ttl);
+        set!(n.lease, self.lease);
+        set!(n.attempt_timeout, self.attempt_timeout);
+        set!(w.mode, self.mode);
+        set!(w.cron, self.cron);
+        set!(w.delay, self.delay);
+        set!(w.initial_delay, self.initial_delay);
+        set!(w.batch_size, self.batch_size);
+        set!(w.concurrency, self.concurrency);
+        set!(w.defs, self.defs);
+        set!(w.handlers, self.handlers);
+        set!(w.partitions, self.partitions);
+        set!(w.shutdown_timeout, self.shutdown_timeout);
+        Ok((n, w))
+    }
+}
+
+/// Resolves when SIGINT or SIGTERM arrives.
+async fn stop_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                ctrl_c.await.ok();
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    ctrl_c.await.ok();
 }
 
 #[derive(Subcommand)]
@@ -76,6 +217,28 @@ async fn run(cli: Cli) -> solid_notify::Result<()> {
     }
     let db = sea_orm::Database::connect(&cli.database_url).await?;
     match cli.command {
+        Command::Worker(args) => {
+            let (config, worker_config) = args.resolve()?;
+            let notifier = Notifier::builder(db).config(config).build()?;
+            let worker = Worker::new(notifier, worker_config)?;
+            let shutdown = CancellationToken::new();
+            let stop = shutdown.clone();
+            tokio::spawn(async move {
+                stop_signal().await;
+                tracing::info!("stopping: finishing in-flight deliveries");
+                stop.cancel();
+            });
+            worker.run(shutdown).await;
+            let stats = worker.stats().snapshot();
+            eprintln!(
+                "worker stopped: {} claimed, {} succeeded, {} failed, {} lost claims, {} released",
+                stats.claimed,
+                stats.succeeded,
+                stats.failed(),
+                stats.lost_claims,
+                stats.released
+            );
+        }
         Command::Migrate => {
             solid_notify::migrate(&db).await?;
             println!("migrations applied");

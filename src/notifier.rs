@@ -12,6 +12,7 @@ use crate::{
     def::cache::DefCache,
     error::Result,
     handler::{Handler, Handlers},
+    load_balance::Balancer,
 };
 
 /// The outbox: add notices in transactions, attempt and record them.
@@ -29,6 +30,7 @@ pub(crate) struct Inner {
     pub config: Config,
     pub alerts: Arc<dyn AlertHook>,
     pub background: Arc<Semaphore>,
+    pub balancer: Balancer,
 }
 
 impl Notifier {
@@ -106,6 +108,7 @@ impl NotifierBuilder {
             inner: Arc::new(Inner {
                 defs: DefCache::new(self.config.def_cache_ttl),
                 background: Arc::new(Semaphore::new(self.config.max_background_attempts.max(1))),
+                balancer: Balancer::new(self.config.load_balance),
                 db: self.db,
                 handlers: self.handlers,
                 config: self.config,

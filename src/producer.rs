@@ -33,7 +33,8 @@ pub struct NewNotice {
     def: String,
     param: std::result::Result<String, serde_json::Error>,
     description: String,
-    load_balance_num: i32,
+    load_balance_num: Option<i32>,
+    load_balance_key: Option<String>,
     idempotency_key: Option<String>,
     target_override: Option<Value>,
 }
@@ -45,7 +46,8 @@ impl NewNotice {
             def: def.into(),
             param: serde_json::to_string(param),
             description: String::new(),
-            load_balance_num: 0,
+            load_balance_num: None,
+            load_balance_key: None,
             idempotency_key: None,
             target_override: None,
         }
@@ -57,9 +59,17 @@ impl NewNotice {
         self
     }
 
-    /// Partition number for spreading work over workers (`>= 0`). Default: 0.
+    /// Partition number for spreading work over workers (`>= 0`).
+    /// Default: chosen by [`Config::load_balance`](crate::Config).
     pub fn load_balance_num(mut self, n: i32) -> Self {
-        self.load_balance_num = n;
+        self.load_balance_num = Some(n);
+        self
+    }
+
+    /// Key for the `Hash` load-balance strategy: notices with one key share
+    /// one partition. Ignored by the other strategies. Default: none.
+    pub fn load_balance_key(mut self, key: impl Into<String>) -> Self {
+        self.load_balance_key = Some(key.into());
         self
     }
 
@@ -123,9 +133,13 @@ impl Notifier {
             def: notice.def.clone(),
             source,
         })?;
-        if notice.load_balance_num < 0 {
-            return Err(invalid("load_balance_num must not be negative".into()));
-        }
+        let load_balance_num = match notice.load_balance_num {
+            Some(n) if n < 0 => {
+                return Err(invalid("load_balance_num must not be negative".into()));
+            }
+            Some(n) => n,
+            None => self.inner.balancer.pick(notice.load_balance_key.as_deref()),
+        };
         if notice
             .idempotency_key
             .as_ref()
@@ -159,7 +173,7 @@ impl Notifier {
             next_call_time,
             create_time: now,
             version: 0,
-            load_balance_num: notice.load_balance_num,
+            load_balance_num,
             idempotency_key: notice.idempotency_key,
             target_override,
         };

@@ -68,6 +68,15 @@ impl DefCache {
         self.get(db, Key::Id(id)).await
     }
 
+    /// Every valid definition (reloading when the snapshot is stale).
+    pub async fn all<C: ConnectionTrait>(&self, db: &C) -> Result<Vec<Arc<Def>>> {
+        let mut snap = self.current();
+        if snap.loaded_at.is_none_or(|t| t.elapsed() >= self.ttl) {
+            snap = self.reload(db, snap.loaded_at).await?;
+        }
+        Ok(snap.by_id.values().filter_map(|e| e.clone().ok()).collect())
+    }
+
     /// Forgets the snapshot so the next use reloads.
     pub fn invalidate(&self) {
         self.replace(Snapshot::default());

@@ -36,14 +36,20 @@ pub(crate) async fn claim(
     if done.rows_affected != 1 {
         return Ok(None);
     }
-    let row = notify_msg::Model {
+    Ok(Some(Claimed::new(notify_msg::Model {
         version,
         last_call_time: Some(now),
         next_call_time: lease_end,
         ..row.clone()
-    };
-    let attempt = u32::try_from(row.retry_times)
-        .unwrap_or(0)
-        .saturating_add(1);
-    Ok(Some(Claimed { row, attempt }))
+    })))
+}
+
+impl Claimed {
+    /// Wraps a row as it is after its claim.
+    pub fn new(row: notify_msg::Model) -> Self {
+        let attempt = u32::try_from(row.retry_times)
+            .unwrap_or(0)
+            .saturating_add(1);
+        Claimed { row, attempt }
+    }
 }

@@ -49,6 +49,7 @@ pub(crate) async fn deliver(inner: &Inner, def: &DefRef, claimed: &Claimed) -> O
         id: row.id,
         def: def.name.clone(),
         attempt: claimed.attempt,
+        version: row.version,
         param,
         description: row.description.clone(),
         idempotency_key: row

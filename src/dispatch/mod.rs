@@ -24,7 +24,10 @@ use tracing::Instrument;
 
 use crate::{Notifier, def::DefRef, entity::notify_msg};
 
+pub(crate) use claim::Claimed;
+pub(crate) use deliver::{available, deliver};
 pub(crate) use errors_log::append_error;
+pub(crate) use record::{park_claimed, record};
 
 /// How one attempt of one notice ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -104,7 +107,7 @@ impl Notifier {
         );
         let started = Instant::now();
         let result = async {
-            if let Err(reason) = deliver::available(&self.inner, &def) {
+            if let Err(reason) = available(&self.inner, &def) {
                 return AttemptResult::Skipped { reason };
             }
             let claimed = match claim::claim(&self.inner, &row).await {
@@ -116,8 +119,8 @@ impl Notifier {
                     };
                 }
             };
-            let outcome = deliver::deliver(&self.inner, &def, &claimed).await;
-            record::record(&self.inner, &def, claimed, outcome).await
+            let outcome = deliver(&self.inner, &def, &claimed).await;
+            record(&self.inner, &def, claimed, outcome).await
         }
         .instrument(span.clone())
         .await;

@@ -1,15 +1,13 @@
 //! Record: write an attempt's outcome against the claimed version.
 
 use chrono::{NaiveDate, NaiveDateTime, Utc};
-use sea_orm::{
-    ActiveModelTrait, ActiveValue::Set, ColumnTrait, DbErr, EntityTrait, QueryFilter,
-    TransactionTrait,
-};
+use sea_orm::{ActiveModelTrait, ActiveValue::Set, ColumnTrait, DbErr, EntityTrait, QueryFilter};
 
 use super::{AttemptResult, append_error, claim::Claimed};
 use crate::{
     Status,
     alert::FailureEvent,
+    db,
     def::{Confirm, DefRef},
     entity::{notify_msg, notify_msg_history},
     handler::Outcome,
@@ -132,29 +130,35 @@ async fn fail(
     Ok(result)
 }
 
-/// A row whose definition cannot be used: claim it, note why in `errors`
-/// (without counting a failure) and leave it due again after the lease, so
-/// it is neither sent nor lost until the definition is fixed.
+/// A row whose definition cannot be used: claim it and park it.
 pub(crate) async fn park(inner: &Inner, row: notify_msg::Model, why: &str) -> AttemptResult {
-    let parked = async {
-        let Some(claimed) = super::claim::claim(inner, &row).await? else {
-            return Ok(AttemptResult::LostClaim);
-        };
-        let now = Utc::now().naive_utc();
-        let version = claimed.row.version;
-        let mut row = claimed.row;
-        row.errors = append_error(&row.errors, now, claimed.attempt, why);
-        row.version = version.wrapping_add(1);
-        update(inner, row, version).await?;
-        Ok::<_, DbErr>(AttemptResult::Skipped {
-            reason: why.to_string(),
-        })
-    };
-    parked
-        .await
-        .unwrap_or_else(|e: DbErr| AttemptResult::Error {
+    match super::claim::claim(inner, &row).await {
+        Ok(Some(claimed)) => park_claimed(inner, claimed, why).await,
+        Ok(None) => AttemptResult::LostClaim,
+        Err(e) => AttemptResult::Error {
             error: e.to_string(),
-        })
+        },
+    }
+}
+
+/// Notes in `errors` why a claimed row cannot be attempted (without counting
+/// a failure) and leaves it due again when its lease ends, so that it is
+/// neither sent nor lost until its definition is fixed.
+pub(crate) async fn park_claimed(inner: &Inner, claimed: Claimed, why: &str) -> AttemptResult {
+    let now = Utc::now().naive_utc();
+    let version = claimed.row.version;
+    let mut row = claimed.row;
+    row.errors = append_error(&row.errors, now, claimed.attempt, why);
+    row.version = version.wrapping_add(1);
+    match update(inner, row, version).await {
+        Ok(true) => AttemptResult::Skipped {
+            reason: why.to_string(),
+        },
+        Ok(false) => AttemptResult::LostClaim,
+        Err(e) => AttemptResult::Error {
+            error: e.to_string(),
+        },
+    }
 }
 
 /// Writes `row` over the claimed row; `false` when the claim was lost.
@@ -182,7 +186,15 @@ async fn move_to_history(
     row: notify_msg::Model,
     claimed_version: i32,
 ) -> Result<bool, DbErr> {
-    let txn = inner.db.begin().await?;
+    db::on_conflict_retry(|| move_once(inner, row.clone(), claimed_version)).await
+}
+
+async fn move_once(
+    inner: &Inner,
+    row: notify_msg::Model,
+    claimed_version: i32,
+) -> Result<bool, DbErr> {
+    let txn = db::begin(&inner.db).await?;
     let deleted = notify_msg::Entity::delete_many()
         .filter(notify_msg::Column::Id.eq(row.id))
         .filter(notify_msg::Column::Version.eq(claimed_version))

@@ -7,3 +7,4 @@ mod defs;
 mod inputs;
 mod producer;
 mod retry;
+mod worker;

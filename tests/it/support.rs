@@ -72,6 +72,11 @@ fn unique_name() -> String {
 
 impl TestDb {
     pub async fn new(backend: Backend) -> TestDb {
+        // RUST_LOG=solid_notify=debug shows the library's logs of a test.
+        let _ = tracing_subscriber::fmt()
+            .with_test_writer()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .try_init();
         let name = unique_name();
         let (url, admin) = match backend {
             Backend::Sqlite => {
@@ -209,6 +214,44 @@ impl TestDb {
         let mut spec = DefSpec::new(name, Channel::Handler, json!({ "handler": handler }));
         edit(&mut spec);
         store::sync(&self.db, &[spec]).await.expect("sync def");
+    }
+
+    /// Inserts `n` due notices of `def` directly (as a bulk producer would),
+    /// partition chosen by `partition(i)`.
+    pub async fn insert_due(&self, def: &str, n: usize, partition: impl Fn(usize) -> i32) {
+        use sea_orm::{ActiveValue::Set, ColumnTrait, QueryFilter};
+        let def_id = solid_notify::entity::notify_def::Entity::find()
+            .filter(solid_notify::entity::notify_def::Column::Name.eq(def))
+            .one(&self.db)
+            .await
+            .unwrap()
+            .expect("def exists")
+            .id;
+        let now = chrono::Utc::now().naive_utc();
+        let rows: Vec<notify_msg::ActiveModel> = (0..n)
+            .map(|i| notify_msg::ActiveModel {
+                def_id: Set(def_id),
+                param: Set(format!("{{\"i\":{i}}}")),
+                next_call_time: Set(now),
+                create_time: Set(now),
+                load_balance_num: Set(partition(i)),
+                ..Default::default()
+            })
+            .collect();
+        for chunk in rows.chunks(500) {
+            notify_msg::Entity::insert_many(chunk.to_vec())
+                .exec_without_returning(&self.db)
+                .await
+                .unwrap();
+        }
+    }
+
+    pub async fn history(&self) -> Vec<notify_msg_history::Model> {
+        notify_msg_history::Entity::find()
+            .order_by_asc(notify_msg_history::Column::Id)
+            .all(&self.db)
+            .await
+            .expect("read history")
     }
 
     /// Attempts every due row once, oldest first, as a sweep would.

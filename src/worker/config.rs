@@ -1,0 +1,81 @@
+//! Config: how a worker schedules and bounds its sweeps, with defaults.
+//!
+//! The same struct is read from the `[worker]` table of a TOML file by the
+//! `solid-notify worker --config FILE` command; durations are written like
+//! `"500ms"`, `"1s"` or `"2m"`.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Default [`WorkerConfig::cron`]: every second.
+pub const DEFAULT_CRON: &str = "* * * * * *";
+/// Default [`WorkerConfig::delay`]: 1 second.
+pub const DEFAULT_DELAY: Duration = Duration::from_secs(1);
+/// Default [`WorkerConfig::batch_size`]: 1000 rows per claim.
+pub const DEFAULT_BATCH_SIZE: u64 = 1000;
+/// Default [`WorkerConfig::concurrency`]: 32 deliveries at once.
+pub const DEFAULT_CONCURRENCY: usize = 32;
+/// Default [`WorkerConfig::shutdown_timeout`]: 30 seconds.
+pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// When sweeps start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Start a sweep at every tick of [`WorkerConfig::cron`]; a tick that comes
+    /// while the previous sweep still runs is skipped. The default.
+    #[default]
+    FixedRate,
+    /// Wait [`WorkerConfig::delay`] after each sweep finishes, then sweep again.
+    FixedDelay,
+}
+
+/// Settings of a [`Worker`](super::Worker).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkerConfig {
+    /// Fixed-rate or fixed-delay. Default [`Mode::FixedRate`].
+    pub mode: Mode,
+    /// Cron expression of the fixed-rate ticks, seconds first (`sec min hour
+    /// day-of-month month day-of-week [year]`), in UTC. Default [`DEFAULT_CRON`].
+    pub cron: String,
+    /// Pause after each sweep in fixed-delay mode. Default [`DEFAULT_DELAY`].
+    #[serde(with = "humantime_serde")]
+    pub delay: Duration,
+    /// Wait before the first sweep. Default: none.
+    #[serde(with = "humantime_serde")]
+    pub initial_delay: Duration,
+    /// Rows claimed at a time; a full batch is followed by another claim at
+    /// once. Default [`DEFAULT_BATCH_SIZE`].
+    pub batch_size: u64,
+    /// Deliveries running at once. Default [`DEFAULT_CONCURRENCY`].
+    pub concurrency: usize,
+    /// Only notices of these definitions (by name). Default: all.
+    pub defs: Vec<String>,
+    /// Only notices of definitions delivered by these Rust handlers. Default: all.
+    pub handlers: Vec<String>,
+    /// Only notices of these `load_balance_num` partitions. Default: all.
+    pub partitions: Vec<i32>,
+    /// On shutdown, how long running deliveries may finish before they are
+    /// abandoned and released. Default [`DEFAULT_SHUTDOWN_TIMEOUT`].
+    #[serde(with = "humantime_serde")]
+    pub shutdown_timeout: Duration,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig {
+            mode: Mode::default(),
+            cron: DEFAULT_CRON.into(),
+            delay: DEFAULT_DELAY,
+            initial_delay: Duration::ZERO,
+            batch_size: DEFAULT_BATCH_SIZE,
+            concurrency: DEFAULT_CONCURRENCY,
+            defs: Vec::new(),
+            handlers: Vec::new(),
+            partitions: Vec::new(),
+            shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+        }
+    }
+}

@@ -1,0 +1,144 @@
+//! Worker: runs sweeps on a schedule until it is told to stop.
+//!
+//! In fixed-rate mode a sweep starts at each tick of a `cron` expression,
+//! and ticks that pass while a sweep runs are skipped; in fixed-delay mode the
+//! worker waits a fixed delay after each sweep. Several workers, in one
+//! process or many, can share a database: claims keep them from sending the
+//! same attempt, and `defs`, `handlers` and `partitions` split the work.
+//! Cancelling the shutdown token stops claiming, lets running deliveries
+//! finish up to `shutdown_timeout`, and releases what did not finish.
+
+mod config;
+mod stats;
+
+use std::{str::FromStr, sync::Arc, time::Instant};
+
+use chrono::Utc;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+pub use config::{
+    DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, DEFAULT_CRON, DEFAULT_DELAY, DEFAULT_SHUTDOWN_TIMEOUT,
+    Mode, WorkerConfig,
+};
+pub use stats::{RECENT_SWEEPS, StatsSnapshot, WorkerStats};
+
+use crate::{
+    Notifier,
+    error::{Error, Result},
+    sweep::{DueFilter, SweepLimits},
+};
+
+/// A sweeping loop over one notifier.
+pub struct Worker {
+    notifier: Notifier,
+    config: WorkerConfig,
+    cron: cron::Schedule,
+    stats: Arc<WorkerStats>,
+}
+
+impl Worker {
+    /// Checks `config` and prepares a worker (nothing runs until [`Worker::run`]).
+    pub fn new(notifier: Notifier, config: WorkerConfig) -> Result<Worker> {
+        let cron = cron::Schedule::from_str(&config.cron)
+            .map_err(|e| Error::Config(format!("cron `{}`: {e}", config.cron)))?;
+        if config.batch_size == 0 || config.concurrency == 0 {
+            return Err(Error::Config(
+                "batch_size and concurrency must be at least 1".into(),
+            ));
+        }
+        if config.partitions.iter().any(|p| *p < 0) {
+            return Err(Error::Config("partitions must not be negative".into()));
+        }
+        Ok(Worker {
+            notifier,
+            config,
+            cron,
+            stats: Arc::default(),
+        })
+    }
+
+    /// The worker's counters.
+    pub fn stats(&self) -> Arc<WorkerStats> {
+        self.stats.clone()
+    }
+
+    /// Runs until `shutdown` is cancelled, then returns once in-flight work is
+    /// finished or released. Database errors are logged and retried at the next
+    /// tick; they never end the loop.
+    pub async fn run(&self, shutdown: CancellationToken) {
+        if !sleep_or_stop(self.config.initial_delay, &shutdown).await {
+            return;
+        }
+        loop {
+            if self.config.mode == Mode::FixedRate {
+                let Some(tick) = self.cron.after(&Utc::now()).next() else {
+                    tracing::warn!(cron = %self.config.cron, "cron schedule has no future tick");
+                    return;
+                };
+                let wait = (tick - Utc::now()).to_std().unwrap_or_default();
+                if !sleep_or_stop(wait, &shutdown).await {
+                    return;
+                }
+            }
+            self.sweep_now(&shutdown).await;
+            if shutdown.is_cancelled() {
+                return;
+            }
+            if self.config.mode == Mode::FixedDelay
+                && !sleep_or_stop(self.config.delay, &shutdown).await
+            {
+                return;
+            }
+        }
+    }
+
+    /// One sweep now (claiming again at once while batches come back full).
+    pub async fn sweep_now(&self, shutdown: &CancellationToken) {
+        self.stats.sweep_started();
+        let span = tracing::info_span!(
+            "sweep",
+            claimed = tracing::field::Empty,
+            ms = tracing::field::Empty
+        );
+        let started = Instant::now();
+        let result = async {
+            let def_ids = self
+                .notifier
+                .deliverable_defs(&self.config.defs, &self.config.handlers)
+                .await?;
+            let filter = DueFilter {
+                def_ids: Some(def_ids),
+                partitions: self.config.partitions.clone(),
+            };
+            let limits = SweepLimits {
+                batch_size: self.config.batch_size,
+                concurrency: self.config.concurrency,
+                shutdown_timeout: self.config.shutdown_timeout,
+            };
+            self.notifier
+                .sweep(&filter, &limits, shutdown, &self.stats)
+                .await
+        }
+        .instrument(span.clone())
+        .await;
+        span.record("ms", started.elapsed().as_millis() as u64);
+        match result {
+            Ok(summary) => {
+                span.record("claimed", summary.claimed);
+            }
+            Err(e) => {
+                self.stats.add_error();
+                tracing::warn!(parent: &span, error = %e, "sweep failed; retrying at the next tick");
+            }
+        }
+    }
+}
+
+/// Sleeps `d`; `false` if `shutdown` was cancelled first.
+async fn sleep_or_stop(d: std::time::Duration, shutdown: &CancellationToken) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(d) => !shutdown.is_cancelled(),
+        _ = shutdown.cancelled() => false,
+    }
+}

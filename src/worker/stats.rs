@@ -1,0 +1,128 @@
+//! Stats: what a worker has done, counted as it goes.
+
+use std::{
+    collections::VecDeque,
+    sync::{
+        Mutex,
+        atomic::{AtomicU64, Ordering::Relaxed},
+    },
+};
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use crate::AttemptResult;
+
+/// How many sweep start times are kept.
+pub const RECENT_SWEEPS: usize = 64;
+
+/// Counters of one worker; cheap to update from many tasks.
+#[derive(Debug, Default)]
+pub struct WorkerStats {
+    sweeps: AtomicU64,
+    claimed: AtomicU64,
+    succeeded: AtomicU64,
+    awaiting_confirm: AtomicU64,
+    retried: AtomicU64,
+    final_failures: AtomicU64,
+    lost_claims: AtomicU64,
+    skipped: AtomicU64,
+    released: AtomicU64,
+    errors: AtomicU64,
+    recent_sweeps: Mutex<VecDeque<DateTime<Utc>>>,
+}
+
+/// A copy of the counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct StatsSnapshot {
+    /// Sweeps started.
+    pub sweeps: u64,
+    /// Rows claimed by sweeps.
+    pub claimed: u64,
+    /// Attempts that succeeded.
+    pub succeeded: u64,
+    /// Attempts now waiting for confirmation.
+    pub awaiting_confirm: u64,
+    /// Failed attempts that will be retried.
+    pub retried: u64,
+    /// Failed attempts that ended their notice.
+    pub final_failures: u64,
+    /// Attempts that lost their claim to another sender.
+    pub lost_claims: u64,
+    /// Rows not attempted (definition unusable here).
+    pub skipped: u64,
+    /// Claimed rows handed back at shutdown or lease exhaustion.
+    pub released: u64,
+    /// Sweeps or recordings that hit a database error.
+    pub errors: u64,
+}
+
+impl StatsSnapshot {
+    /// Failed attempts, retried or final.
+    pub fn failed(&self) -> u64 {
+        self.retried + self.final_failures
+    }
+}
+
+impl WorkerStats {
+    /// The counters now.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        StatsSnapshot {
+            sweeps: self.sweeps.load(Relaxed),
+            claimed: self.claimed.load(Relaxed),
+            succeeded: self.succeeded.load(Relaxed),
+            awaiting_confirm: self.awaiting_confirm.load(Relaxed),
+            retried: self.retried.load(Relaxed),
+            final_failures: self.final_failures.load(Relaxed),
+            lost_claims: self.lost_claims.load(Relaxed),
+            skipped: self.skipped.load(Relaxed),
+            released: self.released.load(Relaxed),
+            errors: self.errors.load(Relaxed),
+        }
+    }
+
+    /// Start times of the latest sweeps (at most [`RECENT_SWEEPS`]), oldest first.
+    pub fn recent_sweeps(&self) -> Vec<DateTime<Utc>> {
+        match self.recent_sweeps.lock() {
+            Ok(q) => q.iter().copied().collect(),
+            Err(poisoned) => poisoned.into_inner().iter().copied().collect(),
+        }
+    }
+
+    pub(crate) fn sweep_started(&self) {
+        self.sweeps.fetch_add(1, Relaxed);
+        let mut q = self
+            .recent_sweeps
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if q.len() == RECENT_SWEEPS {
+            q.pop_front();
+        }
+        q.push_back(Utc::now());
+    }
+
+    pub(crate) fn add_claimed(&self, n: u64) {
+        self.claimed.fetch_add(n, Relaxed);
+    }
+
+    pub(crate) fn add_released(&self, n: u64) {
+        self.released.fetch_add(n, Relaxed);
+    }
+
+    pub(crate) fn add_error(&self) {
+        self.errors.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn count(&self, result: &AttemptResult) {
+        let counter = match result {
+            AttemptResult::Succeeded => &self.succeeded,
+            AttemptResult::AwaitingConfirm => &self.awaiting_confirm,
+            AttemptResult::WillRetry { .. } => &self.retried,
+            AttemptResult::FinalFailure { .. } => &self.final_failures,
+            AttemptResult::LostClaim => &self.lost_claims,
+            AttemptResult::Skipped { .. } => &self.skipped,
+            AttemptResult::Error { .. } => &self.errors,
+        };
+        counter.fetch_add(1, Relaxed);
+    }
+}
