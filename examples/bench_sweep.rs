@@ -1,0 +1,190 @@
+//! Benchmark: draining a backlog of due notices with the sweeper.
+//!
+//! On PostgreSQL, pre-inserts due notices and drains them with a no-op handler:
+//! a plain-SQL baseline (claim 500 with `FOR UPDATE SKIP LOCKED` and move them
+//! to history in one statement, in a loop), then one worker on a 10,000 and a
+//! 100,000 backlog, then two workers on 100,000. Each run is a separate process
+//! so its peak RSS is its own. Prints msgs/s, the ratio to the baseline, and
+//! peak RSS.
+//!
+//! Run: `cargo run --release --example bench_sweep`
+//! (`BENCH_PG_URL` default `postgres://postgres@127.0.0.1:5432`; it creates and
+//! drops its own database `sn_bench_sweep`.)
+
+use std::{
+    error::Error,
+    process::Command,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use sea_orm::{ConnectionTrait, Database, DatabaseConnection};
+use serde_json::json;
+use solid_notify::{
+    Config, Notifier, Outcome, Worker, WorkerConfig,
+    def::{Channel, DefSpec, store},
+    worker::Mode,
+};
+use tokio_util::sync::CancellationToken;
+
+type BoxResult<T> = Result<T, Box<dyn Error>>;
+
+fn base_url() -> String {
+    std::env::var("BENCH_PG_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
+}
+
+#[tokio::main]
+async fn main() -> BoxResult<()> {
+    let args: Vec<String> = std::env::args().collect();
+    if args.len() == 4 && args[1] == "run" {
+        return run(&args[2], args[3].parse()?).await;
+    }
+    let exe = std::env::current_exe()?;
+    println!("drain of due notices, no-op handler, PostgreSQL on 127.0.0.1");
+    let mut baseline = 0.0;
+    for (mode, backlog) in [
+        ("baseline", 100_000),
+        ("worker1", 10_000),
+        ("worker1", 100_000),
+        ("worker2", 100_000),
+    ] {
+        let out = Command::new(&exe).args(["run", mode, &backlog.to_string()]).output()?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned().into());
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        let line = text.lines().last().unwrap_or_default();
+        let mut rate = 0.0;
+        let mut rss = 0;
+        for field in line.split_whitespace() {
+            if let Some(v) = field.strip_prefix("rate=") {
+                rate = v.parse()?;
+            }
+            if let Some(v) = field.strip_prefix("rss_kb=") {
+                rss = v.parse()?;
+            }
+        }
+        if mode == "baseline" {
+            baseline = rate;
+        }
+        println!(
+            "  {mode:<9} backlog {backlog:>7}: {rate:>9.0} msgs/s  ({:.2}x plain SQL)  peak RSS {:.1} MiB",
+            rate / baseline,
+            rss as f64 / 1024.0
+        );
+    }
+    Ok(())
+}
+
+/// One measured drain in this process; prints `rate=… rss_kb=…`.
+async fn run(mode: &str, backlog: u64) -> BoxResult<()> {
+    let db = fresh_db().await?;
+    db.execute_unprepared(&format!(
+        "INSERT INTO notify_msg (def_id, param, next_call_time) \
+         SELECT d.id, '{{\"i\":' || g || '}}', (now() at time zone 'utc') - interval '1 minute' \
+         FROM generate_series(1, {backlog}) g, notify_def d WHERE d.name = 'bench'"
+    ))
+    .await?;
+    db.execute_unprepared("VACUUM ANALYZE notify_msg").await?;
+    let started = Instant::now();
+    match mode {
+        "baseline" => baseline(&db).await?,
+        "worker1" => drain(&db, 1, backlog).await?,
+        "worker2" => drain(&db, 2, backlog).await?,
+        other => return Err(format!("unknown mode {other}").into()),
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let left = db
+        .query_one_raw(sea_orm::Statement::from_string(
+            db.get_database_backend(),
+            "SELECT COUNT(*) AS n FROM notify_msg",
+        ))
+        .await?
+        .map(|r| r.try_get::<i64>("", "n"))
+        .transpose()?
+        .unwrap_or(-1);
+    if left != 0 {
+        return Err(format!("{left} notices left after the drain").into());
+    }
+    println!("rate={:.1} rss_kb={}", backlog as f64 / secs, peak_rss_kb());
+    db.close().await?;
+    let admin = Database::connect(format!("{}/postgres", base_url())).await?;
+    admin
+        .execute_unprepared("DROP DATABASE IF EXISTS sn_bench_sweep WITH (FORCE)")
+        .await?;
+    Ok(())
+}
+
+async fn fresh_db() -> BoxResult<DatabaseConnection> {
+    let admin = Database::connect(format!("{}/postgres", base_url())).await?;
+    admin
+        .execute_unprepared("DROP DATABASE IF EXISTS sn_bench_sweep WITH (FORCE)")
+        .await?;
+    admin.execute_unprepared("CREATE DATABASE sn_bench_sweep").await?;
+    let mut opts = sea_orm::ConnectOptions::new(format!("{}/sn_bench_sweep", base_url()));
+    opts.max_connections(16).sqlx_logging(false);
+    let db = Database::connect(opts).await?;
+    solid_notify::migrate(&db).await?;
+    let spec = DefSpec::new("bench", Channel::Handler, json!({"handler": "noop"}));
+    store::sync(&db, &[spec]).await?;
+    Ok(db)
+}
+
+/// The plain-SQL floor: claim 500 with SKIP LOCKED and move them to history.
+async fn baseline(db: &DatabaseConnection) -> BoxResult<()> {
+    let sql = "WITH c AS (SELECT id FROM notify_msg WHERE next_call_time <= (now() at time zone 'utc') \
+               AND status IN (0, 2, 4) ORDER BY next_call_time LIMIT 500 FOR UPDATE SKIP LOCKED), \
+               moved AS (DELETE FROM notify_msg m USING c WHERE m.id = c.id RETURNING m.*) \
+               INSERT INTO notify_msg_history SELECT * FROM moved";
+    while db.execute_unprepared(sql).await?.rows_affected() > 0 {}
+    Ok(())
+}
+
+async fn drain(db: &DatabaseConnection, workers: usize, backlog: u64) -> BoxResult<()> {
+    let notifier = Notifier::builder(db.clone())
+        .config(Config {
+            immediate_attempt: false,
+            ..Config::default()
+        })
+        .handler("noop", |_n| async { Ok(Outcome::success()) })
+        .build()?;
+    let stop = CancellationToken::new();
+    let mut tasks = Vec::new();
+    let mut stats = Vec::new();
+    for _ in 0..workers {
+        let worker = Arc::new(Worker::new(
+            notifier.clone(),
+            WorkerConfig {
+                mode: Mode::FixedDelay,
+                delay: Duration::from_millis(10),
+                batch_size: 1000,
+                concurrency: 64,
+                ..WorkerConfig::default()
+            },
+        )?);
+        stats.push(worker.stats());
+        let token = stop.clone();
+        tasks.push(tokio::spawn(async move { worker.run(token).await }));
+    }
+    while stats.iter().map(|s| s.snapshot().succeeded).sum::<u64>() < backlog {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    stop.cancel();
+    for task in tasks {
+        task.await?;
+    }
+    Ok(())
+}
+
+/// Peak resident set size of this process (VmHWM), in KiB.
+fn peak_rss_kb() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1).map(str::to_string))
+        })
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
