@@ -48,7 +48,9 @@ async fn main() -> BoxResult<()> {
         ("worker1", 100_000),
         ("worker2", 100_000),
     ] {
-        let out = Command::new(&exe).args(["run", mode, &backlog.to_string()]).output()?;
+        let out = Command::new(&exe)
+            .args(["run", mode, &backlog.to_string()])
+            .output()?;
         if !out.status.success() {
             return Err(String::from_utf8_lossy(&out.stderr).into_owned().into());
         }
@@ -120,7 +122,9 @@ async fn fresh_db() -> BoxResult<DatabaseConnection> {
     admin
         .execute_unprepared("DROP DATABASE IF EXISTS sn_bench_sweep WITH (FORCE)")
         .await?;
-    admin.execute_unprepared("CREATE DATABASE sn_bench_sweep").await?;
+    admin
+        .execute_unprepared("CREATE DATABASE sn_bench_sweep")
+        .await?;
     let mut opts = sea_orm::ConnectOptions::new(format!("{}/sn_bench_sweep", base_url()));
     opts.max_connections(16).sqlx_logging(false);
     let db = Database::connect(opts).await?;

@@ -1,16 +1,36 @@
-//! Alert: the hook called when a notice's failure should reach a person.
+//! Alert: telling a person that a notice is failing.
 //!
-//! Dispatch decides *whether* a failure alerts from the definition's
-//! [`AlertPolicy`](crate::def::AlertPolicy) and calls the configured
-//! [`AlertHook`] after the failure is recorded; the hook can neither block
-//! nor undo that bookkeeping. The default hook, [`LogAlerts`], logs.
+//! Whether a failure alerts is the definition's
+//! [`AlertPolicy`](crate::def::AlertPolicy): type 0 on the final failure,
+//! type 1 on failures 1, 2, 4, 8, … and the final one (the storm rule: a
+//! notice failing every 5 s for a day sends 15 alerts, not 17,280), type 2
+//! never, type 3 once when the failure count reaches N.
+//!
+//! An alert is an e-mail to the definition's `email` recipients, queued as a
+//! notice of the reserved definition [`ALERT_DEF`] in the same transaction
+//! that records the failure. It is therefore sent right after that commit,
+//! retried on its own schedule when the mail server is down (`30s,1m,5m,15m,1h`,
+//! without limit) and never dropped, and it cannot block or undo the failed
+//! notice's bookkeeping. Alerts do not alert about themselves (type 2).
+//! In addition, the in-process [`AlertHook`] sees every alerting failure
+//! (the default, [`LogAlerts`], logs it).
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use chrono::NaiveDateTime;
 use serde::Serialize;
+use serde_json::json;
 
-use crate::def::Def;
+use crate::{NewNotice, def::Def};
+
+/// Name of the reserved definition whose notices are alert e-mails. The
+/// migrations create it; its row may be tuned like any definition.
+pub const ALERT_DEF: &str = "solid_notify_alert";
+/// Failure-log lines quoted in an alert.
+pub const ALERT_ERROR_LINES: usize = 5;
+/// Bytes of the param quoted in an alert.
+pub const ALERT_PARAM_BYTES: usize = 500;
 
 /// A failure that the definition's alert policy says to report.
 #[derive(Debug, Clone, Serialize)]
@@ -32,12 +52,14 @@ pub struct FailureEvent {
     pub errors: String,
     /// The notice's param as stored.
     pub param: String,
+    /// When the next attempt is due (UTC), unless final.
+    pub next_call_time: Option<NaiveDateTime>,
 }
 
-/// Receives failures that should alert.
+/// Receives failures that alert, in-process, after they are recorded.
 #[async_trait]
 pub trait AlertHook: Send + Sync + 'static {
-    /// Reports `event`. Must not fail: whatever it cannot do now it retries itself.
+    /// Reports `event`. Must not fail; it runs after the failure is recorded.
     async fn alert(&self, event: FailureEvent);
 }
 
@@ -57,4 +79,93 @@ impl AlertHook for LogAlerts {
             "notice failure alert"
         );
     }
+}
+
+/// The alert e-mail of one failure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AlertMail {
+    /// Recipients (the definition's `email`).
+    pub to: Vec<String>,
+    /// Subject line.
+    pub subject: String,
+    /// Plain-text body.
+    pub body: String,
+}
+
+impl AlertMail {
+    /// Writes the alert: what failed, how often, the last errors, a param
+    /// excerpt, and what the operator can do.
+    pub fn compose(event: &FailureEvent) -> AlertMail {
+        let def = &event.def.name;
+        let id = event.notice_id;
+        let subject = if event.is_final {
+            format!(
+                "[solid-notify] {def}: notice {id} failed for good after {} attempts",
+                event.attempt
+            )
+        } else {
+            format!(
+                "[solid-notify] {def}: notice {id} failing ({} failures)",
+                event.failures
+            )
+        };
+        let lines: Vec<&str> = event.errors.lines().collect();
+        let last = &lines[lines.len().saturating_sub(ALERT_ERROR_LINES)..];
+        let state = match event.next_call_time {
+            Some(at) => format!("It will be tried again at {} UTC.", at.format("%Y-%m-%d %H:%M:%S")),
+            None => "It will not be tried again: it is in notify_msg_history with status 3 (final failure).".into(),
+        };
+        let todo = if event.is_final {
+            format!(
+                "- fix the receiver, then requeue it: solid-notify history requeue {id}\n\
+                 - inspect it: solid-notify history show {id}"
+            )
+        } else {
+            format!(
+                "- fix the receiver; the retries will then succeed on their own\n\
+                 - inspect it: SELECT * FROM notify_msg WHERE id = {id}"
+            )
+        };
+        let body = format!(
+            "Notice {id} of definition `{def}` failed on attempt {attempt} ({failures} failures so far).\n\
+             {state}\n\nLast error: {reason}\n\nFailure log (last {n} lines):\n{log}\n\n\
+             Param (first {bytes} bytes):\n{param}\n\nWhat you can do:\n{todo}\n",
+            attempt = event.attempt,
+            failures = event.failures,
+            reason = event.reason,
+            n = last.len(),
+            log = last
+                .iter()
+                .map(|l| format!("  {l}"))
+                .collect::<Vec<_>>()
+                .join("\n"),
+            bytes = ALERT_PARAM_BYTES,
+            param = excerpt(&event.param, ALERT_PARAM_BYTES),
+        );
+        AlertMail {
+            to: event.def.alert_emails.clone(),
+            subject,
+            body,
+        }
+    }
+
+    /// The notice that sends this mail.
+    pub fn notice(&self) -> NewNotice {
+        NewNotice::new(
+            ALERT_DEF,
+            &json!({"to": self.to, "subject": self.subject, "body": self.body}),
+        )
+        .description("alert e-mail")
+    }
+}
+
+fn excerpt(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
 }

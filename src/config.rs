@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::{
+    channel::mail::MailConfig,
     error::{Error, Result},
     load_balance::LoadBalance,
 };
@@ -38,6 +39,10 @@ pub struct Config {
     /// How new notices get their `load_balance_num` when they do not set it.
     /// Default `LoadBalance::Fixed { num: 0 }`.
     pub load_balance: LoadBalance,
+    /// Where e-mail (the `email` channel and alerts) goes. Default
+    /// [`MailConfig::default`]: SMTP from `$SOLID_NOTIFY_SMTP_URL`, else
+    /// `.eml` files in a folder.
+    pub mail: MailConfig,
 }
 
 impl Default for Config {
@@ -49,6 +54,7 @@ impl Default for Config {
             immediate_attempt: true,
             max_background_attempts: DEFAULT_MAX_BACKGROUND_ATTEMPTS,
             load_balance: LoadBalance::default(),
+            mail: MailConfig::default(),
         }
     }
 }

@@ -31,6 +31,7 @@
 //! ```
 
 pub mod alert;
+pub mod channel;
 pub mod config;
 mod db;
 pub mod def;

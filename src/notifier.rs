@@ -9,6 +9,7 @@ use tokio::sync::Semaphore;
 use crate::{
     Config,
     alert::{AlertHook, LogAlerts},
+    channel::Channels,
     def::cache::DefCache,
     error::Result,
     handler::{Handler, Handlers},
@@ -31,6 +32,7 @@ pub(crate) struct Inner {
     pub alerts: Arc<dyn AlertHook>,
     pub background: Arc<Semaphore>,
     pub balancer: Balancer,
+    pub channels: Channels,
 }
 
 impl Notifier {
@@ -109,6 +111,7 @@ impl NotifierBuilder {
                 defs: DefCache::new(self.config.def_cache_ttl),
                 background: Arc::new(Semaphore::new(self.config.max_background_attempts.max(1))),
                 balancer: Balancer::new(self.config.load_balance),
+                channels: Channels::new(&self.config)?,
                 db: self.db,
                 handlers: self.handlers,
                 config: self.config,

@@ -198,6 +198,17 @@ impl Notifier {
             let attempts = pending.into_iter().map(|p| self.attempt_pending(p));
             return futures::future::join_all(attempts).await;
         }
+        self.spawn_attempts(pending);
+        Vec::new()
+    }
+
+    /// Starts background attempts of committed notices, as far as
+    /// [`Config::max_background_attempts`](crate::Config) allows; the rest is
+    /// left to the sweeper.
+    pub(crate) fn spawn_attempts(&self, pending: Vec<PendingNotice>) {
+        if !self.inner.config.immediate_attempt {
+            return;
+        }
         for p in pending {
             let Ok(permit) = self.inner.background.clone().try_acquire_owned() else {
                 tracing::debug!(
@@ -206,13 +217,21 @@ impl Notifier {
                 );
                 continue;
             };
-            let notifier = self.clone();
-            tokio::spawn(async move {
-                notifier.attempt_pending(p).await;
-                drop(permit);
-            });
+            tokio::spawn(self.clone().attempt_boxed(p, permit));
         }
-        Vec::new()
+    }
+
+    /// A boxed (hence `Send` by its type) background attempt: attempts can
+    /// queue alert notices that are attempted in turn.
+    fn attempt_boxed(
+        self,
+        p: PendingNotice,
+        permit: tokio::sync::OwnedSemaphorePermit,
+    ) -> futures::future::BoxFuture<'static, ()> {
+        Box::pin(async move {
+            self.attempt_pending(p).await;
+            drop(permit);
+        })
     }
 
     async fn attempt_pending(&self, p: PendingNotice) -> AttemptReport {

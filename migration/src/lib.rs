@@ -11,6 +11,7 @@
 pub use sea_orm_migration::prelude::*;
 
 mod m20261122_000001_create_tables;
+mod m20261122_000002_alert_def;
 
 /// Name of the table recording which solid-notify migrations ran.
 pub const MIGRATION_TABLE: &str = "solid_notify_migrations";
@@ -21,7 +22,10 @@ pub struct Migrator;
 #[async_trait::async_trait]
 impl MigratorTrait for Migrator {
     fn migrations() -> Vec<Box<dyn MigrationTrait>> {
-        vec![Box::new(m20261122_000001_create_tables::Migration)]
+        vec![
+            Box::new(m20261122_000001_create_tables::Migration),
+            Box::new(m20261122_000002_alert_def::Migration),
+        ]
     }
 
     fn migration_table_name() -> DynIden {

@@ -36,7 +36,8 @@ pub const DEFAULT_MAX_RETRY_INTERVAL: i64 = 1440;
 pub enum AlertPolicy {
     /// Type 0: once, when the notice fails for good.
     OnFinalFailure,
-    /// Type 1: on every failed attempt (rate-limited by the alert sender).
+    /// Type 1: on every failed attempt, thinned against storms: failures
+    /// 1, 2, 4, 8, … (powers of two) and the final failure.
     OnEveryFailure,
     /// Type 2: never.
     Never,
@@ -49,7 +50,7 @@ impl AlertPolicy {
     pub fn fires(self, failures: u32, is_final: bool) -> bool {
         match self {
             AlertPolicy::OnFinalFailure => is_final,
-            AlertPolicy::OnEveryFailure => true,
+            AlertPolicy::OnEveryFailure => is_final || failures.is_power_of_two(),
             AlertPolicy::Never => false,
             AlertPolicy::AfterFailures(n) => failures == n,
         }
@@ -370,7 +371,10 @@ mod tests {
     fn alert_policy_fires() {
         assert!(AlertPolicy::OnFinalFailure.fires(3, true));
         assert!(!AlertPolicy::OnFinalFailure.fires(3, false));
-        assert!(AlertPolicy::OnEveryFailure.fires(1, false));
+        let every: Vec<u32> = (1..=20)
+            .filter(|n| AlertPolicy::OnEveryFailure.fires(*n, *n == 20))
+            .collect();
+        assert_eq!(every, [1, 2, 4, 8, 16, 20]);
         assert!(!AlertPolicy::Never.fires(9, true));
         let three = AlertPolicy::AfterFailures(3);
         let fired: Vec<u32> = (1..=6).filter(|n| three.fires(*n, *n == 6)).collect();

@@ -72,6 +72,14 @@ pub struct HttpTarget {
     /// (surrounding whitespace ignored), e.g. `success`.
     #[serde(default)]
     pub expected_body: Option<String>,
+    /// Retry 4xx answers (other than 408/429, always retried) instead of
+    /// failing for good. Default: `false`.
+    #[serde(default)]
+    pub retry_4xx: bool,
+    /// Name of an environment variable holding the HMAC-SHA256 signing secret;
+    /// when set, requests carry `X-Notice-Signature`. Default: no signature.
+    #[serde(default)]
+    pub signature_secret_env: Option<String>,
 }
 
 impl HttpTarget {

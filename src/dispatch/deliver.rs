@@ -20,11 +20,8 @@ pub(crate) fn available(inner: &Inner, def: &DefRef) -> Result<(), String> {
             "handler `{}` is not registered in this process",
             t.handler
         )),
-        Target::Handler(_) => Ok(()),
-        other => Err(format!(
-            "channel `{}` is not enabled in this process",
-            other.channel()
-        )),
+        Target::Amqp(_) => Err("channel `amqp` is not enabled in this process".into()),
+        _ => Ok(()),
     }
 }
 
@@ -58,18 +55,7 @@ pub(crate) async fn deliver(inner: &Inner, def: &DefRef, claimed: &Claimed) -> O
             .unwrap_or_else(|| row.id.to_string()),
         load_balance_num: row.load_balance_num,
     };
-    let run = async {
-        match &target {
-            Target::Handler(t) => match inner.handlers.get(&t.handler) {
-                Some(handler) => handler
-                    .handle(notice)
-                    .await
-                    .unwrap_or_else(|e| Outcome::retry(format!("handler error: {e}"))),
-                None => Outcome::retry(format!("handler `{}` is not registered", t.handler)),
-            },
-            other => Outcome::retry(format!("channel `{}` is not enabled", other.channel())),
-        }
-    };
+    let run = crate::channel::send(inner, &target, notice, &row.param);
     let timeout = inner.config.attempt_timeout;
     match tokio::time::timeout(timeout, AssertUnwindSafe(run).catch_unwind()).await {
         Ok(Ok(outcome)) => outcome,

@@ -120,7 +120,7 @@ impl Notifier {
                 }
             };
             let outcome = deliver(&self.inner, &def, &claimed).await;
-            record(&self.inner, &def, claimed, outcome).await
+            record(self, &def, claimed, outcome).await
         }
         .instrument(span.clone())
         .await;

@@ -1,12 +1,22 @@
 //! Record: write an attempt's outcome against the claimed version.
+//!
+//! A terminal outcome moves the row to history (delete + insert in one
+//! transaction); any other rewrites it in place. When the definition's alert
+//! policy fires and it has recipients, the alert e-mail is queued as a notice
+//! of [`ALERT_DEF`](crate::alert::ALERT_DEF) in that same transaction: it is
+//! sent and retried like any notice, and can neither block nor undo the
+//! bookkeeping it reports on.
 
 use chrono::{NaiveDate, NaiveDateTime, Utc};
-use sea_orm::{ActiveModelTrait, ActiveValue::Set, ColumnTrait, DbErr, EntityTrait, QueryFilter};
+use sea_orm::{
+    ActiveModelTrait, ActiveValue::Set, ColumnTrait, ConnectionTrait, DbErr, EntityTrait,
+    QueryFilter,
+};
 
 use super::{AttemptResult, append_error, claim::Claimed};
 use crate::{
-    Status,
-    alert::FailureEvent,
+    Error, Notifier, PendingNotice, Status,
+    alert::{self, AlertMail, FailureEvent},
     db,
     def::{Confirm, DefRef},
     entity::{notify_msg, notify_msg_history},
@@ -23,15 +33,15 @@ pub(crate) fn far_future() -> NaiveDateTime {
 
 /// Records `outcome` for the attempt held in `claimed`.
 pub(crate) async fn record(
-    inner: &Inner,
+    notifier: &Notifier,
     def: &DefRef,
     claimed: Claimed,
     outcome: Outcome,
 ) -> AttemptResult {
     let result = match outcome {
-        Outcome::Success { note } => succeed(inner, def, claimed, note).await,
-        Outcome::Retry { reason } => fail(inner, def, claimed, reason, false).await,
-        Outcome::Permanent { reason } => fail(inner, def, claimed, reason, true).await,
+        Outcome::Success { note } => succeed(notifier, def, claimed, note).await,
+        Outcome::Retry { reason } => fail(notifier, def, claimed, reason, false).await,
+        Outcome::Permanent { reason } => fail(notifier, def, claimed, reason, true).await,
     };
     result.unwrap_or_else(|e| AttemptResult::Error {
         error: e.to_string(),
@@ -39,7 +49,7 @@ pub(crate) async fn record(
 }
 
 async fn succeed(
-    inner: &Inner,
+    notifier: &Notifier,
     def: &DefRef,
     claimed: Claimed,
     note: Option<String>,
@@ -54,27 +64,32 @@ async fn succeed(
         row.description.push_str(&note);
     }
     row.version = claimed_version.wrapping_add(1);
-    let deadline = match def.confirm {
+    let (terminal, result) = match def.confirm {
         Confirm::NotNeeded => {
             row.status = Status::Succeeded;
-            return Ok(match move_to_history(inner, row, claimed_version).await? {
-                true => AttemptResult::Succeeded,
-                false => AttemptResult::LostClaim,
-            });
+            (true, AttemptResult::Succeeded)
         }
-        Confirm::Within(delay) => now + delay,
-        Confirm::Forever => far_future(),
+        Confirm::Within(delay) => {
+            row.status = Status::AwaitingConfirm;
+            row.next_call_time = now + delay;
+            (false, AttemptResult::AwaitingConfirm)
+        }
+        Confirm::Forever => {
+            row.status = Status::AwaitingConfirm;
+            row.next_call_time = far_future();
+            (false, AttemptResult::AwaitingConfirm)
+        }
     };
-    row.status = Status::AwaitingConfirm;
-    row.next_call_time = deadline;
-    Ok(match update(inner, row, claimed_version).await? {
-        true => AttemptResult::AwaitingConfirm,
-        false => AttemptResult::LostClaim,
-    })
+    Ok(
+        match write(notifier, row, claimed_version, terminal, None).await? {
+            Some(_) => result,
+            None => AttemptResult::LostClaim,
+        },
+    )
 }
 
 async fn fail(
-    inner: &Inner,
+    notifier: &Notifier,
     def: &DefRef,
     claimed: Claimed,
     reason: String,
@@ -91,41 +106,42 @@ async fn fail(
     row.errors = append_error(&row.errors, now, attempt, &reason);
     row.retry_times = i32::try_from(failures).unwrap_or(i32::MAX);
     row.version = claimed_version.wrapping_add(1);
-    let (recorded, result) = if is_final {
+    let result = if is_final {
         row.status = Status::FinalFailure;
-        let moved = move_to_history(inner, row.clone(), claimed_version).await?;
-        let result = AttemptResult::FinalFailure {
+        AttemptResult::FinalFailure {
             attempt,
             reason: reason.clone(),
-        };
-        (moved, result)
+        }
     } else {
         row.status = Status::Failed;
         row.next_call_time = now + def.retry.delay(failures);
-        let at = row.next_call_time;
-        let updated = update(inner, row.clone(), claimed_version).await?;
-        let result = AttemptResult::WillRetry {
+        AttemptResult::WillRetry {
             attempt,
-            at,
+            at: row.next_call_time,
             reason: reason.clone(),
-        };
-        (updated, result)
+        }
     };
-    if !recorded {
+    let alerts = def.alert.fires(failures, is_final);
+    let event = FailureEvent {
+        notice_id: row.id,
+        def: def.clone(),
+        attempt,
+        failures,
+        is_final,
+        reason,
+        errors: row.errors.clone(),
+        param: row.param.clone(),
+        next_call_time: (!is_final).then_some(row.next_call_time),
+    };
+    let mail = (alerts && !def.alert_emails.is_empty()).then(|| AlertMail::compose(&event));
+    let Some(alert) = write(notifier, row, claimed_version, is_final, mail.as_ref()).await? else {
         return Ok(AttemptResult::LostClaim);
+    };
+    if let Some(pending) = alert {
+        notifier.spawn_attempts(vec![pending]);
     }
-    if def.alert.fires(failures, is_final) {
-        let event = FailureEvent {
-            notice_id: row.id,
-            def: def.clone(),
-            attempt,
-            failures,
-            is_final,
-            reason,
-            errors: row.errors,
-            param: row.param,
-        };
-        inner.alerts.alert(event).await;
+    if alerts {
+        notifier.inner.alerts.alert(event).await;
     }
     Ok(result)
 }
@@ -150,7 +166,7 @@ pub(crate) async fn park_claimed(inner: &Inner, claimed: Claimed, why: &str) -> 
     let mut row = claimed.row;
     row.errors = append_error(&row.errors, now, claimed.attempt, why);
     row.version = version.wrapping_add(1);
-    match update(inner, row, version).await {
+    match update(&inner.db, row, version).await {
         Ok(true) => AttemptResult::Skipped {
             reason: why.to_string(),
         },
@@ -161,9 +177,54 @@ pub(crate) async fn park_claimed(inner: &Inner, claimed: Claimed, why: &str) -> 
     }
 }
 
+/// Writes `row` over the claimed row (or moves it to history when
+/// `terminal`), with the alert notice when there is one, in one transaction.
+/// `None` when the claim was lost (nothing written); otherwise the queued
+/// alert, if any.
+async fn write(
+    notifier: &Notifier,
+    row: notify_msg::Model,
+    claimed_version: i32,
+    terminal: bool,
+    alert: Option<&AlertMail>,
+) -> Result<Option<Option<PendingNotice>>, DbErr> {
+    let inner = &notifier.inner;
+    if !terminal && alert.is_none() {
+        let written =
+            db::on_conflict_retry(|| update(&inner.db, row.clone(), claimed_version)).await?;
+        return Ok(written.then_some(None));
+    }
+    db::on_conflict_retry(|| async {
+        let txn = db::begin(&inner.db).await?;
+        let written = if terminal {
+            move_to_history(&txn, row.clone(), claimed_version).await?
+        } else {
+            update(&txn, row.clone(), claimed_version).await?
+        };
+        if !written {
+            txn.rollback().await?;
+            return Ok(None);
+        }
+        let pending = match alert {
+            Some(mail) => match notifier.add(&txn, mail.notice()).await {
+                Ok(pending) => Some(pending),
+                Err(Error::Db(e)) => return Err(e),
+                Err(e) => {
+                    tracing::error!(error = %e, def = alert::ALERT_DEF, "cannot queue alert e-mail");
+                    None
+                }
+            },
+            None => None,
+        };
+        txn.commit().await?;
+        Ok(Some(pending))
+    })
+    .await
+}
+
 /// Writes `row` over the claimed row; `false` when the claim was lost.
-async fn update(
-    inner: &Inner,
+async fn update<C: ConnectionTrait>(
+    conn: &C,
     row: notify_msg::Model,
     claimed_version: i32,
 ) -> Result<bool, DbErr> {
@@ -174,44 +235,33 @@ async fn update(
         .set(active)
         .filter(notify_msg::Column::Id.eq(id))
         .filter(notify_msg::Column::Version.eq(claimed_version))
-        .exec(&inner.db)
+        .exec(conn)
         .await?;
     Ok(done.rows_affected == 1)
 }
 
-/// Deletes the claimed row and inserts its final form into history, in one
-/// transaction; `false` (and nothing written) when the claim was lost.
-async fn move_to_history(
-    inner: &Inner,
+/// Deletes the claimed row and inserts its final form into history;
+/// `false` (nothing done) when the claim was lost.
+async fn move_to_history<C: ConnectionTrait>(
+    conn: &C,
     row: notify_msg::Model,
     claimed_version: i32,
 ) -> Result<bool, DbErr> {
-    db::on_conflict_retry(|| move_once(inner, row.clone(), claimed_version)).await
-}
-
-async fn move_once(
-    inner: &Inner,
-    row: notify_msg::Model,
-    claimed_version: i32,
-) -> Result<bool, DbErr> {
-    let txn = db::begin(&inner.db).await?;
     let deleted = notify_msg::Entity::delete_many()
         .filter(notify_msg::Column::Id.eq(row.id))
         .filter(notify_msg::Column::Version.eq(claimed_version))
-        .exec(&txn)
+        .exec(conn)
         .await?;
     if deleted.rows_affected != 1 {
-        txn.rollback().await?;
         return Ok(false);
     }
     notify_msg_history::Entity::insert(history_row(row))
-        .exec_without_returning(&txn)
+        .exec_without_returning(conn)
         .await?;
-    txn.commit().await?;
     Ok(true)
 }
 
-fn history_row(row: notify_msg::Model) -> notify_msg_history::ActiveModel {
+pub(crate) fn history_row(row: notify_msg::Model) -> notify_msg_history::ActiveModel {
     notify_msg_history::ActiveModel {
         id: Set(row.id),
         def_id: Set(row.def_id),

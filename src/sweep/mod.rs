@@ -243,7 +243,7 @@ impl<'a> Run<'a> {
             return Ok(());
         }
         let id = claimed.row.id;
-        let result = dispatch::record(&self.notifier.inner, &def, claimed, outcome).await;
+        let result = dispatch::record(self.notifier, &def, claimed, outcome).await;
         self.report(id, result);
         Ok(())
     }

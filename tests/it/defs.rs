@@ -26,7 +26,13 @@ db_test!(
         assert_eq!((again.inserted.len(), again.updated.len()), (0, 0));
         assert_eq!(again.unchanged.len(), specs.len());
         let listed = store::list(&db.db).await.unwrap();
-        assert_eq!(listed.len(), specs.len());
+        // The files' definitions plus the reserved alert definition.
+        assert_eq!(listed.len(), specs.len() + 1);
+        assert!(
+            listed
+                .iter()
+                .any(|(row, _)| row.name == solid_notify::alert::ALERT_DEF)
+        );
         assert!(listed.iter().all(|(_, def)| def.is_ok()));
     }
 );
@@ -78,8 +84,8 @@ db_test!(cli_migrates_syncs_and_lists, |db: Arc<TestDb>| async move {
     );
     assert_eq!(
         store::list(&db.db).await.unwrap().len(),
-        1,
-        "nothing synced from a bad folder"
+        2,
+        "nothing synced from a bad folder (cli_def and the alert definition only)"
     );
     std::fs::remove_dir_all(dir).ok();
 });

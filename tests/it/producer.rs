@@ -175,7 +175,7 @@ db_test!(business_code_runs_unchanged_on_the_wrapper, |db: Arc<
         .count(&tx)
         .await
         .unwrap();
-    assert_eq!(in_tx, 1);
+    assert_eq!(in_tx, 2, "`ship` and the reserved alert definition");
     // A transaction begun by the caller can be wrapped too.
     tx.commit().await.unwrap();
     let own = sea_orm::TransactionTrait::begin(&db.db).await.unwrap();

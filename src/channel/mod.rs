@@ -1,0 +1,48 @@
+//! Channel: the built-in deliveries (HTTP, e-mail) a notifier owns, built
+//! once and shared by every attempt.
+
+pub mod http;
+pub mod mail;
+
+use crate::{
+    def::Target,
+    error::Result,
+    handler::{Notice, Outcome},
+    notifier::Inner,
+};
+
+/// The built-in channels of one notifier.
+pub(crate) struct Channels {
+    pub http: http::HttpChannel,
+    pub mail: mail::Mailer,
+}
+
+impl Channels {
+    pub fn new(config: &crate::Config) -> Result<Self> {
+        Ok(Channels {
+            http: http::HttpChannel::new()?,
+            mail: mail::Mailer::new(&config.mail)?,
+        })
+    }
+}
+
+/// Delivers one attempt through the target's channel.
+pub(crate) async fn send(
+    inner: &Inner,
+    target: &Target,
+    notice: Notice,
+    raw_param: &str,
+) -> Outcome {
+    match target {
+        Target::Handler(t) => match inner.handlers.get(&t.handler) {
+            Some(handler) => handler
+                .handle(notice)
+                .await
+                .unwrap_or_else(|e| Outcome::retry(format!("handler error: {e}"))),
+            None => Outcome::retry(format!("handler `{}` is not registered", t.handler)),
+        },
+        Target::Http(t) => inner.channels.http.send(t, &notice, raw_param).await,
+        Target::Email(t) => inner.channels.mail.send_notice(t, &notice).await,
+        Target::Amqp(_) => Outcome::retry("channel `amqp` is not enabled in this process"),
+    }
+}
