@@ -1,6 +1,6 @@
 //! Config: the tunables of a [`Notifier`](crate::Notifier), with their defaults.
 
-use std::time::Duration;
+use std::{collections::HashMap, time::Duration};
 
 use crate::{
     channel::mail::MailConfig,
@@ -43,6 +43,9 @@ pub struct Config {
     /// [`MailConfig::default`]: SMTP from `$SOLID_NOTIFY_SMTP_URL`, else
     /// `.eml` files in a folder.
     pub mail: MailConfig,
+    /// Named secrets (e.g. HTTP signing keys) kept out of `notify_def`; a name
+    /// not found here is read from the environment. Default: empty.
+    pub secrets: HashMap<String, String>,
 }
 
 impl Default for Config {
@@ -55,6 +58,7 @@ impl Default for Config {
             max_background_attempts: DEFAULT_MAX_BACKGROUND_ATTEMPTS,
             load_balance: LoadBalance::default(),
             mail: MailConfig::default(),
+            secrets: HashMap::new(),
         }
     }
 }

@@ -39,6 +39,7 @@ pub mod dispatch;
 pub mod entity;
 pub mod error;
 pub mod handler;
+pub mod history;
 pub mod load_balance;
 mod notifier;
 pub mod producer;

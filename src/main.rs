@@ -4,8 +4,9 @@ use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use clap::{Parser, Subcommand};
 use solid_notify::{
-    Config, Notifier, Worker, WorkerConfig,
+    Config, Notifier, Status, Worker, WorkerConfig,
     def::{file, store},
+    history,
     worker::Mode,
 };
 use tokio_util::sync::CancellationToken;
@@ -37,6 +38,53 @@ enum Command {
     },
     /// Sweep due notices on a schedule until SIGINT or SIGTERM.
     Worker(Box<WorkerArgs>),
+    /// Finished notices: find, inspect, requeue.
+    History {
+        #[command(subcommand)]
+        command: HistoryCommand,
+    },
+    /// Cancel a notice in flight (it moves to history with status 5).
+    Cancel {
+        /// Notice id.
+        id: i64,
+    },
+}
+
+#[derive(Subcommand)]
+enum HistoryCommand {
+    /// Finished notices, newest first.
+    List {
+        /// Only this definition.
+        #[arg(long)]
+        def: Option<String>,
+        /// Only this outcome: succeeded, final_failure or cancelled.
+        #[arg(long, value_parser = parse_status)]
+        status: Option<Status>,
+        /// At most this many rows.
+        #[arg(long, default_value_t = 50)]
+        limit: u64,
+    },
+    /// One finished notice with its param and failure log.
+    Show {
+        /// Notice id.
+        id: i64,
+    },
+    /// Put a finished notice back in flight, due at once, with a fresh retry budget.
+    Requeue {
+        /// Notice id.
+        id: i64,
+    },
+}
+
+fn parse_status(text: &str) -> Result<Status, String> {
+    match text {
+        "succeeded" | "1" => Ok(Status::Succeeded),
+        "final_failure" | "3" => Ok(Status::FinalFailure),
+        "cancelled" | "5" => Ok(Status::Cancelled),
+        other => Err(format!(
+            "`{other}` is not succeeded, final_failure or cancelled"
+        )),
+    }
 }
 
 /// Worker settings: a TOML file (`--config`), then environment, then flags.
@@ -238,6 +286,41 @@ async fn run(cli: Cli) -> solid_notify::Result<()> {
                 stats.lost_claims,
                 stats.released
             );
+        }
+        Command::History { command } => match command {
+            HistoryCommand::List { def, status, limit } => {
+                println!(
+                    "{:<10} {:<8} {:<14} {:>7}  {:<26} last error",
+                    "id", "def_id", "status", "retries", "last call (UTC)"
+                );
+                for row in history::list(&db, def.as_deref(), status, limit).await? {
+                    let last = row.errors.lines().last().unwrap_or("");
+                    let when = row
+                        .last_call_time
+                        .map(|t| t.to_string())
+                        .unwrap_or_default();
+                    println!(
+                        "{:<10} {:<8} {:<14} {:>7}  {:<26} {last}",
+                        row.id,
+                        row.def_id,
+                        row.status.to_string(),
+                        row.retry_times,
+                        when
+                    );
+                }
+            }
+            HistoryCommand::Show { id } => {
+                let row = history::show(&db, id).await?;
+                println!("{}", serde_json::to_string_pretty(&row).unwrap_or_default());
+            }
+            HistoryCommand::Requeue { id } => {
+                Notifier::builder(db).build()?.requeue(id).await?;
+                println!("notice {id} requeued: due now");
+            }
+        },
+        Command::Cancel { id } => {
+            Notifier::builder(db).build()?.cancel(id).await?;
+            println!("notice {id} cancelled");
         }
         Command::Migrate => {
             solid_notify::migrate(&db).await?;

@@ -2,16 +2,17 @@
 //!
 //! Headers tell the receiver what it got, so it can stay idempotent:
 //! `X-Notice-Id`, `X-Notice-Def`, `X-Notice-Attempt`, `Idempotency-Key`.
-//! With `signature_secret_env` set, `X-Notice-Timestamp` (Unix seconds) and
+//! With `signing_secret` set, `X-Notice-Timestamp` (Unix seconds) and
 //! `X-Notice-Signature: sha256=<hex>` carry an HMAC-SHA256 of
-//! `"<timestamp>.<body>"` keyed with the secret read from that environment
-//! variable: the secret never lives in `notify_def`.
+//! `"<timestamp>.<body>"` keyed with the secret of that name, taken from
+//! [`Config::secrets`](crate::Config) or else the environment variable of
+//! that name: the secret never lives in `notify_def`.
 //!
 //! Outcomes: 2xx is success (when `expected_body` is set, the trimmed body
 //! must equal it); connection errors, timeouts, 408, 429 and 5xx are retried;
 //! other 4xx fail for good unless the target sets `retry_4xx`.
 
-use std::time::Duration;
+use std::{collections::HashMap, time::Duration};
 
 use hmac::{Hmac, Mac};
 use reqwest::{Method, StatusCode};
@@ -31,15 +32,16 @@ pub const BODY_EXCERPT: usize = 200;
 /// The shared HTTP client (one connection pool for every notice).
 pub(crate) struct HttpChannel {
     client: reqwest::Client,
+    secrets: HashMap<String, String>,
 }
 
 impl HttpChannel {
-    pub fn new() -> Result<Self> {
+    pub fn new(secrets: HashMap<String, String>) -> Result<Self> {
         let client = reqwest::Client::builder()
             .user_agent(concat!("solid-notify/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| Error::Config(format!("HTTP client: {e}")))?;
-        Ok(HttpChannel { client })
+        Ok(HttpChannel { client, secrets })
     }
 
     pub async fn send(&self, target: &HttpTarget, notice: &Notice, body: &str) -> Outcome {
@@ -61,9 +63,10 @@ impl HttpChannel {
         for (name, value) in &target.headers {
             request = request.header(name, value);
         }
-        if let Some(var) = &target.signature_secret_env {
-            let Ok(secret) = std::env::var(var) else {
-                return Outcome::retry(format!("signature secret variable `{var}` is not set"));
+        if let Some(name) = &target.signing_secret {
+            let Some(secret) = self.secrets.get(name).cloned().or_else(|| std::env::var(name).ok())
+            else {
+                return Outcome::retry(format!("signing secret `{name}` is not configured"));
             };
             let timestamp = chrono::Utc::now().timestamp().to_string();
             request = request

@@ -20,7 +20,7 @@ pub(crate) struct Channels {
 impl Channels {
     pub fn new(config: &crate::Config) -> Result<Self> {
         Ok(Channels {
-            http: http::HttpChannel::new()?,
+            http: http::HttpChannel::new(config.secrets.clone())?,
             mail: mail::Mailer::new(&config.mail)?,
         })
     }

@@ -76,10 +76,12 @@ pub struct HttpTarget {
     /// failing for good. Default: `false`.
     #[serde(default)]
     pub retry_4xx: bool,
-    /// Name of an environment variable holding the HMAC-SHA256 signing secret;
-    /// when set, requests carry `X-Notice-Signature`. Default: no signature.
+    /// Name of the HMAC-SHA256 signing secret, looked up in
+    /// [`Config::secrets`](crate::Config) and then in the environment (the
+    /// secret itself never lives in `notify_def`); when set, requests carry
+    /// `X-Notice-Signature`. Default: no signature.
     #[serde(default)]
-    pub signature_secret_env: Option<String>,
+    pub signing_secret: Option<String>,
 }
 
 impl HttpTarget {

@@ -27,7 +27,7 @@ use crate::{Notifier, def::DefRef, entity::notify_msg};
 pub(crate) use claim::Claimed;
 pub(crate) use deliver::{available, deliver};
 pub(crate) use errors_log::append_error;
-pub(crate) use record::{park_claimed, record};
+pub(crate) use record::{history_row, park_claimed, record};
 
 /// How one attempt of one notice ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

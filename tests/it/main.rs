@@ -4,6 +4,7 @@
 mod support;
 
 mod defs;
+mod http;
 mod inputs;
 mod producer;
 mod retry;
