@@ -3,7 +3,9 @@
 //! Migrates, syncs `definitions/`, commits business transactions that add
 //! notices, and drives retries until every notice has finished: one handler
 //! fails twice then succeeds, another always fails and ends in history as a
-//! final failure. A rolled-back transaction shows that nothing is sent.
+//! final failure, whose alert e-mail lands as a file in the mail folder (no
+//! SMTP server configured). An HTTP notice goes to a local receiver. A
+//! rolled-back transaction shows that nothing is sent.
 //!
 //! Run: `cargo run --example quickstart`
 
@@ -13,6 +15,7 @@ use sea_orm::{ConnectionTrait, EntityTrait, QueryOrder};
 use serde_json::json;
 use solid_notify::{
     Config, Notice, Notifier, Outcome,
+    channel::mail::MailConfig,
     def::{file, store},
     entity::notify_msg_history,
 };
@@ -25,6 +28,9 @@ async fn main() -> Result<(), Box<dyn Error>> {
         .with_target(false)
         .init();
     let path = std::env::temp_dir().join("solid-notify-quickstart.db");
+    // Alerts go to lettre's file transport here: a fresh folder per run.
+    let mail_dir = std::env::temp_dir().join("solid-notify-quickstart-mail");
+    std::fs::remove_dir_all(&mail_dir).ok();
     for suffix in ["", "-wal", "-shm"] {
         std::fs::remove_file(format!("{}{suffix}", path.display())).ok();
     }
@@ -46,6 +52,11 @@ async fn main() -> Result<(), Box<dyn Error>> {
         .config(Config {
             lease: Duration::from_secs(5),
             attempt_timeout: Duration::from_secs(2),
+            mail: MailConfig {
+                smtp_url: None,
+                file_dir: mail_dir,
+                ..MailConfig::default()
+            },
             ..Config::default()
         })
         .handler("flaky_mailer", |n: Notice| async move {
@@ -96,7 +107,33 @@ async fn main() -> Result<(), Box<dyn Error>> {
         }
     }
 
-    println!("\n3. retries, as a sweeper drives them (intervals of 1-2 s)");
+    println!("\n3. an HTTP notice to a local receiver (per-notice URL override)");
+    let receiver = wiremock::MockServer::start().await;
+    wiremock::Mock::given(wiremock::matchers::method("POST"))
+        .respond_with(wiremock::ResponseTemplate::new(200).set_body_string("success"))
+        .mount(&receiver)
+        .await;
+    let tx = notifier.begin().await?;
+    let url = format!("{}/hooks/invoice/2", receiver.uri());
+    tx.add(
+        solid_notify::NewNotice::new("invoice_webhook", &json!({"invoice": 2, "total": 99}))
+            .target_override(json!({ "url": url })),
+    )
+    .await?;
+    for report in tx.commit_and_wait().await? {
+        println!("  -> notice {}: {:?}", report.notice_id, report.result);
+    }
+    for request in receiver.received_requests().await.unwrap_or_default() {
+        println!(
+            "  receiver got {} {} notice-id={:?} body={}",
+            request.method,
+            request.url.path(),
+            request.headers.get("x-notice-id"),
+            String::from_utf8_lossy(&request.body)
+        );
+    }
+
+    println!("\n4. retries, as a sweeper drives them (intervals of 1-2 s)");
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while !live_is_empty(&db).await? {
         for report in notifier.sweep_once(100).await? {
@@ -108,15 +145,16 @@ async fn main() -> Result<(), Box<dyn Error>> {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
-    println!("\n4. history (notify_msg_history): every notice has finished");
+    println!("\n5. history (notify_msg_history): every notice has finished");
     let rows = notify_msg_history::Entity::find()
         .order_by_asc(notify_msg_history::Column::Id)
         .all(&db)
         .await?;
     for row in &rows {
+        let param: String = row.param.chars().take(60).collect();
         println!(
-            "  notice {} status {} after {} failures, param {}",
-            row.id, row.status, row.retry_times, row.param
+            "  notice {} ({}) status {} after {} failures, param {param}",
+            row.id, row.description, row.status, row.retry_times
         );
         for line in row.errors.lines() {
             println!("      {line}");
@@ -136,6 +174,16 @@ async fn main() -> Result<(), Box<dyn Error>> {
         rows.len()
     );
     println!("database file: {}", path.display());
+    let mail_dir = &notifier.config().mail.file_dir;
+    println!("alert e-mails (file transport): {}", mail_dir.display());
+    if let Ok(entries) = std::fs::read_dir(mail_dir) {
+        for entry in entries.flatten() {
+            let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+            if let Some(subject) = text.lines().find(|l| l.starts_with("Subject:")) {
+                println!("  {}  {subject}", entry.file_name().to_string_lossy());
+            }
+        }
+    }
     Ok(())
 }
 

@@ -64,7 +64,11 @@ impl HttpChannel {
             request = request.header(name, value);
         }
         if let Some(name) = &target.signing_secret {
-            let Some(secret) = self.secrets.get(name).cloned().or_else(|| std::env::var(name).ok())
+            let Some(secret) = self
+                .secrets
+                .get(name)
+                .cloned()
+                .or_else(|| std::env::var(name).ok())
             else {
                 return Outcome::retry(format!("signing secret `{name}` is not configured"));
             };

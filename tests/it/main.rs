@@ -6,6 +6,8 @@ mod support;
 mod defs;
 mod http;
 mod inputs;
+mod mail;
 mod producer;
 mod retry;
+mod smtp;
 mod worker;
