@@ -3,7 +3,7 @@
 use std::{collections::HashMap, time::Duration};
 
 use crate::{
-    channel::mail::MailConfig,
+    channel::{amqp::AmqpConfig, mail::MailConfig},
     error::{Error, Result},
     load_balance::LoadBalance,
 };
@@ -46,6 +46,9 @@ pub struct Config {
     /// Named secrets (e.g. HTTP signing keys) kept out of `notify_def`; a name
     /// not found here is read from the environment. Default: empty.
     pub secrets: HashMap<String, String>,
+    /// RabbitMQ for the `amqp` channel and the confirmation queue. Default
+    /// [`AmqpConfig::default`]: `$SOLID_NOTIFY_AMQP_URL` (unset: disabled).
+    pub amqp: AmqpConfig,
 }
 
 impl Default for Config {
@@ -59,6 +62,7 @@ impl Default for Config {
             load_balance: LoadBalance::default(),
             mail: MailConfig::default(),
             secrets: HashMap::new(),
+            amqp: AmqpConfig::default(),
         }
     }
 }

@@ -33,6 +33,7 @@
 pub mod alert;
 pub mod channel;
 pub mod config;
+pub mod confirm;
 mod db;
 pub mod def;
 pub mod dispatch;

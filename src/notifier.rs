@@ -61,6 +61,11 @@ impl Notifier {
         self.inner.handlers.names()
     }
 
+    /// Whether an AMQP broker is configured.
+    pub fn amqp_enabled(&self) -> bool {
+        self.inner.channels.amqp.enabled()
+    }
+
     /// Forgets cached definitions so the next use rereads `notify_def`.
     pub fn reload_defs(&self) {
         self.inner.defs.invalidate();

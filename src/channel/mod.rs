@@ -1,6 +1,7 @@
 //! Channel: the built-in deliveries (HTTP, e-mail) a notifier owns, built
 //! once and shared by every attempt.
 
+pub mod amqp;
 pub mod http;
 pub mod mail;
 
@@ -15,6 +16,7 @@ use crate::{
 pub(crate) struct Channels {
     pub http: http::HttpChannel,
     pub mail: mail::Mailer,
+    pub amqp: amqp::AmqpChannel,
 }
 
 impl Channels {
@@ -22,18 +24,20 @@ impl Channels {
         Ok(Channels {
             http: http::HttpChannel::new(config.secrets.clone())?,
             mail: mail::Mailer::new(&config.mail)?,
+            amqp: amqp::AmqpChannel::new(&config.amqp),
         })
     }
 }
 
-/// Delivers one attempt through the target's channel.
+/// Delivers one attempt through the target's channel. An AMQP publish also
+/// returns the broker's pending verdict.
 pub(crate) async fn send(
     inner: &Inner,
     target: &Target,
     notice: Notice,
     raw_param: &str,
-) -> Outcome {
-    match target {
+) -> (Outcome, Option<amqp::BrokerConfirm>) {
+    let outcome = match target {
         Target::Handler(t) => match inner.handlers.get(&t.handler) {
             Some(handler) => handler
                 .handle(notice)
@@ -43,6 +47,7 @@ pub(crate) async fn send(
         },
         Target::Http(t) => inner.channels.http.send(t, &notice, raw_param).await,
         Target::Email(t) => inner.channels.mail.send_notice(t, &notice).await,
-        Target::Amqp(_) => Outcome::retry("channel `amqp` is not enabled in this process"),
-    }
+        Target::Amqp(t) => return inner.channels.amqp.publish(t, &notice, raw_param).await,
+    };
+    (outcome, None)
 }

@@ -6,7 +6,9 @@ use futures::FutureExt;
 
 use super::claim::Claimed;
 use crate::{
-    def::{DefRef, Target},
+    Status,
+    channel::amqp::BrokerConfirm,
+    def::{Confirm, DefRef, Target},
     handler::{Notice, Outcome},
     notifier::Inner,
     producer::merged_target,
@@ -20,17 +22,44 @@ pub(crate) fn available(inner: &Inner, def: &DefRef) -> Result<(), String> {
             "handler `{}` is not registered in this process",
             t.handler
         )),
-        Target::Amqp(_) => Err("channel `amqp` is not enabled in this process".into()),
+        Target::Amqp(_) if !inner.channels.amqp.enabled() => {
+            Err("channel `amqp` has no broker configured in this process".into())
+        }
         _ => Ok(()),
     }
 }
 
-/// Runs the attempt, turning errors, panics and timeouts into failures.
-pub(crate) async fn deliver(inner: &Inner, def: &DefRef, claimed: &Claimed) -> Outcome {
+/// What one delivery produced: its outcome and, for an AMQP publish, the
+/// broker's verdict still to come.
+pub(crate) struct Delivery {
+    pub outcome: Outcome,
+    pub broker: Option<BrokerConfirm>,
+}
+
+impl From<Outcome> for Delivery {
+    fn from(outcome: Outcome) -> Self {
+        Delivery {
+            outcome,
+            broker: None,
+        }
+    }
+}
+
+/// Runs the attempt, turning errors, panics and timeouts into failures. A
+/// row still awaiting confirmation past its deadline is not sent again here:
+/// the missing confirmation is the attempt's failure.
+pub(crate) async fn deliver(inner: &Inner, def: &DefRef, claimed: &Claimed) -> Delivery {
     let row = &claimed.row;
+    if row.status == Status::AwaitingConfirm {
+        let waited = match def.confirm {
+            Confirm::Within(d) => format!("within {}", crate::schedule::format_interval(d)),
+            _ => "before its deadline".into(),
+        };
+        return Outcome::retry(format!("not confirmed {waited}")).into();
+    }
     let param = match serde_json::from_str(&row.param) {
         Ok(param) => param,
-        Err(e) => return Outcome::permanent(format!("param is not valid JSON: {e}")),
+        Err(e) => return Outcome::permanent(format!("param is not valid JSON: {e}")).into(),
     };
     let target = match &row.target_override {
         None => def.target.clone(),
@@ -39,7 +68,9 @@ pub(crate) async fn deliver(inner: &Inner, def: &DefRef, claimed: &Claimed) -> O
             .and_then(|over| merged_target(def, &over))
         {
             Ok(target) => target,
-            Err(e) => return Outcome::permanent(format!("target override is invalid: {e}")),
+            Err(e) => {
+                return Outcome::permanent(format!("target override is invalid: {e}")).into();
+            }
         },
     };
     let notice = Notice {
@@ -58,9 +89,11 @@ pub(crate) async fn deliver(inner: &Inner, def: &DefRef, claimed: &Claimed) -> O
     let run = crate::channel::send(inner, &target, notice, &row.param);
     let timeout = inner.config.attempt_timeout;
     match tokio::time::timeout(timeout, AssertUnwindSafe(run).catch_unwind()).await {
-        Ok(Ok(outcome)) => outcome,
-        Ok(Err(panic)) => Outcome::retry(format!("handler panicked: {}", panic_message(&panic))),
-        Err(_) => Outcome::retry(format!("attempt timed out after {timeout:?}")),
+        Ok(Ok((outcome, broker))) => Delivery { outcome, broker },
+        Ok(Err(panic)) => {
+            Outcome::retry(format!("handler panicked: {}", panic_message(&panic))).into()
+        }
+        Err(_) => Outcome::retry(format!("attempt timed out after {timeout:?}")).into(),
     }
 }
 

@@ -25,9 +25,9 @@ use tracing::Instrument;
 use crate::{Notifier, def::DefRef, entity::notify_msg};
 
 pub(crate) use claim::Claimed;
-pub(crate) use deliver::{available, deliver};
+pub(crate) use deliver::{Delivery, available, deliver};
 pub(crate) use errors_log::append_error;
-pub(crate) use record::{history_row, park_claimed, record};
+pub(crate) use record::{confirmed, history_row, park_claimed, record};
 
 /// How one attempt of one notice ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -119,8 +119,8 @@ impl Notifier {
                     };
                 }
             };
-            let outcome = deliver(&self.inner, &def, &claimed).await;
-            record(self, &def, claimed, outcome).await
+            let delivery = deliver(&self.inner, &def, &claimed).await;
+            record(self, &def, claimed, delivery).await
         }
         .instrument(span.clone())
         .await;

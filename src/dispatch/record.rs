@@ -13,10 +13,11 @@ use sea_orm::{
     QueryFilter,
 };
 
-use super::{AttemptResult, append_error, claim::Claimed};
+use super::{AttemptResult, Delivery, append_error, claim::Claimed};
 use crate::{
     Error, Notifier, PendingNotice, Status,
     alert::{self, AlertMail, FailureEvent},
+    channel::amqp::BrokerConfirm,
     db,
     def::{Confirm, DefRef},
     entity::{notify_msg, notify_msg_history},
@@ -31,15 +32,15 @@ pub(crate) fn far_future() -> NaiveDateTime {
         .unwrap_or(NaiveDateTime::MAX)
 }
 
-/// Records `outcome` for the attempt held in `claimed`.
+/// Records the outcome of the attempt held in `claimed`.
 pub(crate) async fn record(
     notifier: &Notifier,
     def: &DefRef,
     claimed: Claimed,
-    outcome: Outcome,
+    delivery: Delivery,
 ) -> AttemptResult {
-    let result = match outcome {
-        Outcome::Success { note } => succeed(notifier, def, claimed, note).await,
+    let result = match delivery.outcome {
+        Outcome::Success { note } => succeed(notifier, def, claimed, note, delivery.broker).await,
         Outcome::Retry { reason } => fail(notifier, def, claimed, reason, false).await,
         Outcome::Permanent { reason } => fail(notifier, def, claimed, reason, true).await,
     };
@@ -53,6 +54,7 @@ async fn succeed(
     def: &DefRef,
     claimed: Claimed,
     note: Option<String>,
+    broker: Option<BrokerConfirm>,
 ) -> Result<AttemptResult, DbErr> {
     let now = Utc::now().naive_utc();
     let claimed_version = claimed.row.version;
@@ -64,28 +66,79 @@ async fn succeed(
         row.description.push_str(&note);
     }
     row.version = claimed_version.wrapping_add(1);
-    let (terminal, result) = match def.confirm {
-        Confirm::NotNeeded => {
+    // Awaiting the broker and/or the consumer: status 4 until the deadline.
+    let deadline = match (def.confirm, &broker) {
+        (Confirm::NotNeeded, None) => None,
+        (Confirm::NotNeeded, Some(_)) => Some(now + notifier.inner.config.lease),
+        (Confirm::Within(delay), _) => Some(now + delay),
+        (Confirm::Forever, _) => Some(far_future()),
+    };
+    let (terminal, result) = match deadline {
+        None => {
             row.status = Status::Succeeded;
             (true, AttemptResult::Succeeded)
         }
-        Confirm::Within(delay) => {
+        Some(deadline) => {
             row.status = Status::AwaitingConfirm;
-            row.next_call_time = now + delay;
-            (false, AttemptResult::AwaitingConfirm)
-        }
-        Confirm::Forever => {
-            row.status = Status::AwaitingConfirm;
-            row.next_call_time = far_future();
+            row.next_call_time = deadline;
             (false, AttemptResult::AwaitingConfirm)
         }
     };
-    Ok(
-        match write(notifier, row, claimed_version, terminal, None).await? {
-            Some(_) => result,
-            None => AttemptResult::LostClaim,
-        },
-    )
+    let (id, version) = (row.id, row.version);
+    if write(notifier, row, claimed_version, terminal, None)
+        .await?
+        .is_none()
+    {
+        return Ok(AttemptResult::LostClaim);
+    }
+    if let Some(broker) = broker {
+        let needs_consumer = def.confirm != Confirm::NotNeeded;
+        tokio::spawn(await_broker(
+            notifier.clone(),
+            broker,
+            id,
+            version,
+            needs_consumer,
+        ));
+    }
+    Ok(result)
+}
+
+/// Waits for the broker's verdict on a publish and applies it: an ack
+/// finishes the notice (unless the consumer must confirm too), a nack or a
+/// return fails the attempt. Boxed, hence `Send` by its type: applying a
+/// verdict records an attempt, which may publish again.
+fn await_broker(
+    notifier: Notifier,
+    broker: BrokerConfirm,
+    id: i64,
+    version: i32,
+    needs_consumer: bool,
+) -> futures::future::BoxFuture<'static, ()> {
+    Box::pin(async move {
+        let verdict = broker.verdict().await;
+        if verdict.is_ok() && needs_consumer {
+            return; // still waiting for the consumer's confirmation
+        }
+        if let Err(e) = notifier
+            .apply_confirmation(id, Some(version), verdict)
+            .await
+        {
+            tracing::warn!(notice_id = id, error = %e, "cannot record the broker's verdict");
+        }
+    })
+}
+
+/// Moves a row awaiting confirmation to history as succeeded; `false` when
+/// its version moved on meanwhile.
+pub(crate) async fn confirmed(
+    notifier: &Notifier,
+    mut row: notify_msg::Model,
+) -> Result<bool, DbErr> {
+    let version = row.version;
+    row.status = Status::Succeeded;
+    row.version = version.wrapping_add(1);
+    Ok(write(notifier, row, version, true, None).await?.is_some())
 }
 
 async fn fail(

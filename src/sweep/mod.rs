@@ -26,7 +26,7 @@ pub use batch::DueFilter;
 use crate::{
     AttemptReport, AttemptResult, Notifier,
     def::{Confirm, DefRef},
-    dispatch::{self, Claimed},
+    dispatch::{self, Claimed, Delivery},
     error::Result,
     handler::Outcome,
     worker::WorkerStats,
@@ -196,9 +196,9 @@ impl<'a> Run<'a> {
                 break;
             }
             tokio::select! {
-                Some((def, claimed, outcome)) = running.next() => {
+                Some((def, claimed, delivery)) = running.next() => {
                     in_flight.remove(&claimed.row.id);
-                    self.settle(def, claimed, outcome).await?;
+                    self.settle(def, claimed, delivery).await?;
                 }
                 _ = sleep_until(self.flush_by), if self.flush_by.is_some() => {
                     self.flush().await?;
@@ -207,11 +207,11 @@ impl<'a> Run<'a> {
                     stopping = true;
                     to_release.extend(queue.by_ref().map(|c| (c.row.id, c.row.version)));
                     let deadline = Instant::now() + limits.shutdown_timeout;
-                    while let Ok(Some((def, claimed, outcome))) =
+                    while let Ok(Some((def, claimed, delivery))) =
                         tokio::time::timeout_at(deadline.into(), running.next()).await
                     {
                         in_flight.remove(&claimed.row.id);
-                        self.settle(def, claimed, outcome).await?;
+                        self.settle(def, claimed, delivery).await?;
                     }
                     // Whatever is still running is abandoned and released.
                     running.clear();
@@ -230,9 +230,10 @@ impl<'a> Run<'a> {
 
     /// Records one outcome: plain successes wait for a bulk move, the rest
     /// go through the single-row recorder.
-    async fn settle(&mut self, def: DefRef, claimed: Claimed, outcome: Outcome) -> Result<()> {
-        let plain_success =
-            matches!(outcome, Outcome::Success { note: None }) && def.confirm == Confirm::NotNeeded;
+    async fn settle(&mut self, def: DefRef, claimed: Claimed, delivery: Delivery) -> Result<()> {
+        let plain_success = matches!(delivery.outcome, Outcome::Success { note: None })
+            && delivery.broker.is_none()
+            && def.confirm == Confirm::NotNeeded;
         if plain_success {
             self.successes.push((claimed.row.id, claimed.row.version));
             self.flush_by
@@ -243,7 +244,7 @@ impl<'a> Run<'a> {
             return Ok(());
         }
         let id = claimed.row.id;
-        let result = dispatch::record(self.notifier, &def, claimed, outcome).await;
+        let result = dispatch::record(self.notifier, &def, claimed, delivery).await;
         self.report(id, result);
         Ok(())
     }
@@ -291,7 +292,11 @@ async fn sleep_until(at: Option<Instant>) {
 }
 
 /// Delivers one claimed row inside its tracing span.
-async fn attempt(notifier: &Notifier, def: DefRef, claimed: Claimed) -> (DefRef, Claimed, Outcome) {
+async fn attempt(
+    notifier: &Notifier,
+    def: DefRef,
+    claimed: Claimed,
+) -> (DefRef, Claimed, Delivery) {
     let span = tracing::info_span!(
         "attempt",
         notice_id = claimed.row.id,
@@ -299,9 +304,9 @@ async fn attempt(notifier: &Notifier, def: DefRef, claimed: Claimed) -> (DefRef,
         attempt = claimed.attempt,
     );
     let started = Instant::now();
-    let outcome = dispatch::deliver(&notifier.inner, &def, &claimed)
+    let delivery = dispatch::deliver(&notifier.inner, &def, &claimed)
         .instrument(span.clone())
         .await;
-    tracing::debug!(parent: &span, ?outcome, ms = started.elapsed().as_millis() as u64, "delivered");
-    (def, claimed, outcome)
+    tracing::debug!(parent: &span, outcome = ?delivery.outcome, ms = started.elapsed().as_millis() as u64, "delivered");
+    (def, claimed, delivery)
 }

@@ -61,6 +61,9 @@ pub struct WorkerConfig {
     /// abandoned and released. Default [`DEFAULT_SHUTDOWN_TIMEOUT`].
     #[serde(with = "humantime_serde")]
     pub shutdown_timeout: Duration,
+    /// Also consume the AMQP confirmation queue (when a broker is configured).
+    /// Default: `true`.
+    pub confirm_listener: bool,
 }
 
 impl Default for WorkerConfig {
@@ -76,6 +79,7 @@ impl Default for WorkerConfig {
             handlers: Vec::new(),
             partitions: Vec::new(),
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+            confirm_listener: true,
         }
     }
 }

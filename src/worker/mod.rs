@@ -67,6 +67,21 @@ impl Worker {
     /// finished or released. Database errors are logged and retried at the next
     /// tick; they never end the loop.
     pub async fn run(&self, shutdown: CancellationToken) {
+        let listener = (self.config.confirm_listener && self.notifier.amqp_enabled()).then(|| {
+            tokio::spawn(crate::confirm::listen(
+                self.notifier.clone(),
+                shutdown.clone(),
+            ))
+        });
+        self.sweep_loop(&shutdown).await;
+        if let Some(listener) = listener {
+            shutdown.cancel();
+            listener.await.ok();
+        }
+    }
+
+    async fn sweep_loop(&self, shutdown: &CancellationToken) {
+        let shutdown = shutdown.clone();
         if !sleep_or_stop(self.config.initial_delay, &shutdown).await {
             return;
         }

@@ -3,6 +3,7 @@
 
 mod support;
 
+mod amqp;
 mod defs;
 mod http;
 mod inputs;

@@ -1,0 +1,248 @@
+//! Confirm: finishing notices that wait for a confirmation (status 4).
+//!
+//! A definition with `need_confirm` leaves each successful send awaiting
+//! confirmation until `max_confirm_delay` seconds have passed (0 = forever);
+//! an AMQP publish awaits the broker's ack the same way. A confirmation moves
+//! the notice to history as succeeded; a rejection is a failed attempt with
+//! the given reason (retried on schedule, counted toward `max_retry_times`
+//! and alerts); a deadline that passes is a failed attempt found by the
+//! sweeper. Confirmations that come late, twice, or for an unknown id are
+//! answered with what happened and change nothing.
+//!
+//! Confirm from code ([`Notifier::confirm`], [`Notifier::reject`], e.g. in an
+//! HTTP callback endpoint), or by publishing to the confirmation queue a JSON
+//! message `{"id": 42, "ok": true}` or `{"id": 42, "ok": false, "reason":
+//! "…"}`; [`listen`] applies them (a [`Worker`](crate::Worker) runs it when a
+//! broker is configured).
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use lapin::{
+    options::{BasicAckOptions, BasicConsumeOptions, QueueDeclareOptions},
+    types::FieldTable,
+};
+use sea_orm::EntityTrait;
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    AttemptResult, Notifier, Status,
+    channel::amqp::AmqpChannel,
+    dispatch::{self, Claimed},
+    entity::{notify_msg, notify_msg_history},
+    error::Result,
+    handler::Outcome,
+};
+
+/// What a confirmation or rejection did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "confirmation", rename_all = "snake_case")]
+pub enum ConfirmOutcome {
+    /// The notice was awaiting confirmation and is now in history as succeeded.
+    Confirmed,
+    /// The rejection was recorded as a failed attempt.
+    Rejected(AttemptResult),
+    /// The notice is in flight but not awaiting confirmation (the deadline
+    /// passed and it is being resent, or it was never sent): ignored.
+    NotAwaiting {
+        /// Its current status.
+        status: Status,
+    },
+    /// The notice has already finished (a duplicate or late confirmation): ignored.
+    AlreadyFinished {
+        /// Its final status.
+        status: Status,
+    },
+    /// No notice has this id: ignored.
+    Unknown,
+}
+
+/// A message on the confirmation queue.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConfirmMessage {
+    /// The notice id (the `message_id` of the published message).
+    pub id: i64,
+    /// `true` to confirm, `false` to reject.
+    pub ok: bool,
+    /// Why it was rejected.
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// How long a confirmation that arrives while its notice's attempt is still
+/// being recorded (a very fast consumer) waits for the attempt to finish.
+pub const EARLY_CONFIRMATION_WAIT: Duration = Duration::from_secs(2);
+
+impl Notifier {
+    /// Confirms notice `id`.
+    pub async fn confirm(&self, id: i64) -> Result<ConfirmOutcome> {
+        self.confirm_or_reject(id, Ok(())).await
+    }
+
+    /// Rejects notice `id`: a failed attempt with `reason`.
+    pub async fn reject(&self, id: i64, reason: &str) -> Result<ConfirmOutcome> {
+        self.confirm_or_reject(id, Err(reason.to_string())).await
+    }
+
+    /// Applies a consumer's verdict; one that comes while the notice's
+    /// attempt is still in progress waits up to [`EARLY_CONFIRMATION_WAIT`].
+    async fn confirm_or_reject(
+        &self,
+        id: i64,
+        verdict: std::result::Result<(), String>,
+    ) -> Result<ConfirmOutcome> {
+        let give_up = std::time::Instant::now() + EARLY_CONFIRMATION_WAIT;
+        loop {
+            let outcome = self.apply_confirmation(id, None, verdict.clone()).await?;
+            let in_progress = matches!(
+                outcome,
+                ConfirmOutcome::NotAwaiting {
+                    status: Status::NotSent | Status::Failed
+                }
+            ) && self.attempt_in_progress(id).await?;
+            if !in_progress || std::time::Instant::now() >= give_up {
+                return Ok(outcome);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Whether notice `id` is claimed by an attempt right now (leased).
+    async fn attempt_in_progress(&self, id: i64) -> Result<bool> {
+        let now = chrono::Utc::now().naive_utc();
+        Ok(notify_msg::Entity::find_by_id(id)
+            .one(&self.inner.db)
+            .await?
+            .is_some_and(|row| row.last_call_time.is_some() && row.next_call_time > now))
+    }
+
+    /// Applies a verdict to notice `id`, if it still awaits confirmation (at
+    /// `version`, when given).
+    pub(crate) async fn apply_confirmation(
+        &self,
+        id: i64,
+        version: Option<i32>,
+        verdict: std::result::Result<(), String>,
+    ) -> Result<ConfirmOutcome> {
+        let db = &self.inner.db;
+        let Some(row) = notify_msg::Entity::find_by_id(id).one(db).await? else {
+            return Ok(
+                match notify_msg_history::Entity::find_by_id(id).one(db).await? {
+                    Some(done) => ConfirmOutcome::AlreadyFinished {
+                        status: done.status,
+                    },
+                    None => ConfirmOutcome::Unknown,
+                },
+            );
+        };
+        if row.status != Status::AwaitingConfirm || version.is_some_and(|v| v != row.version) {
+            return Ok(ConfirmOutcome::NotAwaiting { status: row.status });
+        }
+        let status = row.status;
+        match verdict {
+            Ok(()) => Ok(if dispatch::confirmed(self, row).await? {
+                ConfirmOutcome::Confirmed
+            } else {
+                ConfirmOutcome::NotAwaiting { status }
+            }),
+            Err(reason) => {
+                let def = self.inner.defs.by_id(db, row.def_id).await?;
+                let delivery = Outcome::retry(reason).into();
+                let result = dispatch::record(self, &def, Claimed::new(row), delivery).await;
+                Ok(match result {
+                    AttemptResult::LostClaim => ConfirmOutcome::NotAwaiting { status },
+                    other => ConfirmOutcome::Rejected(other),
+                })
+            }
+        }
+    }
+}
+
+/// Consumes the confirmation queue and applies each message until `shutdown`,
+/// reconnecting by itself when the broker goes away. Malformed messages are
+/// logged and dropped; nothing here ends the loop but `shutdown`.
+pub async fn listen(notifier: Notifier, shutdown: CancellationToken) {
+    let config = notifier.inner.channels.amqp.config().clone();
+    if config.url.is_none() {
+        return;
+    }
+    while !shutdown.is_cancelled() {
+        if let Err(e) = consume(&notifier, &config, &shutdown).await {
+            tracing::warn!(error = %e, queue = %config.confirm_queue, "confirmation listener interrupted; reconnecting");
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = shutdown.cancelled() => {}
+            }
+        }
+    }
+}
+
+async fn consume(
+    notifier: &Notifier,
+    config: &crate::channel::amqp::AmqpConfig,
+    shutdown: &CancellationToken,
+) -> std::result::Result<(), String> {
+    let connection = AmqpChannel::connect(config).await?;
+    let channel = connection
+        .create_channel()
+        .await
+        .map_err(|e| e.to_string())?;
+    let queue = config.confirm_queue.as_str();
+    channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut consumer = channel
+        .basic_consume(
+            queue.into(),
+            "solid-notify-confirm".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    loop {
+        let delivery = tokio::select! {
+            next = consumer.next() => next,
+            _ = shutdown.cancelled() => return Ok(()),
+        };
+        let delivery = match delivery {
+            Some(Ok(delivery)) => delivery,
+            Some(Err(e)) => return Err(e.to_string()),
+            None => return Err("the broker closed the consumer".into()),
+        };
+        match serde_json::from_slice::<ConfirmMessage>(&delivery.data) {
+            Ok(message) => {
+                let verdict = if message.ok {
+                    Ok(())
+                } else {
+                    Err(message
+                        .reason
+                        .unwrap_or_else(|| "rejected by the consumer".into()))
+                };
+                match notifier.confirm_or_reject(message.id, verdict).await {
+                    Ok(outcome) => {
+                        tracing::info!(notice_id = message.id, ?outcome, "confirmation applied")
+                    }
+                    Err(e) => {
+                        // Not acked: the broker redelivers it after we reconnect.
+                        return Err(format!("applying confirmation of {}: {e}", message.id));
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "dropping a malformed confirmation message"),
+        }
+        delivery
+            .ack(BasicAckOptions::default())
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+}
