@@ -22,7 +22,7 @@ use chrono::NaiveDateTime;
 use serde::Serialize;
 use serde_json::json;
 
-use crate::{NewNotice, def::Def};
+use crate::{NewNotice, def::Def, dispatch::truncate};
 
 /// Name of the reserved definition whose notices are alert e-mails. The
 /// migrations create it; its row may be tuned like any definition.
@@ -140,7 +140,7 @@ impl AlertMail {
                 .collect::<Vec<_>>()
                 .join("\n"),
             bytes = ALERT_PARAM_BYTES,
-            param = excerpt(&event.param, ALERT_PARAM_BYTES),
+            param = truncate(&event.param, ALERT_PARAM_BYTES),
         );
         AlertMail {
             to: event.def.alert_emails.clone(),
@@ -157,15 +157,4 @@ impl AlertMail {
         )
         .description("alert e-mail")
     }
-}
-
-fn excerpt(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_string();
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &text[..end])
 }

@@ -39,7 +39,8 @@ pub(crate) fn append_error(log: &str, at: NaiveDateTime, attempt: u32, reason: &
     out
 }
 
-fn truncate(s: &str, max: usize) -> String {
+/// `s` cut to at most `max` bytes on a character boundary, `…` marking a cut.
+pub(crate) fn truncate(s: &str, max: usize) -> String {
     if s.len() <= max {
         return s.to_string();
     }

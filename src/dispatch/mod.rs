@@ -26,7 +26,7 @@ use crate::{Notifier, def::DefRef, entity::notify_msg};
 
 pub(crate) use claim::Claimed;
 pub(crate) use deliver::{Delivery, available, deliver};
-pub(crate) use errors_log::append_error;
+pub(crate) use errors_log::{append_error, truncate};
 pub(crate) use record::{confirmed, history_row, park_claimed, record};
 
 /// How one attempt of one notice ended.
