@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use lapin::{
-    options::{BasicAckOptions, BasicConsumeOptions, QueueDeclareOptions},
+    options::{BasicAckOptions, BasicConsumeOptions},
     types::FieldTable,
 };
 use sea_orm::EntityTrait;
@@ -189,17 +189,7 @@ async fn consume(
         .await
         .map_err(|e| e.to_string())?;
     let queue = config.confirm_queue.as_str();
-    channel
-        .queue_declare(
-            queue.into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .map_err(|e| e.to_string())?;
+    crate::channel::amqp::declare_confirm_queue(&channel, queue).await?;
     let mut consumer = channel
         .basic_consume(
             queue.into(),

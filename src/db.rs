@@ -4,7 +4,7 @@ use std::{future::Future, time::Duration};
 
 use sea_orm::{
     DatabaseConnection, DatabaseTransaction, DbBackend, DbErr, IsolationLevel, RuntimeErr,
-    TransactionTrait,
+    SqliteTransactionMode, TransactionOptions, TransactionTrait,
 };
 
 /// Times a transaction the database aborted as a conflict is tried in all.
@@ -43,14 +43,22 @@ where
     }
 }
 
-/// Begins a transaction; on MySQL/MariaDB at READ COMMITTED, which takes no
-/// gap locks and so does not deadlock with concurrent claims.
+/// Begins a transaction: on MySQL/MariaDB at READ COMMITTED, which takes no
+/// gap locks and so does not deadlock with concurrent claims; on SQLite as
+/// `BEGIN IMMEDIATE`, so that a transaction that reads before it writes waits
+/// for the write lock (busy timeout) instead of failing as "database is
+/// locked" when another writer got in between.
 pub(crate) async fn begin(db: &DatabaseConnection) -> Result<DatabaseTransaction, DbErr> {
-    match db.get_database_backend() {
-        DbBackend::MySql => {
-            db.begin_with_config(Some(IsolationLevel::ReadCommitted), None)
-                .await
-        }
-        _ => db.begin().await,
-    }
+    let options = match db.get_database_backend() {
+        DbBackend::MySql => TransactionOptions {
+            isolation_level: Some(IsolationLevel::ReadCommitted),
+            ..TransactionOptions::default()
+        },
+        DbBackend::Sqlite => TransactionOptions {
+            sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
+            ..TransactionOptions::default()
+        },
+        _ => TransactionOptions::default(),
+    };
+    db.begin_with_options(options).await
 }

@@ -5,7 +5,7 @@
 use chrono::Utc;
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder,
-    QuerySelect, TransactionTrait,
+    QuerySelect,
 };
 
 use crate::{
@@ -54,7 +54,7 @@ impl Notifier {
     /// fresh retry budget and its failure log kept (plus a line saying it was
     /// requeued). Its id stays the same, so receivers still see one notice.
     pub async fn requeue(&self, id: i64) -> Result<()> {
-        let txn = self.inner.db.begin().await?;
+        let txn = crate::db::begin(&self.inner.db).await?;
         let done = notify_msg_history::Entity::find_by_id(id)
             .one(&txn)
             .await?
@@ -95,7 +95,7 @@ impl Notifier {
     /// not attempted again. An attempt already running may still deliver it;
     /// its outcome is then discarded (its claim is gone).
     pub async fn cancel(&self, id: i64) -> Result<()> {
-        let txn = self.inner.db.begin().await?;
+        let txn = crate::db::begin(&self.inner.db).await?;
         let mut row = notify_msg::Entity::find_by_id(id)
             .one(&txn)
             .await?

@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use chrono::Utc;
 use sea_orm::{
     ConnectionTrait, DatabaseTransaction, DbBackend, DbErr, EntityTrait, ExecResult, QueryResult,
-    Statement, TransactionTrait,
+    Statement,
 };
 use serde::Serialize;
 use serde_json::Value;
@@ -238,9 +238,10 @@ impl Notifier {
         self.attempt_with_def(p.row, p.def).await
     }
 
-    /// Begins a transaction on the notifier's pool, wrapped for adding notices.
+    /// Begins a transaction on the notifier's pool, wrapped for adding notices
+    /// (on SQLite as `BEGIN IMMEDIATE`: it takes the write lock up front).
     pub async fn begin(&self) -> Result<NoticeTx> {
-        Ok(self.wrap(self.inner.db.begin().await?))
+        Ok(self.wrap(crate::db::begin(&self.inner.db).await?))
     }
 
     /// Wraps a transaction the caller already began.

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use lapin::{
     BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, PublisherConfirm,
-    options::{BasicPublishOptions, ConfirmSelectOptions},
+    options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions},
     types::{AMQPValue, FieldTable},
 };
 use tokio::sync::Mutex;
@@ -88,6 +88,22 @@ struct Link {
     channel: Channel,
 }
 
+/// Declares the (durable) confirmation queue.
+pub(crate) async fn declare_confirm_queue(channel: &Channel, queue: &str) -> Result<(), String> {
+    channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .map(drop)
+        .map_err(|e| format!("cannot declare the confirmation queue `{queue}`: {e}"))
+}
+
 /// The shared publisher.
 pub(crate) struct AmqpChannel {
     config: AmqpConfig,
@@ -147,6 +163,9 @@ impl AmqpChannel {
             .confirm_select(ConfirmSelectOptions::default())
             .await
             .map_err(|e| format!("cannot enable publisher confirms: {e}"))?;
+        // The queue every message names in `reply_to` exists before any
+        // consumer can answer, even if no listener has started yet.
+        declare_confirm_queue(&channel, &self.config.confirm_queue).await?;
         *link = Some(Link {
             _connection: connection,
             channel: channel.clone(),
