@@ -315,3 +315,64 @@ db_test!(per_notice_url_override, |db: Arc<TestDb>| async move {
         .collect();
     assert_eq!(paths, ["/jobs/7/done", "/default"]);
 });
+
+db_test!(cli_worker_delivers_and_stops_on_sigterm, |db: Arc<
+    TestDb,
+>| async move {
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(200))
+        .mount(&server)
+        .await;
+    http_def(
+        &db,
+        "cli_hook",
+        json!({"url": format!("{}/cli", server.uri())}),
+        |_| {},
+    )
+    .await;
+    db.insert_due("cli_hook", 25, |_| 0).await;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_solid-notify"))
+        .args([
+            "worker",
+            "--mode",
+            "fixed-delay",
+            "--delay",
+            "100ms",
+            "--batch-size",
+            "10",
+        ])
+        .env("DATABASE_URL", &db.url)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    eventually(30, "the CLI worker drained the notices", || async {
+        (db.counts().await == (0, 25)).then_some(())
+    })
+    .await;
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "worker did not stop on SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "{status:?}");
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(
+        stderr.contains("worker stopped: 25 claimed, 25 succeeded"),
+        "{stderr}"
+    );
+    assert_eq!(server.received_requests().await.unwrap().len(), 25);
+});
