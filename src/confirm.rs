@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use lapin::{
-    options::{BasicAckOptions, BasicConsumeOptions},
+    options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions},
     types::FieldTable,
 };
 use sea_orm::EntityTrait;
@@ -56,6 +56,10 @@ pub enum ConfirmOutcome {
     },
     /// No notice has this id: ignored.
     Unknown,
+    /// The notice's attempt is still running (the confirmation came before
+    /// the send was recorded) and did not finish within
+    /// [`EARLY_CONFIRMATION_WAIT`]: nothing changed; send it again later.
+    AttemptInProgress,
 }
 
 /// A message on the confirmation queue.
@@ -101,8 +105,11 @@ impl Notifier {
                     status: Status::NotSent | Status::Failed
                 }
             ) && self.attempt_in_progress(id).await?;
-            if !in_progress || std::time::Instant::now() >= give_up {
+            if !in_progress {
                 return Ok(outcome);
+            }
+            if std::time::Instant::now() >= give_up {
+                return Ok(ConfirmOutcome::AttemptInProgress);
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -168,7 +175,11 @@ pub async fn listen(notifier: Notifier, shutdown: CancellationToken) {
         return;
     }
     while !shutdown.is_cancelled() {
-        if let Err(e) = consume(&notifier, &config, &shutdown).await {
+        let run = tokio::select! {
+            run = consume(&notifier, &config, &shutdown) => run,
+            _ = shutdown.cancelled() => Ok(()),
+        };
+        if let Err(e) = run {
             tracing::warn!(error = %e, queue = %config.confirm_queue, "confirmation listener interrupted; reconnecting");
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
@@ -219,6 +230,17 @@ async fn consume(
                         .unwrap_or_else(|| "rejected by the consumer".into()))
                 };
                 match notifier.confirm_or_reject(message.id, verdict).await {
+                    Ok(ConfirmOutcome::AttemptInProgress) => {
+                        // Too early: hand it back to the queue for later.
+                        delivery
+                            .nack(BasicNackOptions {
+                                requeue: true,
+                                ..BasicNackOptions::default()
+                            })
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        continue;
+                    }
                     Ok(outcome) => {
                         tracing::info!(notice_id = message.id, ?outcome, "confirmation applied")
                     }

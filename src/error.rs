@@ -70,6 +70,10 @@ pub enum Error {
     #[error("invalid configuration: {0}")]
     Config(String),
 
+    /// The notice kept changing under an operator action; try again.
+    #[error("notice {0} kept changing meanwhile; try again")]
+    Conflict(i64),
+
     /// No notice with this id is in `notify_msg` (or, for history calls, in history).
     #[error("notice {0} not found")]
     NoticeNotFound(i64),

@@ -95,24 +95,37 @@ impl Notifier {
     /// not attempted again. An attempt already running may still deliver it;
     /// its outcome is then discarded (its claim is gone).
     pub async fn cancel(&self, id: i64) -> Result<()> {
-        let txn = crate::db::begin(&self.inner.db).await?;
-        let mut row = notify_msg::Entity::find_by_id(id)
-            .one(&txn)
-            .await?
-            .ok_or(Error::NoticeNotFound(id))?;
-        notify_msg::Entity::delete_by_id(id).exec(&txn).await?;
-        row.status = Status::Cancelled;
-        row.version = row.version.wrapping_add(1);
-        row.errors = append_error(
-            &row.errors,
-            Utc::now().naive_utc(),
-            0,
-            "cancelled by an operator",
-        );
-        notify_msg_history::Entity::insert(crate::dispatch::history_row(row))
-            .exec_without_returning(&txn)
-            .await?;
-        txn.commit().await?;
-        Ok(())
+        // Delete exactly the version read, so an outcome recorded meanwhile is
+        // never overwritten by a stale copy; try again if it moved on.
+        for _ in 0..crate::db::CONFLICT_TRIES {
+            let txn = crate::db::begin(&self.inner.db).await?;
+            let mut row = notify_msg::Entity::find_by_id(id)
+                .one(&txn)
+                .await?
+                .ok_or(Error::NoticeNotFound(id))?;
+            let deleted = notify_msg::Entity::delete_many()
+                .filter(notify_msg::Column::Id.eq(id))
+                .filter(notify_msg::Column::Version.eq(row.version))
+                .exec(&txn)
+                .await?;
+            if deleted.rows_affected != 1 {
+                txn.rollback().await?;
+                continue;
+            }
+            row.status = Status::Cancelled;
+            row.version = row.version.wrapping_add(1);
+            row.errors = append_error(
+                &row.errors,
+                Utc::now().naive_utc(),
+                0,
+                "cancelled by an operator",
+            );
+            notify_msg_history::Entity::insert(crate::dispatch::history_row(row))
+                .exec_without_returning(&txn)
+                .await?;
+            txn.commit().await?;
+            return Ok(());
+        }
+        Err(Error::Conflict(id))
     }
 }

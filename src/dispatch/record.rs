@@ -25,6 +25,10 @@ use crate::{
     notifier::Inner,
 };
 
+/// Longest time an in-process [`AlertHook`](crate::AlertHook) may take per
+/// alert before it is abandoned (the alert e-mail does not depend on it).
+pub const ALERT_HOOK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// `next_call_time` of a notice that waits for confirmation forever.
 pub(crate) fn far_future() -> NaiveDateTime {
     NaiveDate::from_ymd_opt(9999, 1, 1)
@@ -194,7 +198,17 @@ async fn fail(
         notifier.spawn_attempts(vec![pending]);
     }
     if alerts {
-        notifier.inner.alerts.alert(event).await;
+        let notice_id = event.notice_id;
+        let hook = notifier.inner.alerts.alert(event);
+        if tokio::time::timeout(ALERT_HOOK_TIMEOUT, hook)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                notice_id,
+                "alert hook took longer than {ALERT_HOOK_TIMEOUT:?}; abandoned"
+            );
+        }
     }
     Ok(result)
 }

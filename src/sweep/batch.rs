@@ -9,7 +9,7 @@
 use chrono::Utc;
 use sea_orm::{
     ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, ExprTrait, QueryFilter,
-    QueryOrder, QuerySelect, QueryTrait, Select,
+    QueryOrder, QuerySelect, QueryTrait, Select, SqlErr,
     sea_query::{Expr, LockBehavior, LockType, Query},
 };
 
@@ -175,7 +175,32 @@ async fn succeed_all_once(inner: &Inner, pairs: &[(i64, i32)]) -> Result<bool, D
         .map_err(|e| DbErr::Custom(e.to_string()))?
         .to_owned();
     let txn = db::begin(&inner.db).await?;
-    let copied = txn.execute(&insert).await?.rows_affected();
+    // Lock the claimed rows first (SQLite: the transaction holds the write
+    // lock already), so that nothing can change or remove them between the
+    // copy and the delete.
+    if txn.get_database_backend() != DbBackend::Sqlite {
+        let locked = notify_msg::Entity::find()
+            .select_only()
+            .column(Column::Id)
+            .filter(claimed_pairs(pairs))
+            .lock(LockType::Update)
+            .into_tuple::<i64>()
+            .all(&txn)
+            .await?;
+        if locked.len() != pairs.len() {
+            txn.rollback().await?;
+            return Ok(false);
+        }
+    }
+    let copied = match txn.execute(&insert).await {
+        Ok(done) => done.rows_affected(),
+        // Already in history (e.g. cancelled meanwhile): settle row by row.
+        Err(e) if matches!(e.sql_err(), Some(SqlErr::UniqueConstraintViolation(_))) => {
+            txn.rollback().await?;
+            return Ok(false);
+        }
+        Err(e) => return Err(e),
+    };
     let deleted = notify_msg::Entity::delete_many()
         .filter(claimed_pairs(pairs))
         .exec(&txn)

@@ -172,7 +172,8 @@ impl<'a> Run<'a> {
         let mut to_release: Vec<(i64, i32)> = Vec::new();
         let mut stopping = false;
         loop {
-            while !stopping && running.len() < limits.concurrency.max(1) {
+            while !stopping && !shutdown.is_cancelled() && running.len() < limits.concurrency.max(1)
+            {
                 let Some(claimed) = queue.next() else { break };
                 // Never start an attempt that could outlive its lease.
                 let latest_start = claimed.row.next_call_time - inner.config.attempt_timeout;
@@ -196,13 +197,7 @@ impl<'a> Run<'a> {
                 break;
             }
             tokio::select! {
-                Some((def, claimed, delivery)) = running.next() => {
-                    in_flight.remove(&claimed.row.id);
-                    self.settle(def, claimed, delivery).await?;
-                }
-                _ = sleep_until(self.flush_by), if self.flush_by.is_some() => {
-                    self.flush().await?;
-                }
+                biased;
                 _ = shutdown.cancelled(), if !stopping => {
                     stopping = true;
                     to_release.extend(queue.by_ref().map(|c| (c.row.id, c.row.version)));
@@ -216,6 +211,13 @@ impl<'a> Run<'a> {
                     // Whatever is still running is abandoned and released.
                     running.clear();
                     to_release.extend(in_flight.drain());
+                }
+                Some((def, claimed, delivery)) = running.next() => {
+                    in_flight.remove(&claimed.row.id);
+                    self.settle(def, claimed, delivery).await?;
+                }
+                _ = sleep_until(self.flush_by), if self.flush_by.is_some() => {
+                    self.flush().await?;
                 }
             }
         }

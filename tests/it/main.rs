@@ -5,6 +5,7 @@ mod support;
 
 mod amqp;
 mod defs;
+mod history;
 mod http;
 mod inputs;
 mod mail;
