@@ -268,6 +268,8 @@ async fn run(cli: Cli) -> solid_notify::Result<()> {
         Command::Worker(args) => {
             let (config, worker_config) = args.resolve()?;
             let notifier = Notifier::builder(db).config(config).build()?;
+            let notifier_for_shutdown = notifier.clone();
+            let worker_timeout = worker_config.shutdown_timeout;
             let worker = Worker::new(notifier, worker_config)?;
             let shutdown = CancellationToken::new();
             let stop = shutdown.clone();
@@ -277,6 +279,7 @@ async fn run(cli: Cli) -> solid_notify::Result<()> {
                 stop.cancel();
             });
             worker.run(shutdown).await;
+            notifier_for_shutdown.shutdown(worker_timeout).await?;
             let stats = worker.stats().snapshot();
             eprintln!(
                 "worker stopped: {} claimed, {} succeeded, {} failed, {} lost claims, {} released",

@@ -1,10 +1,14 @@
 //! Notifier: the handle an application builds once and shares; it owns the
 //! database pool, the definition cache, the registered handlers and the config.
 
-use std::sync::Arc;
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+};
 
 use sea_orm::DatabaseConnection;
 use tokio::sync::Semaphore;
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 use crate::{
     Config,
@@ -33,6 +37,29 @@ pub(crate) struct Inner {
     pub background: Arc<Semaphore>,
     pub balancer: Balancer,
     pub channels: Channels,
+    /// After-commit attempts running in the background.
+    pub background_tasks: TaskTracker,
+    /// Cancelled by [`Notifier::shutdown`] to abandon background attempts.
+    pub stop_background: CancellationToken,
+    /// Rows claimed by attempts of [`Notifier::attempt`] and the after-commit
+    /// route that have not recorded their outcome yet: id → claimed version.
+    pub claims: Mutex<HashMap<i64, i32>>,
+}
+
+impl Inner {
+    pub fn track_claim(&self, id: i64, version: i32) {
+        self.claims
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, version);
+    }
+
+    pub fn untrack_claim(&self, id: i64) {
+        self.claims
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+    }
 }
 
 impl Notifier {
@@ -64,6 +91,28 @@ impl Notifier {
     /// Whether an AMQP broker is configured.
     pub fn amqp_enabled(&self) -> bool {
         self.inner.channels.amqp.enabled()
+    }
+
+    /// Stops after-commit attempts for shutdown: no new ones start (their
+    /// notices wait for a sweeper), running ones may finish within `timeout`,
+    /// and those still running are abandoned and their rows released (due
+    /// again at once). Returns how many rows were released. Call it before
+    /// the process exits.
+    pub async fn shutdown(&self, timeout: std::time::Duration) -> Result<u64> {
+        let tasks = &self.inner.background_tasks;
+        tasks.close();
+        if tokio::time::timeout(timeout, tasks.wait()).await.is_err() {
+            self.inner.stop_background.cancel();
+            tasks.wait().await;
+        }
+        let unfinished: Vec<(i64, i32)> = self
+            .inner
+            .claims
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain()
+            .collect();
+        Ok(crate::sweep::batch::release(&self.inner, &unfinished).await?)
     }
 
     /// Forgets cached definitions so the next use rereads `notify_def`.
@@ -117,6 +166,9 @@ impl NotifierBuilder {
                 background: Arc::new(Semaphore::new(self.config.max_background_attempts.max(1))),
                 balancer: Balancer::new(self.config.load_balance),
                 channels: Channels::new(&self.config)?,
+                background_tasks: TaskTracker::new(),
+                stop_background: CancellationToken::new(),
+                claims: Mutex::default(),
                 db: self.db,
                 handlers: self.handlers,
                 config: self.config,

@@ -206,7 +206,8 @@ impl Notifier {
     /// [`Config::max_background_attempts`](crate::Config) allows; the rest is
     /// left to the sweeper.
     pub(crate) fn spawn_attempts(&self, pending: Vec<PendingNotice>) {
-        if !self.inner.config.immediate_attempt {
+        let inner = &self.inner;
+        if !inner.config.immediate_attempt || inner.background_tasks.is_closed() {
             return;
         }
         for p in pending {
@@ -217,7 +218,14 @@ impl Notifier {
                 );
                 continue;
             };
-            tokio::spawn(self.clone().attempt_boxed(p, permit));
+            let stop = inner.stop_background.clone();
+            let attempt = self.clone().attempt_boxed(p, permit);
+            inner.background_tasks.spawn(async move {
+                tokio::select! {
+                    _ = attempt => {}
+                    _ = stop.cancelled() => {}
+                }
+            });
         }
     }
 

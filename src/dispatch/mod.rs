@@ -119,8 +119,12 @@ impl Notifier {
                     };
                 }
             };
+            self.inner.track_claim(claimed.row.id, claimed.row.version);
             let delivery = deliver(&self.inner, &def, &claimed).await;
-            record(self, &def, claimed, delivery).await
+            let id = claimed.row.id;
+            let result = record(self, &def, claimed, delivery).await;
+            self.inner.untrack_claim(id);
+            result
         }
         .instrument(span.clone())
         .await;

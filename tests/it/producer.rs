@@ -184,3 +184,38 @@ db_test!(business_code_runs_unchanged_on_the_wrapper, |db: Arc<
     wrapped.commit().await.unwrap();
     assert_eq!(db.count_orders().await, 2);
 });
+
+db_test!(shutdown_releases_after_commit_attempts, |db: Arc<
+    TestDb,
+>| async move {
+    db.def("stuck", "stuck", |_| {}).await;
+    let started = Recorder::default();
+    let seen = started.clone();
+    let notifier = db
+        .notifier()
+        .handler("stuck", move |n: solid_notify::Notice| {
+            let seen = seen.clone();
+            async move {
+                let _ = seen.handler(|_| Outcome::success())(n).await;
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                Ok(Outcome::success())
+            }
+        })
+        .build()
+        .unwrap();
+    let tx = notifier.begin().await.unwrap();
+    let id = tx.add_notice("stuck", &json!({}), "").await.unwrap();
+    tx.commit().await.unwrap();
+    eventually(10, "after-commit attempt running", || async {
+        (started.count() == 1).then_some(())
+    })
+    .await;
+    let released = notifier.shutdown(Duration::from_millis(200)).await.unwrap();
+    assert_eq!(released, 1);
+    let row = db.live().await.pop().unwrap();
+    assert_eq!((row.id, row.version, row.status), (id, 2, Status::NotSent));
+    assert!(
+        row.next_call_time <= chrono::Utc::now().naive_utc(),
+        "due again at once"
+    );
+});
