@@ -22,7 +22,7 @@ db_test!(
         let flag = fixed.clone();
         let notifier = db
             .notifier()
-            .config(Config { ..test_config() })
+            .config(test_config())
             .handler(
                 "crm",
                 rec.handler(move |_| {

@@ -6,7 +6,7 @@ use hmac::{Hmac, Mac};
 use serde_json::{Value, json};
 use sha2::Sha256;
 use solid_notify::{
-    AttemptResult, Config, NewNotice, Notifier, Status,
+    AttemptResult, NewNotice, Notifier, Status,
     def::{Channel, DefSpec, store},
 };
 use wiremock::{
@@ -24,6 +24,16 @@ async fn http_def(db: &TestDb, name: &str, target: Value, edit: impl FnOnce(&mut
     spec.retry_interval = "1s".into();
     edit(&mut spec);
     store::sync(&db.db, &[spec]).await.unwrap();
+}
+
+/// An HTTP receiver on 127.0.0.1 that answers every POST with 200.
+async fn accepting_receiver() -> MockServer {
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(200))
+        .mount(&server)
+        .await;
+    server
 }
 
 async fn send(notifier: &Notifier, notice: NewNotice) -> (i64, AttemptResult) {
@@ -280,11 +290,7 @@ db_test!(
 );
 
 db_test!(per_notice_url_override, |db: Arc<TestDb>| async move {
-    let server = MockServer::start().await;
-    Mock::given(method("POST"))
-        .respond_with(ResponseTemplate::new(200))
-        .mount(&server)
-        .await;
+    let server = accepting_receiver().await;
     http_def(
         &db,
         "callback",
@@ -292,11 +298,7 @@ db_test!(per_notice_url_override, |db: Arc<TestDb>| async move {
         |_| {},
     )
     .await;
-    let notifier = db
-        .notifier()
-        .config(Config { ..test_config() })
-        .build()
-        .unwrap();
+    let notifier = db.notifier().config(test_config()).build().unwrap();
     let own = NewNotice::new("callback", &json!({"job": 7}))
         .target_override(json!({"url": format!("{}/jobs/7/done", server.uri())}));
     assert_eq!(send(&notifier, own).await.1, AttemptResult::Succeeded);
@@ -319,11 +321,7 @@ db_test!(per_notice_url_override, |db: Arc<TestDb>| async move {
 db_test!(cli_worker_delivers_and_stops_on_sigterm, |db: Arc<
     TestDb,
 >| async move {
-    let server = MockServer::start().await;
-    Mock::given(method("POST"))
-        .respond_with(ResponseTemplate::new(200))
-        .mount(&server)
-        .await;
+    let server = accepting_receiver().await;
     http_def(
         &db,
         "cli_hook",
