@@ -12,21 +12,50 @@
 //! retried on its own schedule when the mail server is down (`30s,1m,5m,15m,1h`,
 //! without limit) and never dropped, and it cannot block or undo the failed
 //! notice's bookkeeping. Alerts do not alert about themselves (type 2).
+//! Every worker sweeps alert notices, whatever its filters. If the reserved
+//! row is edited into something invalid, the built-in policy
+//! ([`builtin_spec`]) stands in and an `error` is logged; if it is deleted,
+//! it is created again. A failure is never recorded without its alert.
 //! In addition, the in-process [`AlertHook`] sees every alerting failure
-//! (the default, [`LogAlerts`], logs it).
+//! (the default, [`LogAlerts`], logs it) on a task of its own.
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use chrono::NaiveDateTime;
 use serde::Serialize;
-use serde_json::json;
+use serde_json::{Value, json};
 
-use crate::{NewNotice, def::Def, dispatch::truncate};
+use crate::{
+    def::{Channel, Def, DefSpec},
+    error::DefinitionError,
+    state::errors_log::truncate,
+};
 
 /// Name of the reserved definition whose notices are alert e-mails. The
 /// migrations create it; its row may be tuned like any definition.
 pub const ALERT_DEF: &str = "solid_notify_alert";
+/// Description of every alert notice.
+pub const ALERT_DESCRIPTION: &str = "alert e-mail";
+
+/// The built-in policy of [`ALERT_DEF`], as the migrations create it: e-mail,
+/// retried after `30s,1m,5m,15m,1h` without limit, never alerting about
+/// itself. Its `email` (empty here) receives alerts about parked notices.
+pub fn builtin_spec() -> DefSpec {
+    DefSpec {
+        retry_interval: "30s,1m,5m,15m,1h".into(),
+        max_retry_times: -1,
+        max_retry_interval: 60,
+        alert_trigger_type: 2,
+        description: "alert e-mails about failing notices (recipients in each param)".into(),
+        ..DefSpec::new(ALERT_DEF, Channel::Email, json!({}))
+    }
+}
+
+/// The built-in alert definition with the id of the stored row.
+pub(crate) fn builtin_def(id: i64) -> Result<Def, DefinitionError> {
+    builtin_spec().validate(id, "built-in alert definition")
+}
 /// Failure-log lines quoted in an alert.
 pub const ALERT_ERROR_LINES: usize = 5;
 /// Bytes of the param quoted in an alert.
@@ -52,7 +81,11 @@ pub struct FailureEvent {
     pub errors: String,
     /// The notice's param as stored.
     pub param: String,
-    /// When the next attempt is due (UTC), unless final.
+    /// How long until the next attempt, unless final.
+    pub retry_in: Option<Duration>,
+    /// When the next attempt is due (UTC, the database's clock), unless
+    /// final; known once the failure is recorded (the e-mail, written in the
+    /// same transaction, gives `retry_in`).
     pub next_call_time: Option<NaiveDateTime>,
 }
 
@@ -111,8 +144,11 @@ impl AlertMail {
         };
         let lines: Vec<&str> = event.errors.lines().collect();
         let last = &lines[lines.len().saturating_sub(ALERT_ERROR_LINES)..];
-        let state = match event.next_call_time {
-            Some(at) => format!("It will be tried again at {} UTC.", at.format("%Y-%m-%d %H:%M:%S")),
+        let state = match event.retry_in {
+            Some(wait) => format!(
+                "It will be tried again in {}.",
+                crate::schedule::format_interval(wait)
+            ),
             None => "It will not be tried again: it is in notify_msg_history with status 3 (final failure).".into(),
         };
         let todo = if event.is_final {
@@ -149,12 +185,36 @@ impl AlertMail {
         }
     }
 
-    /// The notice that sends this mail.
-    pub fn notice(&self) -> NewNotice {
-        NewNotice::new(
-            ALERT_DEF,
-            &json!({"to": self.to, "subject": self.subject, "body": self.body}),
-        )
-        .description("alert e-mail")
+    /// The param of the alert notice that sends this mail.
+    pub fn param(&self) -> Value {
+        json!({"to": self.to, "subject": self.subject, "body": self.body})
+    }
+
+    /// The alert about notices parked because their definition `def_id` is
+    /// unknown or invalid.
+    pub fn parked(to: Vec<String>, def_id: i64, reason: &str, ids: &[i64]) -> AlertMail {
+        let shown: Vec<String> = ids.iter().take(20).map(i64::to_string).collect();
+        let more = ids.len().saturating_sub(shown.len());
+        AlertMail {
+            to,
+            subject: format!(
+                "[solid-notify] {} notices of definition id {def_id} parked",
+                ids.len()
+            ),
+            body: format!(
+                "{n} notices of notify_def id {def_id} cannot be attempted: {reason}\n\n\
+                 They are in notify_msg_history with status 6 (parked): {list}{more}\n\n\
+                 What you can do:\n\
+                 - fix or restore the definition (solid-notify defs sync), then requeue them:\n\
+                 \x20 solid-notify history requeue <id>\n",
+                n = ids.len(),
+                list = shown.join(", "),
+                more = if more > 0 {
+                    format!(" and {more} more")
+                } else {
+                    String::new()
+                },
+            ),
+        }
     }
 }

@@ -8,6 +8,8 @@ use crate::{
     load_balance::LoadBalance,
 };
 
+pub use crate::state::insert::DEFAULT_MAX_PARAM_BYTES;
+
 /// Default [`Config::lease`]: 60 seconds.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 /// Default [`Config::attempt_timeout`]: 30 seconds.
@@ -18,13 +20,18 @@ pub const DEFAULT_MAX_BACKGROUND_ATTEMPTS: usize = 256;
 /// How a notifier claims, runs and caches.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
-    /// How far a claim pushes `next_call_time`: a sender that dies mid-attempt
-    /// leaves a row that is due again after this long. A freshly added notice
-    /// is leased to its producer's after-commit attempt the same way.
-    /// Default [`DEFAULT_LEASE`]; must exceed `attempt_timeout`.
+    /// How far a claim pushes `next_call_time` (by the database's clock): a
+    /// sender that dies mid-attempt leaves a row that is due again after this
+    /// long. A freshly added notice is reserved for its producer's
+    /// after-commit attempt the same way. Default [`DEFAULT_LEASE`]; must be
+    /// at least twice `attempt_timeout`.
     pub lease: Duration,
-    /// An attempt still running after this long is a retryable failure.
-    /// Default [`DEFAULT_ATTEMPT_TIMEOUT`].
+    /// An attempt still running after this long is abandoned (its future
+    /// dropped: the HTTP request aborted) and counts as a retryable failure.
+    /// An attempt only starts while `attempt_timeout` plus
+    /// [`lease_margin`](Config::lease_margin) fits in what is left of its
+    /// lease, so no attempt can outlive its lease. Default
+    /// [`DEFAULT_ATTEMPT_TIMEOUT`].
     pub attempt_timeout: Duration,
     /// How long a snapshot of `notify_def` is trusted.
     /// Default [`crate::def::cache::DEFAULT_TTL`].
@@ -33,9 +40,15 @@ pub struct Config {
     /// new rows are due at once and wait for a sweeper. Default `true`.
     pub immediate_attempt: bool,
     /// Background after-commit attempts allowed at once; a notice that finds
-    /// no slot is left to the sweeper (due when its lease ends).
+    /// no slot is due at once for a sweeper.
     /// Default [`DEFAULT_MAX_BACKGROUND_ATTEMPTS`].
     pub max_background_attempts: usize,
+    /// Largest `param` (and `description`) a notice may carry, in bytes;
+    /// a larger one is refused by `add_notice` with
+    /// [`Error::InvalidNotice`] before any SQL runs. Keep it below the
+    /// database's own limit (MySQL/MariaDB `max_allowed_packet`).
+    /// Default [`DEFAULT_MAX_PARAM_BYTES`] (1 MiB).
+    pub max_param_bytes: usize,
     /// How new notices get their `load_balance_num` when they do not set it.
     /// Default `LoadBalance::Fixed { num: 0 }`.
     pub load_balance: LoadBalance,
@@ -49,6 +62,11 @@ pub struct Config {
     /// RabbitMQ for the `amqp` channel and the confirmation queue. Default
     /// [`AmqpConfig::default`]: `$SOLID_NOTIFY_AMQP_URL` (unset: disabled).
     pub amqp: AmqpConfig,
+    /// Test hook: shifts this notifier's view of the wall clock. The
+    /// database's clock decides what is due and when leases end, so this only
+    /// moves the dates printed in failure logs. Default: zero.
+    #[doc(hidden)]
+    pub app_clock_offset: chrono::TimeDelta,
 }
 
 impl Default for Config {
@@ -63,18 +81,33 @@ impl Default for Config {
             mail: MailConfig::default(),
             secrets: HashMap::new(),
             amqp: AmqpConfig::default(),
+            max_param_bytes: DEFAULT_MAX_PARAM_BYTES,
+            app_clock_offset: chrono::TimeDelta::zero(),
         }
     }
 }
 
 impl Config {
+    /// The safety margin between an attempt's timeout and the end of its
+    /// lease: a tenth of the lease. An attempt starts only while
+    /// `attempt_timeout + lease_margin()` fits in what is left of its lease
+    /// (measured from just before the claiming statement, on a monotonic
+    /// clock); so with the defaults a claimed row must start within 24 s of
+    /// its claim, or is released for another sender.
+    pub fn lease_margin(&self) -> Duration {
+        self.lease / 10
+    }
+
     /// Checks the settings against each other.
     pub fn validate(&self) -> Result<()> {
-        if self.attempt_timeout >= self.lease {
+        if self.attempt_timeout.is_zero() || self.lease < self.attempt_timeout * 2 {
             return Err(Error::Config(format!(
-                "lease ({:?}) must be longer than attempt_timeout ({:?}), or a slow attempt could be claimed twice",
+                "lease ({:?}) must be at least twice attempt_timeout ({:?}, not zero), so that an attempt always ends before its lease",
                 self.lease, self.attempt_timeout
             )));
+        }
+        if self.max_param_bytes == 0 {
+            return Err(Error::Config("max_param_bytes must be at least 1".into()));
         }
         if self.max_background_attempts == 0 && self.immediate_attempt {
             return Err(Error::Config(

@@ -7,7 +7,7 @@
 //! the given reason (retried on schedule, counted toward `max_retry_times`
 //! and alerts); a deadline that passes is a failed attempt found by the
 //! sweeper. Confirmations that come late, twice, or for an unknown id are
-//! answered with what happened and change nothing.
+//! answered at once with what happened and change nothing.
 //!
 //! Confirm from code ([`Notifier::confirm`], [`Notifier::reject`], e.g. in an
 //! HTTP callback endpoint), or by publishing to the confirmation queue a JSON
@@ -22,17 +22,18 @@ use lapin::{
     options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions},
     types::FieldTable,
 };
-use sea_orm::EntityTrait;
+use sea_orm::{ColumnTrait, EntityTrait, ExprTrait, PaginatorTrait, QueryFilter, sea_query::Expr};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
     AttemptResult, Notifier, Status,
+    attempt::record,
     channel::amqp::AmqpChannel,
-    dispatch::{self, Claimed},
     entity::{notify_msg, notify_msg_history},
     error::Result,
     handler::Outcome,
+    state,
 };
 
 /// What a confirmation or rejection did.
@@ -44,7 +45,8 @@ pub enum ConfirmOutcome {
     /// The rejection was recorded as a failed attempt.
     Rejected(AttemptResult),
     /// The notice is in flight but not awaiting confirmation (the deadline
-    /// passed and it is being resent, or it was never sent): ignored.
+    /// passed and it waits for its resend, or it was never sent): ignored,
+    /// at once.
     NotAwaiting {
         /// Its current status.
         status: Status,
@@ -56,9 +58,10 @@ pub enum ConfirmOutcome {
     },
     /// No notice has this id: ignored.
     Unknown,
-    /// The notice's attempt is still running (the confirmation came before
-    /// the send was recorded) and did not finish within
-    /// [`EARLY_CONFIRMATION_WAIT`]: nothing changed; send it again later.
+    /// The notice's attempt is still running (a live claim: the
+    /// confirmation came before the send was recorded) and did not finish
+    /// within [`EARLY_CONFIRMATION_WAIT`]: nothing changed; send it again
+    /// later (the listener hands such a message back to the queue).
     AttemptInProgress,
 }
 
@@ -90,7 +93,8 @@ impl Notifier {
     }
 
     /// Applies a consumer's verdict; one that comes while the notice's
-    /// attempt is still in progress waits up to [`EARLY_CONFIRMATION_WAIT`].
+    /// attempt is still running (a live claim: a consumer faster than the
+    /// attempt's own bookkeeping) waits up to [`EARLY_CONFIRMATION_WAIT`].
     async fn confirm_or_reject(
         &self,
         id: i64,
@@ -98,41 +102,35 @@ impl Notifier {
     ) -> Result<ConfirmOutcome> {
         let give_up = std::time::Instant::now() + EARLY_CONFIRMATION_WAIT;
         loop {
-            let outcome = self.apply_confirmation(id, None, verdict.clone()).await?;
-            let in_progress = matches!(
-                outcome,
-                ConfirmOutcome::NotAwaiting {
-                    status: Status::NotSent | Status::Failed
-                }
-            ) && self.attempt_in_progress(id).await?;
-            if !in_progress {
+            let outcome = self.apply_confirmation(id, verdict.clone()).await?;
+            if outcome != ConfirmOutcome::AttemptInProgress || std::time::Instant::now() >= give_up
+            {
                 return Ok(outcome);
             }
-            if std::time::Instant::now() >= give_up {
-                return Ok(ConfirmOutcome::AttemptInProgress);
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
-    /// Whether notice `id` is claimed by an attempt right now (leased).
-    async fn attempt_in_progress(&self, id: i64) -> Result<bool> {
-        let now = chrono::Utc::now().naive_utc();
+    /// Whether notice `id` is held by a live claim (by the database's clock).
+    async fn claim_is_live(&self, id: i64) -> Result<bool> {
+        let db = &self.inner.store.db;
+        let now = crate::state::clock::now(db.get_database_backend());
         Ok(notify_msg::Entity::find_by_id(id)
-            .one(&self.inner.db)
+            .filter(notify_msg::Column::Leased.eq(true))
+            .filter(Expr::col(notify_msg::Column::NextCallTime).gt(now))
+            .count(db)
             .await?
-            .is_some_and(|row| row.last_call_time.is_some() && row.next_call_time > now))
+            > 0)
     }
 
-    /// Applies a verdict to notice `id`, if it still awaits confirmation (at
-    /// `version`, when given).
-    pub(crate) async fn apply_confirmation(
+    /// Applies a verdict to notice `id` if it awaits confirmation.
+    async fn apply_confirmation(
         &self,
         id: i64,
-        version: Option<i32>,
         verdict: std::result::Result<(), String>,
     ) -> Result<ConfirmOutcome> {
-        let db = &self.inner.db;
+        let inner = &self.inner;
+        let db = &inner.store.db;
         let Some(row) = notify_msg::Entity::find_by_id(id).one(db).await? else {
             return Ok(
                 match notify_msg_history::Entity::find_by_id(id).one(db).await? {
@@ -143,20 +141,35 @@ impl Notifier {
                 },
             );
         };
-        if row.status != Status::AwaitingConfirm || version.is_some_and(|v| v != row.version) {
-            return Ok(ConfirmOutcome::NotAwaiting { status: row.status });
+        if row.status != Status::AwaitingConfirm {
+            return Ok(if self.claim_is_live(id).await? {
+                ConfirmOutcome::AttemptInProgress
+            } else {
+                ConfirmOutcome::NotAwaiting { status: row.status }
+            });
         }
         let status = row.status;
         match verdict {
-            Ok(()) => Ok(if dispatch::confirmed(self, row).await? {
+            Ok(()) => Ok(if state::confirm::confirm(&inner.store, &row).await? {
                 ConfirmOutcome::Confirmed
             } else {
                 ConfirmOutcome::NotAwaiting { status }
             }),
             Err(reason) => {
-                let def = self.inner.defs.by_id(db, row.def_id).await?;
-                let delivery = Outcome::retry(reason).into();
-                let result = dispatch::record(self, &def, Claimed::new(row), delivery).await;
+                let def = inner.defs.by_id(db, row.def_id).await?;
+                let Some(lease) = state::claim::claim_one(&inner.store, &row).await? else {
+                    return Ok(ConfirmOutcome::NotAwaiting { status });
+                };
+                let outcome = Outcome::retry(reason);
+                let result = record::record(
+                    self,
+                    &def,
+                    lease,
+                    outcome,
+                    &record::Recorder::Inline,
+                    &inner.stop.give_up,
+                )
+                .await;
                 Ok(match result {
                     AttemptResult::LostClaim => ConfirmOutcome::NotAwaiting { status },
                     other => ConfirmOutcome::Rejected(other),

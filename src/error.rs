@@ -48,7 +48,9 @@ pub enum Error {
         source: serde_json::Error,
     },
 
-    /// A per-notice override is out of range.
+    /// The notice cannot be stored as given (a NUL character, a key over 255
+    /// characters, a param over the size limit, a bad override); nothing was
+    /// written and the caller's transaction is untouched.
     #[error("invalid notice for `{def}`: {problem}")]
     InvalidNotice {
         /// Definition the notice was for.
@@ -77,6 +79,22 @@ pub enum Error {
     /// No notice with this id is in `notify_msg` (or, for history calls, in history).
     #[error("notice {0} not found")]
     NoticeNotFound(i64),
+
+    /// The notice is not in a state that allows the operation.
+    #[error("notice {id} is {status}: {problem}")]
+    WrongState {
+        /// The notice.
+        id: i64,
+        /// Its state.
+        status: crate::Status,
+        /// What cannot be done.
+        problem: &'static str,
+    },
+
+    /// The database rolled the transaction back (a statement in it failed in
+    /// a way that aborts it); nothing was committed.
+    #[error("the transaction was aborted by the database and rolled back: {0}")]
+    TransactionAborted(String),
 }
 
 /// Result alias used across the crate.

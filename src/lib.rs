@@ -4,13 +4,16 @@
 //!
 //! A producer adds a notice inside its own transaction ([`NoticeTx`]); the
 //! notice row (`notify_msg`) commits with the business data or not at all.
-//! Right after the commit the notice is attempted once in-process. Every
-//! attempt, then and later, takes the one [`dispatch`] path: claim the row with
-//! an optimistic version check and a lease, deliver it through its channel or
-//! Rust [`handler`], record the outcome. Failures are retried on the schedule
-//! of the notice's [`def`]inition ([`schedule`]); past its retries a notice is
-//! a final failure, raises an [`alert`], and moves to `notify_msg_history`
-//! like every finished notice.
+//! Right after the commit the notice is attempted once in-process; a
+//! [`worker`] runs [`sweep`]s for everything else. Every attempt, then and
+//! later, takes the one [`attempt`] path: claim the row with an optimistic
+//! version check and a lease from the database's clock, deliver it through
+//! its [`channel`] or Rust [`handler`] within its timeout, record the
+//! outcome. Failures are retried on the schedule of the notice's
+//! [`def`]inition ([`schedule`]); past its retries a notice is a final
+//! failure, raises an [`alert`], and moves to `notify_msg_history` like every
+//! finished notice. One module, [`state`], writes the notice tables: every
+//! transition is a guarded statement that names the version it expects.
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), solid_notify::Error> {
@@ -31,12 +34,12 @@
 //! ```
 
 pub mod alert;
+pub mod attempt;
 pub mod channel;
 pub mod config;
 pub mod confirm;
 mod db;
 pub mod def;
-pub mod dispatch;
 pub mod entity;
 pub mod error;
 pub mod handler;
@@ -45,18 +48,20 @@ pub mod load_balance;
 mod notifier;
 pub mod producer;
 pub mod schedule;
+pub mod state;
+pub mod stats;
 mod status;
 pub mod sweep;
 pub mod worker;
 
 pub use alert::{AlertHook, FailureEvent};
+pub use attempt::{AttemptReport, AttemptResult, PendingNotice};
 pub use config::Config;
-pub use dispatch::{AttemptReport, AttemptResult};
 pub use error::{DefinitionError, Error, Result};
 pub use handler::{BoxError, Handler, Notice, Outcome};
 pub use load_balance::LoadBalance;
-pub use notifier::{Notifier, NotifierBuilder};
-pub use producer::{NewNotice, NoticeTx, PendingNotice};
+pub use notifier::{Notifier, NotifierBuilder, RELEASE_GRACE};
+pub use producer::{NewNotice, NoticeTx};
 pub use status::Status;
 pub use worker::{Worker, WorkerConfig};
 

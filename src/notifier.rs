@@ -1,24 +1,35 @@
 //! Notifier: the handle an application builds once and shares; it owns the
-//! database pool, the definition cache, the registered handlers and the config.
+//! database pool, the definition cache, the registered handlers, the
+//! built-in channels, and every attempt running in the background.
 
 use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
 };
 
+use chrono::NaiveDateTime;
 use sea_orm::DatabaseConnection;
 use tokio::sync::Semaphore;
-use tokio_util::{sync::CancellationToken, task::TaskTracker};
+use tokio_util::task::TaskTracker;
 
 use crate::{
     Config,
     alert::{AlertHook, LogAlerts},
+    attempt::Stop,
     channel::Channels,
-    def::cache::DefCache,
+    def::{DefRef, cache::DefCache},
     error::Result,
     handler::{Handler, Handlers},
     load_balance::Balancer,
+    state::{Store, clock::Due},
 };
+
+/// After a shutdown's timeout aborts running deliveries, how long releasing
+/// their rows may take before the rest is left to the leases: 5 seconds.
+pub const RELEASE_GRACE: Duration = Duration::from_secs(5);
 
 /// The outbox: add notices in transactions, attempt and record them.
 ///
@@ -29,36 +40,28 @@ pub struct Notifier {
 }
 
 pub(crate) struct Inner {
-    pub db: DatabaseConnection,
+    pub store: Store,
     pub defs: DefCache,
     pub handlers: Handlers,
+    pub channels: Channels,
     pub config: Config,
     pub alerts: Arc<dyn AlertHook>,
-    pub background: Arc<Semaphore>,
     pub balancer: Balancer,
-    pub channels: Channels,
-    /// After-commit attempts running in the background.
-    pub background_tasks: TaskTracker,
-    /// Cancelled by [`Notifier::shutdown`] to abandon background attempts.
-    pub stop_background: CancellationToken,
-    /// Rows claimed by attempts of [`Notifier::attempt`] and the after-commit
-    /// route that have not recorded their outcome yet: id → claimed version.
-    pub claims: Mutex<HashMap<i64, i32>>,
+    /// Slots for after-commit attempts in the background.
+    pub background: Arc<Semaphore>,
+    /// Every attempt, release and hook running on behalf of this notifier
+    /// (after-commit attempts, foreground ones included); closed by shutdown.
+    pub tasks: TaskTracker,
+    /// Cancelled by [`Notifier::shutdown`]: abort deliveries, then stop
+    /// retrying writes. Sweeps take child tokens.
+    pub stop: Stop,
+    /// Rows released (due again at once) so far.
+    released: AtomicU64,
 }
 
 impl Inner {
-    pub fn track_claim(&self, id: i64, version: i32) {
-        self.claims
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, version);
-    }
-
-    pub fn untrack_claim(&self, id: i64) {
-        self.claims
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&id);
+    pub fn count_released(&self, n: u64) {
+        self.released.fetch_add(n, Ordering::Relaxed);
     }
 }
 
@@ -75,7 +78,7 @@ impl Notifier {
 
     /// The database pool.
     pub fn db(&self) -> &DatabaseConnection {
-        &self.inner.db
+        &self.inner.store.db
     }
 
     /// The settings in force.
@@ -93,31 +96,58 @@ impl Notifier {
         self.inner.channels.amqp.enabled()
     }
 
-    /// Stops after-commit attempts for shutdown: no new ones start (their
-    /// notices wait for a sweeper), running ones may finish within `timeout`,
-    /// and those still running are abandoned and their rows released (due
-    /// again at once). Returns how many rows were released. Call it before
-    /// the process exits.
-    pub async fn shutdown(&self, timeout: std::time::Duration) -> Result<u64> {
-        let tasks = &self.inner.background_tasks;
-        tasks.close();
-        if tokio::time::timeout(timeout, tasks.wait()).await.is_err() {
-            self.inner.stop_background.cancel();
-            tasks.wait().await;
+    /// Stops this notifier's attempts for shutdown: no new after-commit
+    /// attempt starts (their notices are due at once for a sweeper), running
+    /// ones (background and awaited alike) may finish within `timeout`;
+    /// then their deliveries are abandoned and their rows released, which
+    /// may take up to [`RELEASE_GRACE`] more; what the database would not
+    /// take by then is left to its lease. Returns how many rows were released
+    /// meanwhile. Call it before the process exits.
+    pub async fn shutdown(&self, timeout: Duration) -> Result<u64> {
+        let inner = &self.inner;
+        let before = inner.released.load(Ordering::Relaxed);
+        inner.tasks.close();
+        if tokio::time::timeout(timeout, inner.tasks.wait())
+            .await
+            .is_err()
+        {
+            inner.stop.abort.cancel();
+            if tokio::time::timeout(RELEASE_GRACE, inner.tasks.wait())
+                .await
+                .is_err()
+            {
+                inner.stop.give_up.cancel();
+                inner.tasks.wait().await;
+            }
         }
-        let unfinished: Vec<(i64, i32)> = self
-            .inner
-            .claims
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .drain()
-            .collect();
-        Ok(crate::sweep::batch::release(&self.inner, &unfinished).await?)
+        Ok(inner.released.load(Ordering::Relaxed) - before)
     }
 
     /// Forgets cached definitions so the next use rereads `notify_def`.
     pub fn reload_defs(&self) {
         self.inner.defs.invalidate();
+    }
+
+    /// The application's clock, for the dates of failure-log lines (the
+    /// database's clock decides everything else).
+    pub(crate) fn app_now(&self) -> NaiveDateTime {
+        chrono::Utc::now().naive_utc() + self.inner.config.app_clock_offset
+    }
+
+    /// The reserved alert definition (a built-in policy when its row is
+    /// invalid; the row is recreated when missing).
+    pub(crate) async fn alert_def(&self) -> Result<DefRef> {
+        self.inner.defs.alert_def(&self.inner.store.db).await
+    }
+
+    /// When a new notice is first due: reserved for the after-commit attempt
+    /// when this notifier makes them and is not shutting down.
+    pub(crate) fn first_due(&self) -> Due {
+        if self.inner.config.immediate_attempt && !self.inner.tasks.is_closed() {
+            Due::Reserved(self.inner.config.lease)
+        } else {
+            Due::Now
+        }
     }
 }
 
@@ -151,7 +181,7 @@ impl NotifierBuilder {
         self
     }
 
-    /// Where alerts go (default: [`LogAlerts`]).
+    /// Where alerts go in-process (default: [`LogAlerts`]).
     pub fn alert_hook(mut self, hook: impl AlertHook) -> Self {
         self.alerts = Arc::new(hook);
         self
@@ -162,14 +192,14 @@ impl NotifierBuilder {
         self.config.validate()?;
         Ok(Notifier {
             inner: Arc::new(Inner {
+                store: Store::new(self.db, self.config.lease),
                 defs: DefCache::new(self.config.def_cache_ttl),
                 background: Arc::new(Semaphore::new(self.config.max_background_attempts.max(1))),
                 balancer: Balancer::new(self.config.load_balance),
                 channels: Channels::new(&self.config)?,
-                background_tasks: TaskTracker::new(),
-                stop_background: CancellationToken::new(),
-                claims: Mutex::default(),
-                db: self.db,
+                tasks: TaskTracker::new(),
+                stop: Stop::default(),
+                released: AtomicU64::new(0),
                 handlers: self.handlers,
                 config: self.config,
                 alerts: self.alerts,

@@ -7,24 +7,34 @@
 //! commit succeeded. Dropping or rolling back the wrapper stores and sends
 //! nothing. Applications that manage their own transaction can use the two
 //! halves directly: [`Notifier::add`] inside it, [`Notifier::dispatch`] after.
+//!
+//! Bad input never costs the caller its transaction: every field is checked
+//! before any SQL runs, and on PostgreSQL the insert runs inside a savepoint.
+//! Should the database nevertheless abort the transaction (a failed
+//! statement on PostgreSQL, a deadlock on MySQL), [`NoticeTx::commit`]
+//! returns [`Error::TransactionAborted`], never `Ok`.
 
-use std::{ops::Deref, sync::Mutex};
+use std::{
+    ops::Deref,
+    sync::{
+        Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+};
 
 use async_trait::async_trait;
-use chrono::Utc;
 use sea_orm::{
-    ConnectionTrait, DatabaseTransaction, DbBackend, DbErr, EntityTrait, ExecResult, QueryResult,
-    Statement,
+    ConnectionTrait, DatabaseTransaction, DbBackend, DbErr, ExecResult, QueryResult, Statement,
+    TransactionTrait,
 };
 use serde::Serialize;
 use serde_json::Value;
 
 use crate::{
-    Notifier, Status,
-    def::{DefRef, Target},
-    dispatch::AttemptReport,
-    entity::notify_msg,
+    Notifier,
+    attempt::{AttemptReport, PendingNotice, background, merged_target},
     error::{Error, Result},
+    state::insert::{self, NewRow},
 };
 
 /// A notice to add: definition name, param, and optional overrides.
@@ -73,7 +83,7 @@ impl NewNotice {
         self
     }
 
-    /// Key receivers use to de-duplicate (at most 255 characters).
+    /// Key receivers use to de-duplicate (at most 255 characters, no NUL).
     /// Default: the notice id.
     pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
         self.idempotency_key = Some(key.into());
@@ -88,42 +98,16 @@ impl NewNotice {
     }
 }
 
-/// A notice written in a transaction, to be attempted after its commit.
-#[derive(Debug, Clone)]
-pub struct PendingNotice {
-    pub(crate) row: notify_msg::Model,
-    pub(crate) def: DefRef,
-}
-
-impl PendingNotice {
-    /// The new notice's id.
-    pub fn id(&self) -> i64 {
-        self.row.id
-    }
-}
-
-/// Merges `over` into the definition's target (top-level keys replace).
-pub(crate) fn merged_target(def: &DefRef, over: &Value) -> std::result::Result<Target, String> {
-    let mut target = def.target_json.clone();
-    if let (Some(base), Some(over)) = (target.as_object_mut(), over.as_object()) {
-        for (k, v) in over {
-            base.insert(k.clone(), v.clone());
-        }
-    } else {
-        return Err("target override must be a JSON object".into());
-    }
-    Target::parse(def.target.channel(), &target)
-}
-
 impl Notifier {
     /// Writes a notice through `conn` (normally the caller's transaction)
     /// without attempting it; pass the result to [`Notifier::dispatch`] after
-    /// the commit. Errors leave the transaction usable and write nothing.
-    pub async fn add<C: ConnectionTrait>(
-        &self,
-        conn: &C,
-        notice: NewNotice,
-    ) -> Result<PendingNotice> {
+    /// the commit. A checking error writes nothing and leaves the
+    /// transaction as it was; a database error rolls back only the notice
+    /// (a savepoint on PostgreSQL).
+    pub async fn add<C>(&self, conn: &C, notice: NewNotice) -> Result<PendingNotice>
+    where
+        C: ConnectionTrait + TransactionTrait,
+    {
         let def = self.inner.defs.by_name(conn, &notice.def).await?;
         let invalid = |problem: String| Error::InvalidNotice {
             def: notice.def.clone(),
@@ -134,19 +118,9 @@ impl Notifier {
             source,
         })?;
         let load_balance_num = match notice.load_balance_num {
-            Some(n) if n < 0 => {
-                return Err(invalid("load_balance_num must not be negative".into()));
-            }
             Some(n) => n,
             None => self.inner.balancer.pick(notice.load_balance_key.as_deref()),
         };
-        if notice
-            .idempotency_key
-            .as_ref()
-            .is_some_and(|k| k.len() > 255)
-        {
-            return Err(invalid("idempotency_key is longer than 255 bytes".into()));
-        }
         let target_override = match &notice.target_override {
             Some(over) => {
                 merged_target(&def, over).map_err(|p| invalid(format!("target override: {p}")))?;
@@ -154,102 +128,46 @@ impl Notifier {
             }
             None => None,
         };
-        let now = Utc::now().naive_utc();
-        let config = &self.inner.config;
-        let next_call_time = if config.immediate_attempt {
-            now + config.lease
-        } else {
-            now
-        };
-        let mut row = notify_msg::Model {
-            id: 0,
+        let row = NewRow {
             def_id: def.id,
             param,
             description: notice.description,
-            errors: String::new(),
-            status: Status::NotSent,
-            retry_times: 0,
-            last_call_time: None,
-            next_call_time,
-            create_time: now,
-            version: 0,
             load_balance_num,
             idempotency_key: notice.idempotency_key,
             target_override,
+            due: self.first_due(),
         };
-        let mut active: notify_msg::ActiveModel = row.clone().into();
-        active.id = sea_orm::ActiveValue::NotSet;
-        row.id = notify_msg::Entity::insert(active)
-            .exec(conn)
-            .await?
-            .last_insert_id;
-        Ok(PendingNotice { row, def })
+        insert::check(&row, self.inner.config.max_param_bytes).map_err(invalid)?;
+        let id = insert::insert(conn, &row).await.map_err(|e| {
+            if e.aborted {
+                Error::TransactionAborted(e.error.to_string())
+            } else {
+                Error::Db(e.error)
+            }
+        })?;
+        Ok(PendingNotice::new(id, row, def))
     }
 
     /// Attempts committed notices now: in the background, or awaited when
-    /// `wait` is set (then each notice's outcome is returned). Background
-    /// attempts beyond [`Config::max_background_attempts`](crate::Config) are
-    /// left to the sweeper.
+    /// `wait` is set (then each notice's outcome is returned). Notices that
+    /// find no background slot ([`Config::max_background_attempts`](crate::Config))
+    /// or come during shutdown are due at once for a sweeper.
     pub async fn dispatch(&self, pending: Vec<PendingNotice>, wait: bool) -> Vec<AttemptReport> {
-        if !self.inner.config.immediate_attempt || pending.is_empty() {
+        if pending.is_empty() {
             return Vec::new();
         }
         if wait {
-            let attempts = pending.into_iter().map(|p| self.attempt_pending(p));
-            return futures::future::join_all(attempts).await;
+            return background::wait_for(self, pending).await;
         }
-        self.spawn_attempts(pending);
+        background::after_commit(self, pending);
         Vec::new()
     }
 
-    /// Starts background attempts of committed notices, as far as
-    /// [`Config::max_background_attempts`](crate::Config) allows; the rest is
-    /// left to the sweeper.
-    pub(crate) fn spawn_attempts(&self, pending: Vec<PendingNotice>) {
-        let inner = &self.inner;
-        if !inner.config.immediate_attempt || inner.background_tasks.is_closed() {
-            return;
-        }
-        for p in pending {
-            let Ok(permit) = self.inner.background.clone().try_acquire_owned() else {
-                tracing::debug!(
-                    notice_id = p.id(),
-                    "no background slot; left to the sweeper"
-                );
-                continue;
-            };
-            let stop = inner.stop_background.clone();
-            let attempt = self.clone().attempt_boxed(p, permit);
-            inner.background_tasks.spawn(async move {
-                tokio::select! {
-                    _ = attempt => {}
-                    _ = stop.cancelled() => {}
-                }
-            });
-        }
-    }
-
-    /// A boxed (hence `Send` by its type) background attempt: attempts can
-    /// queue alert notices that are attempted in turn.
-    fn attempt_boxed(
-        self,
-        p: PendingNotice,
-        permit: tokio::sync::OwnedSemaphorePermit,
-    ) -> futures::future::BoxFuture<'static, ()> {
-        Box::pin(async move {
-            self.attempt_pending(p).await;
-            drop(permit);
-        })
-    }
-
-    async fn attempt_pending(&self, p: PendingNotice) -> AttemptReport {
-        self.attempt_with_def(p.row, p.def).await
-    }
-
-    /// Begins a transaction on the notifier's pool, wrapped for adding notices
-    /// (on SQLite as `BEGIN IMMEDIATE`: it takes the write lock up front).
+    /// Begins a transaction on the notifier's pool, wrapped for adding
+    /// notices (the database's default isolation; on SQLite `BEGIN
+    /// IMMEDIATE`: it takes the write lock up front).
     pub async fn begin(&self) -> Result<NoticeTx> {
-        Ok(self.wrap(crate::db::begin(&self.inner.db).await?))
+        Ok(self.wrap(crate::db::begin_business(&self.inner.store.db).await?))
     }
 
     /// Wraps a transaction the caller already began.
@@ -258,6 +176,8 @@ impl Notifier {
             txn,
             notifier: self.clone(),
             pending: Mutex::new(Vec::new()),
+            failed: AtomicBool::new(false),
+            aborted: Mutex::new(None),
         }
     }
 }
@@ -265,11 +185,17 @@ impl Notifier {
 /// A business transaction that can carry notices.
 ///
 /// Use it wherever sea-orm expects a connection (`model.insert(&tx)`); it also
-/// derefs to the [`DatabaseTransaction`] for everything else.
+/// derefs to the [`DatabaseTransaction`] for everything else (statements run
+/// through the deref are not watched for failures: prefer `&tx`).
 pub struct NoticeTx {
     txn: DatabaseTransaction,
     notifier: Notifier,
     pending: Mutex<Vec<PendingNotice>>,
+    /// A statement through this wrapper failed: check the transaction is
+    /// still alive before committing.
+    failed: AtomicBool,
+    /// Known to be aborted, and why.
+    aborted: Mutex<Option<String>>,
 }
 
 impl NoticeTx {
@@ -287,10 +213,21 @@ impl NoticeTx {
 
     /// Adds a notice built with overrides. Returns the new notice id.
     pub async fn add(&self, notice: NewNotice) -> Result<i64> {
-        let pending = self.notifier.add(&self.txn, notice).await?;
-        let id = pending.id();
-        self.lock_pending().push(pending);
-        Ok(id)
+        match self.notifier.add(&self.txn, notice).await {
+            Ok(pending) => {
+                let id = pending.id();
+                lock(&self.pending).push(pending);
+                Ok(id)
+            }
+            Err(e) => {
+                match &e {
+                    Error::TransactionAborted(why) => *lock(&self.aborted) = Some(why.clone()),
+                    Error::Db(_) => self.failed.store(true, Ordering::Relaxed),
+                    _ => {}
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Commits, then attempts the added notices in the background.
@@ -319,6 +256,16 @@ impl NoticeTx {
     }
 
     async fn commit_inner(self) -> Result<(Notifier, Vec<PendingNotice>)> {
+        let aborted = lock(&self.aborted).take();
+        let aborted = match aborted {
+            Some(why) => Some(why),
+            None if self.failed.load(Ordering::Relaxed) => self.probe().await,
+            None => None,
+        };
+        if let Some(why) = aborted {
+            self.txn.rollback().await.ok();
+            return Err(Error::TransactionAborted(why));
+        }
         let pending = self
             .pending
             .into_inner()
@@ -327,11 +274,40 @@ impl NoticeTx {
         Ok((self.notifier, pending))
     }
 
-    fn lock_pending(&self) -> std::sync::MutexGuard<'_, Vec<PendingNotice>> {
-        self.pending
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    /// After a failed statement: whether the database has aborted the
+    /// transaction (PostgreSQL refuses any further statement; MariaDB
+    /// reports no transaction after rolling one back on a deadlock).
+    async fn probe(&self) -> Option<String> {
+        let backend = self.txn.get_database_backend();
+        let sql = match backend {
+            DbBackend::Postgres => "SELECT 1",
+            DbBackend::MySql => "SELECT @@in_transaction",
+            _ => return None,
+        };
+        match self
+            .txn
+            .query_one_raw(Statement::from_string(backend, sql))
+            .await
+        {
+            Err(e) if backend == DbBackend::Postgres => Some(e.to_string()),
+            Ok(Some(row)) if backend == DbBackend::MySql => match row.try_get_by_index::<i64>(0) {
+                Ok(0) => Some("the server rolled the transaction back".into()),
+                _ => None,
+            },
+            _ => None,
+        }
     }
+
+    fn watch<T>(&self, result: std::result::Result<T, DbErr>) -> std::result::Result<T, DbErr> {
+        if result.is_err() {
+            self.failed.store(true, Ordering::Relaxed);
+        }
+        result
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Deref for NoticeTx {
@@ -349,22 +325,22 @@ impl ConnectionTrait for NoticeTx {
     }
 
     async fn execute_raw(&self, stmt: Statement) -> std::result::Result<ExecResult, DbErr> {
-        self.txn.execute_raw(stmt).await
+        self.watch(self.txn.execute_raw(stmt).await)
     }
 
     async fn execute_unprepared(&self, sql: &str) -> std::result::Result<ExecResult, DbErr> {
-        self.txn.execute_unprepared(sql).await
+        self.watch(self.txn.execute_unprepared(sql).await)
     }
 
     async fn query_one_raw(
         &self,
         stmt: Statement,
     ) -> std::result::Result<Option<QueryResult>, DbErr> {
-        self.txn.query_one_raw(stmt).await
+        self.watch(self.txn.query_one_raw(stmt).await)
     }
 
     async fn query_all_raw(&self, stmt: Statement) -> std::result::Result<Vec<QueryResult>, DbErr> {
-        self.txn.query_all_raw(stmt).await
+        self.watch(self.txn.query_all_raw(stmt).await)
     }
 
     fn support_returning(&self) -> bool {

@@ -7,7 +7,9 @@ use serde::Serialize;
 ///
 /// Rows in `notify_msg` are always [`NotSent`](Status::NotSent),
 /// [`Failed`](Status::Failed) or [`AwaitingConfirm`](Status::AwaitingConfirm);
-/// terminal states live in `notify_msg_history`.
+/// terminal states ([`Succeeded`](Status::Succeeded),
+/// [`FinalFailure`](Status::FinalFailure), [`Cancelled`](Status::Cancelled),
+/// [`Parked`](Status::Parked)) live in `notify_msg_history`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EnumIter, DeriveActiveEnum, Serialize)]
 #[sea_orm(rs_type = "i16", db_type = "SmallInteger")]
 #[serde(rename_all = "snake_case")]
@@ -30,6 +32,11 @@ pub enum Status {
     /// 5: cancelled by an operator. Terminal.
     #[sea_orm(num_value = 5)]
     Cancelled,
+    /// 6: set aside because its definition is unknown, deleted or invalid
+    /// (the reason is in `errors`); requeue it once the definition is fixed.
+    /// Terminal until then.
+    #[sea_orm(num_value = 6)]
+    Parked,
 }
 
 impl Status {
@@ -40,8 +47,23 @@ impl Status {
     pub fn is_terminal(self) -> bool {
         matches!(
             self,
-            Status::Succeeded | Status::FinalFailure | Status::Cancelled
+            Status::Succeeded | Status::FinalFailure | Status::Cancelled | Status::Parked
         )
+    }
+
+    /// Whether an operator may requeue a notice in this state: final
+    /// failures, cancelled and parked notices.
+    pub fn is_requeueable(self) -> bool {
+        matches!(
+            self,
+            Status::FinalFailure | Status::Cancelled | Status::Parked
+        )
+    }
+
+    /// Parses the name shown by [`Display`](std::fmt::Display) or the number.
+    pub fn parse(text: &str) -> Option<Status> {
+        use sea_orm::Iterable;
+        Status::iter().find(|s| s.to_string() == text || (*s as i16).to_string() == text)
     }
 }
 
@@ -54,6 +76,7 @@ impl std::fmt::Display for Status {
             Status::FinalFailure => "final_failure",
             Status::AwaitingConfirm => "awaiting_confirm",
             Status::Cancelled => "cancelled",
+            Status::Parked => "parked",
         };
         f.write_str(s)
     }

@@ -12,6 +12,7 @@ pub use sea_orm_migration::prelude::*;
 
 mod m20261122_000001_create_tables;
 mod m20261122_000002_alert_def;
+mod m20261123_000003_lease_flag;
 
 /// Name of the table recording which solid-notify migrations ran.
 pub const MIGRATION_TABLE: &str = "solid_notify_migrations";
@@ -25,6 +26,7 @@ impl MigratorTrait for Migrator {
         vec![
             Box::new(m20261122_000001_create_tables::Migration),
             Box::new(m20261122_000002_alert_def::Migration),
+            Box::new(m20261123_000003_lease_flag::Migration),
         ]
     }
 

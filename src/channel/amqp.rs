@@ -1,25 +1,39 @@
-//! AMQP: a notice is a message published to RabbitMQ (lapin), confirmed
-//! asynchronously.
+//! AMQP: a notice is a message published to RabbitMQ (lapin), with
+//! publisher confirms.
 //!
 //! One long-lived connection with one publishing channel in confirm mode is
-//! opened on first use and reopened by itself after the broker restarts or the
-//! connection drops; publishing while the broker is unreachable is a
+//! opened on first use and reopened by itself after the broker restarts or
+//! the connection drops; publishing while the broker is unreachable is a
 //! retryable failure, never a hang (connecting is bounded by
-//! [`AmqpConfig::connect_timeout`]). A publish does not wait for the broker:
-//! the notice becomes "awaiting confirmation" (status 4) and the broker's ack
-//! later finishes it, while a nack, or a `mandatory` message returned as
-//! unroutable, is a failed attempt.
+//! [`AmqpConfig::connect_timeout`]). Publishes share the channel and their
+//! confirms arrive asynchronously; each attempt waits for its own (bounded by
+//! the attempt timeout): an ack is success, a nack or a `mandatory` message
+//! returned as unroutable is a failed attempt.
+//!
+//! Channels fail alone: before publishing to an exchange the channel checks
+//! that it exists (a passive declare on a throwaway channel, remembered for
+//! [`EXCHANGE_CHECK_TTL`]), so a notice aimed at a missing exchange fails by
+//! itself instead of closing the shared channel under everyone else. Should
+//! the channel close anyway (the exchange deleted a moment ago, a broker
+//! restart), publishes whose confirm was lost with it are published again on
+//! a fresh channel within the same attempt, charged nothing.
 //!
 //! The message carries the notice id as `message_id`, headers
 //! `x-notice-attempt`, `x-notice-def` and `x-idempotency-key` (plus the
 //! target's), and `reply_to` naming the confirmation queue, where a consumer
 //! can confirm or reject the notice (see [`crate::confirm`]).
 
-use std::time::Duration;
+use std::{
+    collections::HashMap,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use lapin::{
-    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, PublisherConfirm,
-    options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions},
+    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
+    options::{
+        BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueDeclareOptions,
+    },
     types::{AMQPValue, FieldTable},
 };
 use tokio::sync::Mutex;
@@ -37,6 +51,11 @@ pub const ENV_CONFIRM_QUEUE: &str = "SOLID_NOTIFY_CONFIRM_QUEUE";
 pub const DEFAULT_CONFIRM_QUEUE: &str = "solid_notify.confirm";
 /// Default [`AmqpConfig::connect_timeout`]: 5 seconds.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long an exchange found to exist is trusted before it is checked
+/// again: 10 seconds (a missing one is checked again after 1 second).
+pub const EXCHANGE_CHECK_TTL: Duration = Duration::from_secs(10);
+/// Times one attempt publishes again after its channel closed under it.
+pub const REPUBLISH_TRIES: u32 = 3;
 
 /// Where AMQP notices go and where confirmations come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,28 +82,8 @@ impl Default for AmqpConfig {
     }
 }
 
-/// The broker's verdict on one publish, awaited after the attempt is recorded.
-pub(crate) struct BrokerConfirm(PublisherConfirm);
-
-impl BrokerConfirm {
-    /// `Ok` when the broker took the message; `Err(reason)` otherwise.
-    pub async fn verdict(self) -> Result<(), String> {
-        match self.0.await {
-            Ok(Confirmation::Ack(None)) | Ok(Confirmation::NotRequested) => Ok(()),
-            Ok(Confirmation::Ack(Some(returned))) | Ok(Confirmation::Nack(Some(returned))) => {
-                Err(format!(
-                    "returned by the broker: {} {}",
-                    returned.reply_code, returned.reply_text
-                ))
-            }
-            Ok(Confirmation::Nack(None)) => Err("nacked by the broker".into()),
-            Err(e) => Err(format!("broker confirmation lost: {e}")),
-        }
-    }
-}
-
 struct Link {
-    _connection: Connection,
+    connection: Arc<Connection>,
     channel: Channel,
 }
 
@@ -104,10 +103,15 @@ pub(crate) async fn declare_confirm_queue(channel: &Channel, queue: &str) -> Res
         .map_err(|e| format!("cannot declare the confirmation queue `{queue}`: {e}"))
 }
 
+/// When an exchange was checked, and whether it exists.
+type Checked = (Instant, Result<(), String>);
+
 /// The shared publisher.
 pub(crate) struct AmqpChannel {
     config: AmqpConfig,
     link: Mutex<Option<Link>>,
+    /// Exchanges checked lately: when, and whether they exist.
+    exchanges: std::sync::Mutex<HashMap<String, Checked>>,
 }
 
 impl AmqpChannel {
@@ -115,6 +119,7 @@ impl AmqpChannel {
         AmqpChannel {
             config: config.clone(),
             link: Mutex::new(None),
+            exchanges: std::sync::Mutex::default(),
         }
     }
 
@@ -146,12 +151,12 @@ impl AmqpChannel {
         }
     }
 
-    async fn channel(&self) -> Result<Channel, String> {
+    async fn channel(&self) -> Result<(Arc<Connection>, Channel), String> {
         let mut link = self.link.lock().await;
         if let Some(l) = link.as_ref()
             && l.channel.status().connected()
         {
-            return Ok(l.channel.clone());
+            return Ok((l.connection.clone(), l.channel.clone()));
         }
         *link = None;
         let connection = Self::connect(&self.config).await?;
@@ -166,24 +171,80 @@ impl AmqpChannel {
         // The queue every message names in `reply_to` exists before any
         // consumer can answer, even if no listener has started yet.
         declare_confirm_queue(&channel, &self.config.confirm_queue).await?;
+        let connection = Arc::new(connection);
         *link = Some(Link {
-            _connection: connection,
+            connection: connection.clone(),
             channel: channel.clone(),
         });
-        Ok(channel)
+        Ok((connection, channel))
     }
 
-    /// Publishes one attempt; on success the broker's verdict comes later.
-    pub async fn publish(
-        &self,
-        target: &AmqpTarget,
-        notice: &Notice,
-        body: &str,
-    ) -> (Outcome, Option<BrokerConfirm>) {
-        let channel = match self.channel().await {
-            Ok(channel) => channel,
-            Err(reason) => return (Outcome::retry(reason), None),
+    /// Forgets the publishing channel if it is still `broken` (the next
+    /// publish opens a fresh one).
+    async fn reset(&self, broken: &Channel) {
+        let mut link = self.link.lock().await;
+        if link.as_ref().is_some_and(|l| l.channel.id() == broken.id()) {
+            *link = None;
+        }
+    }
+
+    /// Whether `exchange` exists, checked on a throwaway channel (a missing
+    /// exchange closes the channel that asks).
+    async fn check_exchange(&self, connection: &Connection, exchange: &str) -> Result<(), String> {
+        if exchange.is_empty() {
+            return Ok(()); // the default exchange always exists
+        }
+        let cached = self
+            .exchanges
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(exchange)
+            .cloned();
+        if let Some((at, known)) = cached {
+            let ttl = if known.is_ok() {
+                EXCHANGE_CHECK_TTL
+            } else {
+                Duration::from_secs(1)
+            };
+            if at.elapsed() < ttl {
+                return known;
+            }
+        }
+        let probe = connection
+            .create_channel()
+            .await
+            .map_err(|e| format!("cannot open a channel: {e}"))?;
+        let options = ExchangeDeclareOptions {
+            passive: true,
+            ..ExchangeDeclareOptions::default()
         };
+        let known = match probe
+            .exchange_declare(
+                exchange.into(),
+                ExchangeKind::Direct,
+                options,
+                FieldTable::default(),
+            )
+            .await
+        {
+            Ok(()) => {
+                probe.close(200, "checked".into()).await.ok();
+                Ok(())
+            }
+            Err(e) if matches!(e.kind(), lapin::ErrorKind::ProtocolError(p) if p.get_id() == 404) => {
+                Err(format!("exchange `{exchange}` does not exist"))
+            }
+            Err(e) => return Err(format!("cannot check exchange `{exchange}`: {e}")),
+        };
+        self.exchanges
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(exchange.to_string(), (Instant::now(), known.clone()));
+        known
+    }
+
+    /// Publishes one attempt and waits for the broker's verdict.
+    pub async fn publish(&self, target: &AmqpTarget, notice: &Notice, body: &str) -> Outcome {
         let mut headers = FieldTable::default();
         for (name, value) in &target.headers {
             headers.insert(
@@ -213,22 +274,48 @@ impl AmqpChannel {
             mandatory: target.mandatory,
             ..BasicPublishOptions::default()
         };
-        match channel
-            .basic_publish(
-                target.exchange.as_str().into(),
-                target.routing_key.as_str().into(),
-                options,
-                body.as_bytes(),
-                properties,
-            )
-            .await
-        {
-            Ok(confirm) => (Outcome::success(), Some(BrokerConfirm(confirm))),
-            Err(e) => {
-                // The link is broken; the next publish reconnects.
-                *self.link.lock().await = None;
-                (Outcome::retry(format!("AMQP publish failed: {e}")), None)
+        let mut lost = String::new();
+        for _ in 0..REPUBLISH_TRIES {
+            let (connection, channel) = match self.channel().await {
+                Ok(link) => link,
+                Err(reason) => return Outcome::retry(reason),
+            };
+            if let Err(reason) = self.check_exchange(&connection, &target.exchange).await {
+                return Outcome::retry(reason);
+            }
+            let published = channel
+                .basic_publish(
+                    target.exchange.as_str().into(),
+                    target.routing_key.as_str().into(),
+                    options,
+                    body.as_bytes(),
+                    properties.clone(),
+                )
+                .await;
+            let confirm = match published {
+                Ok(confirm) => confirm.await,
+                Err(e) => Err(e),
+            };
+            match confirm {
+                Ok(Confirmation::Ack(None)) | Ok(Confirmation::NotRequested) => {
+                    return Outcome::success();
+                }
+                Ok(Confirmation::Ack(Some(returned))) | Ok(Confirmation::Nack(Some(returned))) => {
+                    return Outcome::retry(format!(
+                        "returned by the broker: {} {}",
+                        returned.reply_code, returned.reply_text
+                    ));
+                }
+                Ok(Confirmation::Nack(None)) => return Outcome::retry("nacked by the broker"),
+                Err(e) => {
+                    // The channel closed before this message's verdict (another
+                    // publish's error, a restart): not this notice's failure.
+                    tracing::debug!(notice_id = notice.id, error = %e, "publish lost with its channel; publishing again");
+                    lost = e.to_string();
+                    self.reset(&channel).await;
+                }
             }
         }
+        Outcome::retry(format!("AMQP publish failed: {lost}"))
     }
 }

@@ -44,13 +44,21 @@ impl HttpChannel {
         Ok(HttpChannel { client, secrets })
     }
 
-    pub async fn send(&self, target: &HttpTarget, notice: &Notice, body: &str) -> Outcome {
+    /// Sends one request, bounded by the target's timeout and the attempt's.
+    pub async fn send(
+        &self,
+        target: &HttpTarget,
+        notice: &Notice,
+        body: &str,
+        attempt_timeout: Duration,
+    ) -> Outcome {
         let method = Method::from_bytes(target.method.as_bytes()).unwrap_or(Method::POST);
         let timeout = target
             .timeout
             .as_deref()
             .and_then(|t| crate::schedule::parse_interval(t).ok())
-            .unwrap_or(DEFAULT_TIMEOUT);
+            .unwrap_or(DEFAULT_TIMEOUT)
+            .min(attempt_timeout);
         let mut request = self
             .client
             .request(method, &target.url)

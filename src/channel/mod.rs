@@ -1,5 +1,5 @@
-//! Channel: the built-in deliveries (HTTP, e-mail) a notifier owns, built
-//! once and shared by every attempt.
+//! Channel: the built-in deliveries (HTTP, e-mail, AMQP) a notifier owns,
+//! built once and shared by every attempt.
 
 pub mod amqp;
 pub mod http;
@@ -29,15 +29,16 @@ impl Channels {
     }
 }
 
-/// Delivers one attempt through the target's channel. An AMQP publish also
-/// returns the broker's pending verdict.
+/// Delivers one attempt through the target's channel (the caller bounds it
+/// by `timeout`; the HTTP request carries it too).
 pub(crate) async fn send(
     inner: &Inner,
     target: &Target,
     notice: Notice,
     raw_param: &str,
-) -> (Outcome, Option<amqp::BrokerConfirm>) {
-    let outcome = match target {
+    timeout: std::time::Duration,
+) -> Outcome {
+    match target {
         Target::Handler(t) => match inner.handlers.get(&t.handler) {
             Some(handler) => handler
                 .handle(notice)
@@ -45,9 +46,14 @@ pub(crate) async fn send(
                 .unwrap_or_else(|e| Outcome::retry(format!("handler error: {e}"))),
             None => Outcome::retry(format!("handler `{}` is not registered", t.handler)),
         },
-        Target::Http(t) => inner.channels.http.send(t, &notice, raw_param).await,
+        Target::Http(t) => {
+            inner
+                .channels
+                .http
+                .send(t, &notice, raw_param, timeout)
+                .await
+        }
         Target::Email(t) => inner.channels.mail.send_notice(t, &notice).await,
-        Target::Amqp(t) => return inner.channels.amqp.publish(t, &notice, raw_param).await,
-    };
-    (outcome, None)
+        Target::Amqp(t) => inner.channels.amqp.publish(t, &notice, raw_param).await,
+    }
 }

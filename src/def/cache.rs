@@ -12,10 +12,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use sea_orm::{ConnectionTrait, EntityTrait};
+use sea_orm::{ConnectionTrait, DatabaseConnection, EntityTrait};
 
 use super::{Def, store::validate_row};
 use crate::{
+    alert::ALERT_DEF,
     entity::notify_def,
     error::{DefinitionError, Error, Result},
 };
@@ -66,6 +67,27 @@ impl DefCache {
     /// The definition with `notify_def.id = id`.
     pub async fn by_id<C: ConnectionTrait>(&self, db: &C, id: i64) -> Result<Arc<Def>> {
         self.get(db, Key::Id(id)).await
+    }
+
+    /// The reserved alert definition. When its row is invalid the built-in
+    /// policy stands in (logged at `error`); when the row is missing it is
+    /// created again with the built-in policy.
+    pub async fn alert_def(&self, db: &DatabaseConnection) -> Result<Arc<Def>> {
+        match self.by_name(db, ALERT_DEF).await {
+            Err(Error::UnknownDef(_)) => {
+                tracing::error!(
+                    "the alert definition row is missing; creating it with the built-in policy"
+                );
+                let spec = crate::alert::builtin_spec();
+                if let Err(e) = super::store::sync(db, &[spec]).await {
+                    // Another process may have created it meanwhile.
+                    tracing::warn!(error = %e, "cannot create the alert definition");
+                }
+                self.invalidate();
+                self.by_name(db, ALERT_DEF).await
+            }
+            other => other,
+        }
     }
 
     /// Every valid definition (reloading when the snapshot is stale).
@@ -137,9 +159,14 @@ impl DefCache {
             ..Snapshot::default()
         };
         for row in rows {
-            let entry = validate_row(&row).map(Arc::new);
+            let mut entry = validate_row(&row).map(Arc::new);
             if let Err(e) = &entry {
-                tracing::warn!(def = %row.name, error = %e, "invalid notify_def row");
+                if row.name == ALERT_DEF {
+                    tracing::error!(error = %e, "the alert definition row is invalid; alerts use the built-in policy until it is fixed");
+                    entry = crate::alert::builtin_def(row.id).map(Arc::new);
+                } else {
+                    tracing::warn!(def = %row.name, error = %e, "invalid notify_def row");
+                }
             }
             snap.by_id.insert(row.id, entry.clone());
             snap.by_name.insert(row.name, entry);

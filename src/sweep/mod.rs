@@ -1,41 +1,39 @@
-//! Sweep: claim due notices in bounded batches and attempt them with bounded
-//! concurrency, through the same deliver and record steps as the after-commit
-//! attempt.
+//! Sweep: claim due notices in bounded batches and run each claimed attempt
+//! on its own task, through the same path as the after-commit attempt.
 //!
-//! A sweep claims at most `batch_size` rows (that batch is the only in-memory
-//! queue: what does not fit stays in the database), runs at most
-//! `concurrency` deliveries at once, records plain successes in bulk and
-//! everything else row by row, and claims again at once when it found a full
-//! batch. On shutdown it stops claiming, lets running deliveries finish up to
-//! a timeout, and releases every claimed row it did not finish.
+//! A sweep keeps at most one claimed batch waiting (`batch_size` rows: what
+//! does not fit stays in the database), runs at most `concurrency`
+//! deliveries at once, each with its own timeout, hands plain successes to a
+//! batch that moves them to history in one statement, and claims again as
+//! soon as the waiting rows run low, for as long as claims come back full.
+//!
+//! Shutdown: no more claims and no more starts; unstarted rows are released
+//! at once; running deliveries may finish for `shutdown_timeout`, then are
+//! abandoned and their rows released. A database error ends the claiming,
+//! not the work already claimed: outcomes are retried until they are written
+//! (or shutdown gives up on them), and the worker sweeps again at its next
+//! tick.
 
-pub mod batch;
+mod park;
 
-use std::{
-    collections::HashMap,
-    time::{Duration, Instant},
-};
+use std::{collections::VecDeque, sync::Arc, time::Duration};
 
-use chrono::Utc;
-use futures::{StreamExt, stream::FuturesUnordered};
+use tokio::{sync::Semaphore, task::JoinSet};
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
-
-pub use batch::DueFilter;
 
 use crate::{
     AttemptReport, AttemptResult, Notifier,
-    def::{Confirm, DefRef},
-    dispatch::{self, Claimed, Delivery},
+    attempt::{self, Stop, batch::SuccessBatch},
+    def::{DefRef, Target},
     error::Result,
-    handler::Outcome,
-    worker::WorkerStats,
+    notifier::RELEASE_GRACE,
+    state::{
+        DueFilter, Lease,
+        batch::{HeldMany, release_many},
+        claim,
+    },
+    stats::WorkerStats,
 };
-
-/// Bulk-recorded successes are flushed once this many are waiting ...
-const FLUSH_AT: usize = 256;
-/// ... or once the oldest has waited this long, so a crash re-sends little.
-const FLUSH_AFTER: Duration = Duration::from_millis(50);
 
 /// Limits of one sweep.
 #[derive(Debug, Clone)]
@@ -57,61 +55,49 @@ pub struct SweepSummary {
     pub reports: Vec<AttemptReport>,
 }
 
-struct Run<'a> {
-    notifier: &'a Notifier,
-    stats: &'a WorkerStats,
-    keep_reports: bool,
-    reports: Vec<AttemptReport>,
-    successes: Vec<(i64, i32)>,
-    /// When the oldest unflushed success must be written.
-    flush_by: Option<Instant>,
-}
-
 impl Notifier {
     /// One sweep over the due rows matching `filter`; see the module docs.
+    /// Returns an error only when not a single row could be claimed; an
+    /// error later in the sweep ends its claiming and is logged.
     pub async fn sweep(
         &self,
         filter: &DueFilter,
         limits: &SweepLimits,
         shutdown: &CancellationToken,
-        stats: &WorkerStats,
+        stats: &Arc<WorkerStats>,
     ) -> Result<SweepSummary> {
-        Run::new(self, stats, false)
-            .sweep(filter, limits, shutdown)
+        Sweep::new(self, stats.clone(), false)
+            .run(filter, limits, shutdown, true)
             .await
     }
 
     /// Attempts up to `limit` due rows (any definition this process can
-    /// deliver) and returns each attempt's report.
+    /// deliver), one at a time, and returns each attempt's report.
     pub async fn sweep_once(&self, limit: u64) -> Result<Vec<AttemptReport>> {
-        let filter = DueFilter {
-            def_ids: Some(self.deliverable_defs(&[], &[]).await?),
-            partitions: Vec::new(),
-        };
+        let filter = DueFilter::defs(self.deliverable_defs(&[], &[]).await?);
         let limits = SweepLimits {
             batch_size: limit,
             concurrency: 1,
             shutdown_timeout: Duration::ZERO,
         };
-        let stats = WorkerStats::default();
-        let mut run = Run::new(self, &stats, true);
-        let claimed = batch::claim(&self.inner, &filter, limit).await?;
-        run.process(claimed, &limits, &CancellationToken::new())
+        let summary = Sweep::new(self, Arc::default(), true)
+            .run(&filter, &limits, &CancellationToken::new(), false)
             .await?;
-        Ok(run.reports)
+        Ok(summary.reports)
     }
 
     /// Ids of the valid definitions this process can deliver, narrowed to
     /// `defs` and `handlers` when those are not empty (a definition matches by
     /// its name, or by the name of its handler).
     pub async fn deliverable_defs(&self, defs: &[String], handlers: &[String]) -> Result<Vec<i64>> {
-        let all = self.inner.defs.all(&self.inner.db).await?;
+        let inner = &self.inner;
+        let all = inner.defs.all(&inner.store.db).await?;
         Ok(all
             .iter()
-            .filter(|def| dispatch::available(&self.inner, def).is_ok())
+            .filter(|def| attempt::available(inner, def).is_ok())
             .filter(|def| {
                 let handler = match &def.target {
-                    crate::def::Target::Handler(t) => Some(t.handler.as_str()),
+                    Target::Handler(t) => Some(t.handler.as_str()),
                     _ => None,
                 };
                 (defs.is_empty() && handlers.is_empty())
@@ -123,34 +109,112 @@ impl Notifier {
     }
 }
 
-impl<'a> Run<'a> {
-    fn new(notifier: &'a Notifier, stats: &'a WorkerStats, keep_reports: bool) -> Self {
-        Run {
+struct Sweep<'a> {
+    notifier: &'a Notifier,
+    stats: Arc<WorkerStats>,
+    keep_reports: bool,
+    reports: Vec<AttemptReport>,
+}
+
+impl<'a> Sweep<'a> {
+    fn new(notifier: &'a Notifier, stats: Arc<WorkerStats>, keep_reports: bool) -> Self {
+        Sweep {
             notifier,
             stats,
             keep_reports,
             reports: Vec::new(),
-            successes: Vec::new(),
-            flush_by: None,
         }
     }
 
-    async fn sweep(
-        &mut self,
+    fn report(&mut self, report: AttemptReport) {
+        self.stats.count(&report.result);
+        if self.keep_reports {
+            self.reports.push(report);
+        }
+    }
+
+    /// Claims and runs attempts until no due row is left (or, without
+    /// `again`, after one claim).
+    async fn run(
+        mut self,
         filter: &DueFilter,
         limits: &SweepLimits,
         shutdown: &CancellationToken,
+        again: bool,
     ) -> Result<SweepSummary> {
+        let inner = &self.notifier.inner;
+        let stop = inner.stop.child();
+        let watcher = tokio::spawn(stop_after(
+            shutdown.clone(),
+            stop.clone(),
+            limits.shutdown_timeout,
+        ));
+        let batch = SuccessBatch::start(
+            inner.store.clone(),
+            stop.give_up.clone(),
+            self.stats.clone(),
+        );
+        let recorder = batch.recorder();
+        let slots = Arc::new(Semaphore::new(limits.concurrency.max(1)));
+        let mut waiting: VecDeque<(Lease, DefRef)> = VecDeque::new();
+        let mut running: JoinSet<AttemptReport> = JoinSet::new();
         let mut claimed_total = 0;
-        while !shutdown.is_cancelled() {
-            let claimed = batch::claim(&self.notifier.inner, filter, limits.batch_size).await?;
-            let n = claimed.len() as u64;
-            claimed_total += n;
-            self.stats.add_claimed(n);
-            self.process(claimed, limits, shutdown).await?;
-            if n < limits.batch_size {
+        let mut more = true;
+        let mut first_error = None;
+        loop {
+            if more && !shutdown.is_cancelled() && waiting.len() < limits.concurrency.max(1) {
+                match claim::claim_due(&inner.store, filter, limits.batch_size).await {
+                    Ok(leases) => {
+                        let n = leases.len() as u64;
+                        claimed_total += n;
+                        self.stats.add_claimed(n);
+                        more = again && n == limits.batch_size;
+                        self.resolve(leases, &mut waiting).await;
+                    }
+                    Err(e) => {
+                        more = false;
+                        if claimed_total == 0 {
+                            first_error = Some(e);
+                        } else {
+                            self.stats.add_error();
+                            tracing::warn!(error = %e, "claiming failed mid-sweep; finishing what is claimed");
+                        }
+                    }
+                }
+            }
+            if shutdown.is_cancelled() && !waiting.is_empty() {
+                let leases = waiting.drain(..).map(|(lease, _)| lease).collect();
+                self.release(leases, "shutting down", &stop.give_up).await;
+            }
+            if waiting.is_empty() && running.is_empty() && (!more || shutdown.is_cancelled()) {
                 break;
             }
+            tokio::select! {
+                biased;
+                Some(done) = running.join_next() => match done {
+                    Ok(report) => self.report(report),
+                    Err(e) => tracing::error!(error = %e, "an attempt task failed"),
+                },
+                slot = slots.clone().acquire_owned(), if !waiting.is_empty() && !shutdown.is_cancelled() => {
+                    let (Ok(slot), Some((lease, def))) = (slot, waiting.pop_front()) else { continue };
+                    let notifier = self.notifier.clone();
+                    let (recorder, stop) = (recorder.clone(), stop.clone());
+                    running.spawn(async move {
+                        let notice_id = lease.id();
+                        let result = attempt::run(&notifier, def, lease, &recorder, &stop, Some(slot)).await;
+                        AttemptReport { notice_id, result }
+                    });
+                }
+                _ = shutdown.cancelled(), if !waiting.is_empty() => {}
+                // Nothing to start: claim more once the waiting rows run low.
+                _ = std::future::ready(()), if more && waiting.len() < limits.concurrency.max(1) && !shutdown.is_cancelled() => {}
+            }
+        }
+        drop(recorder);
+        batch.finish().await;
+        watcher.abort();
+        if let Some(e) = first_error {
+            return Err(e.into());
         }
         Ok(SweepSummary {
             claimed: claimed_total,
@@ -158,157 +222,89 @@ impl<'a> Run<'a> {
         })
     }
 
-    /// Delivers a claimed batch with bounded concurrency and records outcomes.
-    async fn process(
-        &mut self,
-        claimed: Vec<Claimed>,
-        limits: &SweepLimits,
-        shutdown: &CancellationToken,
-    ) -> Result<()> {
+    /// Finds each lease's definition: rows this process can deliver wait for
+    /// a slot; rows of a definition that is unknown or invalid are parked;
+    /// rows it cannot deliver (a handler registered elsewhere) are released.
+    async fn resolve(&mut self, leases: Vec<Lease>, waiting: &mut VecDeque<(Lease, DefRef)>) {
         let inner = &self.notifier.inner;
-        let mut queue = claimed.into_iter();
-        let mut running = FuturesUnordered::new();
-        let mut in_flight: HashMap<i64, i32> = HashMap::new();
-        let mut to_release: Vec<(i64, i32)> = Vec::new();
-        let mut stopping = false;
-        loop {
-            while !stopping && !shutdown.is_cancelled() && running.len() < limits.concurrency.max(1)
-            {
-                let Some(claimed) = queue.next() else { break };
-                // Never start an attempt that could outlive its lease.
-                let latest_start = claimed.row.next_call_time - inner.config.attempt_timeout;
-                if Utc::now().naive_utc() >= latest_start {
-                    to_release.push((claimed.row.id, claimed.row.version));
-                    continue;
+        let mut unusable = Vec::new();
+        let mut elsewhere = Vec::new();
+        for lease in leases {
+            match inner.defs.by_id(&inner.store.db, lease.row().def_id).await {
+                Ok(def) if attempt::available(inner, &def).is_ok() => {
+                    waiting.push_back((lease, def))
                 }
-                let def = match inner.defs.by_id(&inner.db, claimed.row.def_id).await {
-                    Ok(def) => def,
-                    Err(e) => {
-                        let id = claimed.row.id;
-                        let result = dispatch::park_claimed(inner, claimed, &e.to_string()).await;
-                        self.report(id, result);
-                        continue;
-                    }
-                };
-                in_flight.insert(claimed.row.id, claimed.row.version);
-                running.push(attempt(self.notifier, def, claimed));
-            }
-            if running.is_empty() {
-                break;
-            }
-            tokio::select! {
-                biased;
-                _ = shutdown.cancelled(), if !stopping => {
-                    stopping = true;
-                    to_release.extend(queue.by_ref().map(|c| (c.row.id, c.row.version)));
-                    let deadline = Instant::now() + limits.shutdown_timeout;
-                    while let Ok(Some((def, claimed, delivery))) =
-                        tokio::time::timeout_at(deadline.into(), running.next()).await
-                    {
-                        in_flight.remove(&claimed.row.id);
-                        self.settle(def, claimed, delivery).await?;
-                    }
-                    // Whatever is still running is abandoned and released.
-                    running.clear();
-                    to_release.extend(in_flight.drain());
-                }
-                Some((def, claimed, delivery)) = running.next() => {
-                    in_flight.remove(&claimed.row.id);
-                    self.settle(def, claimed, delivery).await?;
-                }
-                _ = sleep_until(self.flush_by), if self.flush_by.is_some() => {
-                    self.flush().await?;
-                }
+                Ok(_) => elsewhere.push(lease),
+                Err(crate::Error::Db(_)) => elsewhere.push(lease),
+                Err(_) => unusable.push(lease),
             }
         }
-        self.flush().await?;
-        if !to_release.is_empty() {
-            let released = batch::release(inner, &to_release).await?;
-            self.stats.add_released(released);
-            tracing::info!(released, "released claimed notices for other workers");
+        for report in attempt::park::park(self.notifier, unusable, &inner.stop.give_up).await {
+            self.report(report);
         }
-        Ok(())
-    }
-
-    /// Records one outcome: plain successes wait for a bulk move, the rest
-    /// go through the single-row recorder.
-    async fn settle(&mut self, def: DefRef, claimed: Claimed, delivery: Delivery) -> Result<()> {
-        let plain_success = matches!(delivery.outcome, Outcome::Success { note: None })
-            && delivery.broker.is_none()
-            && def.confirm == Confirm::NotNeeded;
-        if plain_success {
-            self.successes.push((claimed.row.id, claimed.row.version));
-            self.flush_by
-                .get_or_insert_with(|| Instant::now() + FLUSH_AFTER);
-            if self.successes.len() >= FLUSH_AT {
-                self.flush().await?;
-            }
-            return Ok(());
-        }
-        let id = claimed.row.id;
-        let result = dispatch::record(self.notifier, &def, claimed, delivery).await;
-        self.report(id, result);
-        Ok(())
-    }
-
-    async fn flush(&mut self) -> Result<()> {
-        self.flush_by = None;
-        let pairs = std::mem::take(&mut self.successes);
-        if pairs.is_empty() {
-            return Ok(());
-        }
-        let inner = &self.notifier.inner;
-        if batch::succeed_all(inner, &pairs).await? {
-            for (id, _) in pairs {
-                self.report(id, AttemptResult::Succeeded);
-            }
-            return Ok(());
-        }
-        // Some claim was lost meanwhile: settle each row on its own.
-        for (id, version) in pairs {
-            let moved = batch::succeed_all(inner, &[(id, version)]).await?;
-            let result = if moved {
-                AttemptResult::Succeeded
-            } else {
-                AttemptResult::LostClaim
-            };
-            self.report(id, result);
-        }
-        Ok(())
-    }
-
-    fn report(&mut self, notice_id: i64, result: AttemptResult) {
-        self.stats.count(&result);
-        if self.keep_reports {
-            self.reports.push(AttemptReport { notice_id, result });
-        }
-    }
-}
-
-/// Sleeps until `at` (forever when `None`; the caller guards that arm).
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at.into()).await,
-        None => std::future::pending().await,
-    }
-}
-
-/// Delivers one claimed row inside its tracing span.
-async fn attempt(
-    notifier: &Notifier,
-    def: DefRef,
-    claimed: Claimed,
-) -> (DefRef, Claimed, Delivery) {
-    let span = tracing::info_span!(
-        "attempt",
-        notice_id = claimed.row.id,
-        def = %def.name,
-        attempt = claimed.attempt,
-    );
-    let started = Instant::now();
-    let delivery = dispatch::deliver(&notifier.inner, &def, &claimed)
-        .instrument(span.clone())
+        self.release(
+            elsewhere,
+            "not deliverable in this process",
+            &inner.stop.give_up,
+        )
         .await;
-    tracing::debug!(parent: &span, outcome = ?delivery.outcome, ms = started.elapsed().as_millis() as u64, "delivered");
-    (def, claimed, delivery)
+    }
+
+    /// Releases leases that will not be attempted here.
+    async fn release(&mut self, leases: Vec<Lease>, reason: &str, give_up: &CancellationToken) {
+        if leases.is_empty() {
+            return;
+        }
+        let ids: Vec<i64> = leases.iter().map(Lease::id).collect();
+        let result = match release_all(&self.notifier.inner.store, leases, give_up).await {
+            Ok(n) => {
+                self.notifier.inner.count_released(n);
+                AttemptResult::Released {
+                    reason: reason.to_string(),
+                }
+            }
+            Err(error) => AttemptResult::Error { error },
+        };
+        for notice_id in ids {
+            self.report(AttemptReport {
+                notice_id,
+                result: result.clone(),
+            });
+        }
+    }
+}
+
+/// Releases `leases` in one statement, retrying while the database is away;
+/// on giving up they are left to run out.
+async fn release_all(
+    store: &crate::state::Store,
+    mut leases: Vec<Lease>,
+    give_up: &CancellationToken,
+) -> std::result::Result<u64, String> {
+    let mut backoff = crate::db::Backoff::default();
+    loop {
+        match release_many(store, leases).await {
+            Ok(n) => return Ok(n),
+            Err(HeldMany {
+                leases: held,
+                error,
+            }) => {
+                if !crate::db::is_transient(&error) || !backoff.wait(give_up).await {
+                    held.into_iter().for_each(Lease::forget);
+                    return Err(format!("{error}; left to its lease"));
+                }
+                leases = held;
+            }
+        }
+    }
+}
+
+/// After `shutdown`, lets deliveries run for `timeout`, then aborts them;
+/// [`RELEASE_GRACE`] later, stops retrying writes.
+async fn stop_after(shutdown: CancellationToken, stop: Stop, timeout: Duration) {
+    shutdown.cancelled().await;
+    tokio::time::sleep(timeout).await;
+    stop.abort.cancel();
+    tokio::time::sleep(RELEASE_GRACE).await;
+    stop.give_up.cancel();
 }

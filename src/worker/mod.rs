@@ -9,25 +9,35 @@
 //! finish up to `shutdown_timeout`, and releases what did not finish.
 
 mod config;
-mod stats;
 
-use std::{str::FromStr, sync::Arc, time::Instant};
+use std::{
+    str::FromStr,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
 
 use chrono::Utc;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+pub use crate::stats::{RECENT_SWEEPS, StatsSnapshot, WorkerStats};
 pub use config::{
     DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, DEFAULT_CRON, DEFAULT_DELAY, DEFAULT_SHUTDOWN_TIMEOUT,
     Mode, WorkerConfig,
 };
-pub use stats::{RECENT_SWEEPS, StatsSnapshot, WorkerStats};
 
 use crate::{
     Notifier,
     error::{Error, Result},
-    sweep::{DueFilter, SweepLimits},
+    state::{DefSelect, DueFilter},
+    sweep::SweepLimits,
 };
+
+/// How often a worker looks for notices of unknown or invalid definitions
+/// to park: every 60 seconds (and at its first sweep).
+pub const PARK_CHECK_INTERVAL: Duration = Duration::from_secs(60);
+/// Most notices parked by one check.
+pub const PARK_CHECK_LIMIT: u64 = 500;
 
 /// A sweeping loop over one notifier.
 pub struct Worker {
@@ -35,6 +45,7 @@ pub struct Worker {
     config: WorkerConfig,
     cron: cron::Schedule,
     stats: Arc<WorkerStats>,
+    last_park_check: Mutex<Option<Instant>>,
 }
 
 impl Worker {
@@ -55,6 +66,7 @@ impl Worker {
             config,
             cron,
             stats: Arc::default(),
+            last_park_check: Mutex::new(None),
         })
     }
 
@@ -65,17 +77,19 @@ impl Worker {
 
     /// Runs until `shutdown` is cancelled, then returns once in-flight work is
     /// finished or released. Database errors are logged and retried at the next
-    /// tick; they never end the loop.
+    /// tick; they never end the loop. `shutdown` itself is only watched,
+    /// never cancelled here.
     pub async fn run(&self, shutdown: CancellationToken) {
+        let listening = shutdown.child_token();
         let listener = (self.config.confirm_listener && self.notifier.amqp_enabled()).then(|| {
             tokio::spawn(crate::confirm::listen(
                 self.notifier.clone(),
-                shutdown.clone(),
+                listening.clone(),
             ))
         });
         self.sweep_loop(&shutdown).await;
         if let Some(listener) = listener {
-            shutdown.cancel();
+            listening.cancel();
             listener.await.ok();
         }
     }
@@ -108,8 +122,11 @@ impl Worker {
         }
     }
 
-    /// One sweep now (claiming again at once while batches come back full).
+    /// One sweep now (claiming again at once while batches come back full),
+    /// and, once every [`PARK_CHECK_INTERVAL`], parking notices of unknown or
+    /// invalid definitions.
     pub async fn sweep_now(&self, shutdown: &CancellationToken) {
+        self.park_check().await;
         self.stats.sweep_started();
         let span = tracing::info_span!(
             "sweep",
@@ -122,9 +139,19 @@ impl Worker {
                 .notifier
                 .deliverable_defs(&self.config.defs, &self.config.handlers)
                 .await?;
+            // Alerts are swept by every worker, whatever its filters.
+            let filtered = !(self.config.defs.is_empty()
+                && self.config.handlers.is_empty()
+                && self.config.partitions.is_empty());
+            let always = if filtered {
+                vec![self.notifier.alert_def().await?.id]
+            } else {
+                Vec::new()
+            };
             let filter = DueFilter {
-                def_ids: Some(def_ids),
+                defs: DefSelect::Only(def_ids),
                 partitions: self.config.partitions.clone(),
+                always,
             };
             let limits = SweepLimits {
                 batch_size: self.config.batch_size,
@@ -146,6 +173,29 @@ impl Worker {
                 self.stats.add_error();
                 tracing::warn!(parent: &span, error = %e, "sweep failed; retrying at the next tick");
             }
+        }
+    }
+}
+
+impl Worker {
+    async fn park_check(&self) {
+        {
+            let mut last = self
+                .last_park_check
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if last.is_some_and(|t| t.elapsed() < PARK_CHECK_INTERVAL) {
+                return;
+            }
+            *last = Some(Instant::now());
+        }
+        match self.notifier.park_orphans(PARK_CHECK_LIMIT).await {
+            Ok(reports) => {
+                for report in &reports {
+                    self.stats.count(&report.result);
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot look for notices to park"),
         }
     }
 }

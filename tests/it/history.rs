@@ -95,7 +95,14 @@ db_test!(
         assert_eq!(rec.count_for(doomed), 0);
         assert!(matches!(
             notifier.cancel(doomed).await,
-            Err(Error::NoticeNotFound(_))
+            Err(Error::WrongState {
+                status: Status::Cancelled,
+                ..
+            })
+        ));
+        assert!(matches!(
+            notifier.cancel(777_777).await,
+            Err(Error::NoticeNotFound(777_777))
         ));
     }
 );

@@ -1,4 +1,4 @@
-//! Stats: what a worker has done, counted as it goes.
+//! Stats: what a worker's sweeps have done, counted as they go.
 
 use std::{
     collections::VecDeque,
@@ -28,7 +28,10 @@ pub struct WorkerStats {
     lost_claims: AtomicU64,
     skipped: AtomicU64,
     released: AtomicU64,
+    parked: AtomicU64,
     errors: AtomicU64,
+    flushes: AtomicU64,
+    flushed: AtomicU64,
     recent_sweeps: Mutex<VecDeque<DateTime<Utc>>>,
 }
 
@@ -51,10 +54,16 @@ pub struct StatsSnapshot {
     pub lost_claims: u64,
     /// Rows not attempted (definition unusable here).
     pub skipped: u64,
-    /// Claimed rows handed back at shutdown or lease exhaustion.
+    /// Claimed rows handed back (shutdown, too little lease left to start).
     pub released: u64,
-    /// Sweeps or recordings that hit a database error.
+    /// Rows parked because their definition is unknown or invalid.
+    pub parked: u64,
+    /// Sweeps, or outcomes, that hit a database error they could not wait out.
     pub errors: u64,
+    /// Batches of successes moved to history ...
+    pub flushes: u64,
+    /// ... and the successes in them.
+    pub flushed: u64,
 }
 
 impl StatsSnapshot {
@@ -77,7 +86,10 @@ impl WorkerStats {
             lost_claims: self.lost_claims.load(Relaxed),
             skipped: self.skipped.load(Relaxed),
             released: self.released.load(Relaxed),
+            parked: self.parked.load(Relaxed),
             errors: self.errors.load(Relaxed),
+            flushes: self.flushes.load(Relaxed),
+            flushed: self.flushed.load(Relaxed),
         }
     }
 
@@ -105,8 +117,9 @@ impl WorkerStats {
         self.claimed.fetch_add(n, Relaxed);
     }
 
-    pub(crate) fn add_released(&self, n: u64) {
-        self.released.fetch_add(n, Relaxed);
+    pub(crate) fn add_flush(&self, n: u64) {
+        self.flushes.fetch_add(1, Relaxed);
+        self.flushed.fetch_add(n, Relaxed);
     }
 
     pub(crate) fn add_error(&self) {
@@ -121,6 +134,8 @@ impl WorkerStats {
             AttemptResult::FinalFailure { .. } => &self.final_failures,
             AttemptResult::LostClaim => &self.lost_claims,
             AttemptResult::Skipped { .. } => &self.skipped,
+            AttemptResult::Released { .. } => &self.released,
+            AttemptResult::Parked { .. } => &self.parked,
             AttemptResult::Error { .. } => &self.errors,
         };
         counter.fetch_add(1, Relaxed);

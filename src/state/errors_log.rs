@@ -1,4 +1,5 @@
-//! Errors log: the `errors` column, one line per failed attempt.
+//! Errors log: the `errors` column, one line per failed attempt or
+//! operator action (`<time> attempt N: reason`, `<time> requeued by …`).
 
 use chrono::NaiveDateTime;
 
@@ -10,15 +11,26 @@ pub const MAX_LOG_BYTES: usize = 32 * 1_024;
 
 /// Appends `time attempt N: reason` to `log`, keeping it under [`MAX_LOG_BYTES`].
 pub(crate) fn append_error(log: &str, at: NaiveDateTime, attempt: u32, reason: &str) -> String {
-    let reason: String = reason
+    append_line(log, at, &format!("attempt {attempt}: {}", clean(reason)))
+}
+
+/// Appends `time what` to `log` (an operator's audit line, say), keeping it
+/// under [`MAX_LOG_BYTES`].
+pub(crate) fn append_note(log: &str, at: NaiveDateTime, what: &str) -> String {
+    append_line(log, at, &clean(what))
+}
+
+/// One line: control characters blanked, cut at [`MAX_REASON_BYTES`].
+fn clean(text: &str) -> String {
+    let text: String = text
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })
         .collect();
-    let reason = truncate(reason.trim(), MAX_REASON_BYTES);
-    let line = format!(
-        "{} attempt {attempt}: {reason}",
-        at.format("%Y-%m-%dT%H:%M:%S%.3fZ")
-    );
+    truncate(text.trim(), MAX_REASON_BYTES)
+}
+
+fn append_line(log: &str, at: NaiveDateTime, text: &str) -> String {
+    let line = format!("{} {text}", at.format("%Y-%m-%dT%H:%M:%S%.3fZ"));
     let mut lines: Vec<&str> = log.lines().filter(|l| !l.is_empty()).collect();
     lines.push(&line);
     let mut dropped = 0usize;

@@ -1,21 +1,25 @@
-//! Deliver: run the channel or handler of one claimed attempt.
+//! Deliver: run the channel or handler of one claimed attempt, bounded by
+//! `attempt_timeout`.
+//!
+//! Errors, panics and timeouts become retryable failures. When the timeout
+//! passes, the delivery's future is dropped: the HTTP request is aborted, the
+//! handler stops at its next `.await`. A handler that blocks a thread or
+//! spawns work of its own cannot be stopped this way; keep handlers async.
 
-use std::panic::AssertUnwindSafe;
+use std::{panic::AssertUnwindSafe, time::Duration};
 
 use futures::FutureExt;
 
-use super::claim::Claimed;
 use crate::{
     Status,
-    channel::amqp::BrokerConfirm,
     def::{Confirm, DefRef, Target},
     handler::{Notice, Outcome},
     notifier::Inner,
-    producer::merged_target,
+    state::Lease,
 };
 
 /// Whether this process can deliver notices of `def` at all. When it cannot,
-/// the notice is left untouched for a process that can.
+/// the notice is left for a process that can.
 pub(crate) fn available(inner: &Inner, def: &DefRef) -> Result<(), String> {
     match &def.target {
         Target::Handler(t) if inner.handlers.get(&t.handler).is_none() => Err(format!(
@@ -29,37 +33,42 @@ pub(crate) fn available(inner: &Inner, def: &DefRef) -> Result<(), String> {
     }
 }
 
-/// What one delivery produced: its outcome and, for an AMQP publish, the
-/// broker's verdict still to come.
-pub(crate) struct Delivery {
-    pub outcome: Outcome,
-    pub broker: Option<BrokerConfirm>,
-}
-
-impl From<Outcome> for Delivery {
-    fn from(outcome: Outcome) -> Self {
-        Delivery {
-            outcome,
-            broker: None,
+/// Merges `over` into the definition's target (top-level keys replace).
+pub(crate) fn merged_target(
+    def: &DefRef,
+    over: &serde_json::Value,
+) -> std::result::Result<Target, String> {
+    let mut target = def.target_json.clone();
+    if let (Some(base), Some(over)) = (target.as_object_mut(), over.as_object()) {
+        for (k, v) in over {
+            base.insert(k.clone(), v.clone());
         }
+    } else {
+        return Err("target override must be a JSON object".into());
     }
+    Target::parse(def.target.channel(), &target)
 }
 
-/// Runs the attempt, turning errors, panics and timeouts into failures. A
-/// row still awaiting confirmation past its deadline is not sent again here:
-/// the missing confirmation is the attempt's failure.
-pub(crate) async fn deliver(inner: &Inner, def: &DefRef, claimed: &Claimed) -> Delivery {
-    let row = &claimed.row;
+/// Runs the attempt held by `lease`, for at most `timeout`. A row still
+/// awaiting confirmation past its deadline is not sent again here: the
+/// missing confirmation is the attempt's failure.
+pub(crate) async fn deliver(
+    inner: &Inner,
+    def: &DefRef,
+    lease: &Lease,
+    timeout: Duration,
+) -> Outcome {
+    let row = lease.row();
     if row.status == Status::AwaitingConfirm {
         let waited = match def.confirm {
             Confirm::Within(d) => format!("within {}", crate::schedule::format_interval(d)),
             _ => "before its deadline".into(),
         };
-        return Outcome::retry(format!("not confirmed {waited}")).into();
+        return Outcome::retry(format!("not confirmed {waited}"));
     }
     let param = match serde_json::from_str(&row.param) {
         Ok(param) => param,
-        Err(e) => return Outcome::permanent(format!("param is not valid JSON: {e}")).into(),
+        Err(e) => return Outcome::permanent(format!("param is not valid JSON: {e}")),
     };
     let target = match &row.target_override {
         None => def.target.clone(),
@@ -68,15 +77,13 @@ pub(crate) async fn deliver(inner: &Inner, def: &DefRef, claimed: &Claimed) -> D
             .and_then(|over| merged_target(def, &over))
         {
             Ok(target) => target,
-            Err(e) => {
-                return Outcome::permanent(format!("target override is invalid: {e}")).into();
-            }
+            Err(e) => return Outcome::permanent(format!("target override is invalid: {e}")),
         },
     };
     let notice = Notice {
         id: row.id,
         def: def.name.clone(),
-        attempt: claimed.attempt,
+        attempt: lease.attempt(),
         version: row.version,
         param,
         description: row.description.clone(),
@@ -86,14 +93,11 @@ pub(crate) async fn deliver(inner: &Inner, def: &DefRef, claimed: &Claimed) -> D
             .unwrap_or_else(|| row.id.to_string()),
         load_balance_num: row.load_balance_num,
     };
-    let run = crate::channel::send(inner, &target, notice, &row.param);
-    let timeout = inner.config.attempt_timeout;
+    let run = crate::channel::send(inner, &target, notice, &row.param, timeout);
     match tokio::time::timeout(timeout, AssertUnwindSafe(run).catch_unwind()).await {
-        Ok(Ok((outcome, broker))) => Delivery { outcome, broker },
-        Ok(Err(panic)) => {
-            Outcome::retry(format!("handler panicked: {}", panic_message(&panic))).into()
-        }
-        Err(_) => Outcome::retry(format!("attempt timed out after {timeout:?}")).into(),
+        Ok(Ok(outcome)) => outcome,
+        Ok(Err(panic)) => Outcome::retry(format!("handler panicked: {}", panic_message(&panic))),
+        Err(_) => Outcome::retry(format!("attempt timed out after {timeout:?}")),
     }
 }
 

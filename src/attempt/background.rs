@@ -1,0 +1,185 @@
+//! Background: the attempt right after a commit.
+//!
+//! A committed notice is reserved for its producer's process (`next_call_time`
+//! one lease ahead) so that sweepers leave it alone while the after-commit
+//! attempt claims it. A notice that will not be attempted here after all
+//! (no free background slot, shutdown under way, a handler this process
+//! lacks) has its reservation released at once: it is due for any sweeper
+//! immediately, never after a whole lease.
+
+use chrono::NaiveDateTime;
+
+use super::{AttemptReport, AttemptResult, Recorder, available, record};
+use crate::{
+    Notifier, Status,
+    def::DefRef,
+    entity::notify_msg,
+    state::{claim, insert::NewRow},
+};
+
+/// A notice written in a transaction, to be attempted after its commit.
+#[derive(Debug, Clone)]
+pub struct PendingNotice {
+    pub(crate) id: i64,
+    pub(crate) row: NewRow,
+    pub(crate) def: DefRef,
+}
+
+impl PendingNotice {
+    pub(crate) fn new(id: i64, row: NewRow, def: DefRef) -> Self {
+        PendingNotice { id, row, def }
+    }
+
+    /// The new notice's id.
+    pub fn id(&self) -> i64 {
+        self.id
+    }
+
+    /// Whether the row was reserved for an after-commit attempt.
+    fn reserved(&self) -> bool {
+        matches!(self.row.due, crate::state::clock::Due::Reserved(_))
+    }
+
+    /// The row as inserted (times are not known here and are not used).
+    fn model(&self) -> notify_msg::Model {
+        let r = &self.row;
+        notify_msg::Model {
+            id: self.id,
+            def_id: r.def_id,
+            param: r.param.clone(),
+            description: r.description.clone(),
+            errors: String::new(),
+            status: Status::NotSent,
+            retry_times: 0,
+            last_call_time: None,
+            next_call_time: NaiveDateTime::MIN,
+            create_time: NaiveDateTime::MIN,
+            version: 0,
+            load_balance_num: r.load_balance_num,
+            idempotency_key: r.idempotency_key.clone(),
+            target_override: r.target_override.clone(),
+            leased: false,
+        }
+    }
+}
+
+/// Starts background attempts of committed notices, as far as free slots
+/// allow; the rest are released, due at once for a sweeper.
+pub(crate) fn after_commit(notifier: &Notifier, pending: Vec<PendingNotice>) {
+    let inner = &notifier.inner;
+    let mut left = Vec::new();
+    for p in pending.into_iter().filter(PendingNotice::reserved) {
+        if inner.tasks.is_closed() {
+            left.push(p);
+            continue;
+        }
+        let Ok(permit) = inner.background.clone().try_acquire_owned() else {
+            tracing::debug!(
+                notice_id = p.id,
+                "no background slot; due now for a sweeper"
+            );
+            left.push(p);
+            continue;
+        };
+        let notifier = notifier.clone();
+        inner.tasks.spawn(async move {
+            attempt_boxed(notifier, p).await;
+            drop(permit);
+        });
+    }
+    release_reservations(notifier, left);
+}
+
+/// Boxed, hence `Send` by its type: a failure's alert is itself attempted
+/// after commit, so this future contains itself.
+fn attempt_boxed(
+    notifier: Notifier,
+    p: PendingNotice,
+) -> futures::future::BoxFuture<'static, AttemptReport> {
+    Box::pin(async move { attempt(&notifier, p).await })
+}
+
+/// Attempts committed notices now and waits for each outcome.
+pub(crate) async fn wait_for(
+    notifier: &Notifier,
+    pending: Vec<PendingNotice>,
+) -> Vec<AttemptReport> {
+    let inner = &notifier.inner;
+    if inner.tasks.is_closed() {
+        let ids: Vec<i64> = pending.iter().map(PendingNotice::id).collect();
+        release_reservations(notifier, pending);
+        return ids
+            .into_iter()
+            .map(|notice_id| AttemptReport {
+                notice_id,
+                result: AttemptResult::Released {
+                    reason: "shutting down".into(),
+                },
+            })
+            .collect();
+    }
+    // Counted as running, so that shutdown waits for them.
+    let _running = inner.tasks.token();
+    let attempts = pending
+        .into_iter()
+        .map(|p| attempt_boxed(notifier.clone(), p));
+    futures::future::join_all(attempts).await
+}
+
+/// One after-commit attempt: claim the reserved row, then the one path.
+async fn attempt(notifier: &Notifier, p: PendingNotice) -> AttemptReport {
+    let inner = &notifier.inner;
+    let notice_id = p.id;
+    if !p.reserved() {
+        return AttemptReport {
+            notice_id,
+            result: AttemptResult::Skipped {
+                reason: "not reserved for an after-commit attempt".into(),
+            },
+        };
+    }
+    if let Err(reason) = available(inner, &p.def) {
+        release_reservations(notifier, vec![p]);
+        return AttemptReport {
+            notice_id,
+            result: AttemptResult::Skipped { reason },
+        };
+    }
+    let result = match claim::claim_one(&inner.store, &p.model()).await {
+        Ok(Some(lease)) => {
+            super::run(notifier, p.def, lease, &Recorder::Inline, &inner.stop, None).await
+        }
+        Ok(None) => AttemptResult::LostClaim,
+        Err(e) => AttemptResult::Error {
+            error: format!("{e}; due when its reservation ends"),
+        },
+    };
+    AttemptReport { notice_id, result }
+}
+
+/// Makes reserved rows due at once (retrying while the database is away,
+/// until shutdown gives up: then they are due when the reservation ends).
+fn release_reservations(notifier: &Notifier, pending: Vec<PendingNotice>) {
+    let pairs: Vec<(i64, i32)> = pending
+        .iter()
+        .filter(|p| p.reserved())
+        .map(|p| (p.id, 0))
+        .collect();
+    if pairs.is_empty() {
+        return;
+    }
+    let inner = notifier.inner.clone();
+    notifier.inner.tasks.spawn(async move {
+        let store = inner.store.clone();
+        let released = record::retry_db(&inner.stop.give_up, || async {
+            Ok(claim::release_reserved(&store, &pairs).await?)
+        })
+        .await;
+        match released {
+            Ok(n) => inner.count_released(n),
+            Err(e) => {
+                tracing::warn!(error = %e, n = pairs.len(), "cannot release reserved notices; due when their reservation ends");
+            }
+        }
+    });
+}

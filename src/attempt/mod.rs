@@ -1,0 +1,222 @@
+//! Attempt: the one path every attempt takes, whether it comes right after a
+//! commit or from a sweeper.
+//!
+//! 1. **Claim** ([`crate::state::claim`]): the row's version is bumped and a
+//!    lease taken from the database's clock. Losing the race sends nothing.
+//! 2. **Check the lease**: the attempt starts only while `attempt_timeout`
+//!    plus a safety margin ([`Config::lease_margin`](crate::Config::lease_margin))
+//!    fits in what is left of the lease; otherwise the row is released.
+//! 3. **Deliver** ([`deliver`]): the channel or handler runs with its own
+//!    timeout; errors and panics become retryable failures. At the timeout
+//!    (or when shutdown aborts it) the delivery is dropped, always before
+//!    the lease can end, so no second sender can overlap it.
+//! 4. **Record** ([`record`]): the outcome becomes the lease's transition,
+//!    retried with backoff while the database cannot be reached. A recorder
+//!    writes inline, or hands plain successes to a batch ([`batch`]) that
+//!    moves many to history in one statement.
+//!
+//! Alert hooks run on their own tasks and never hold up delivery or
+//! recording.
+
+pub(crate) mod background;
+pub(crate) mod batch;
+mod deliver;
+pub(crate) mod park;
+pub(crate) mod record;
+
+use std::time::Instant;
+
+use chrono::NaiveDateTime;
+use serde::Serialize;
+use tokio::sync::OwnedSemaphorePermit;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+pub use background::PendingNotice;
+pub(crate) use deliver::{available, merged_target};
+pub(crate) use record::Recorder;
+
+use crate::{
+    Notifier,
+    def::DefRef,
+    entity::notify_msg,
+    state::{Lease, claim},
+};
+
+/// How one attempt of one notice ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum AttemptResult {
+    /// Delivered; the notice is in history with status 1.
+    Succeeded,
+    /// Delivered and waiting for confirmation (status 4).
+    AwaitingConfirm,
+    /// Failed; the next attempt is due at `at`.
+    WillRetry {
+        /// The attempt that failed.
+        attempt: u32,
+        /// When the next attempt is due (UTC, the database's clock).
+        at: NaiveDateTime,
+        /// Why it failed.
+        reason: String,
+    },
+    /// Failed for good; the notice is in history with status 3.
+    FinalFailure {
+        /// The attempt that failed.
+        attempt: u32,
+        /// Why it failed.
+        reason: String,
+    },
+    /// Another sender claimed this attempt first, or an operator finished
+    /// the notice meanwhile; nothing was recorded here.
+    LostClaim,
+    /// Not attempted here (its handler is not registered in this process,
+    /// say); it is due at once for a process that can.
+    Skipped {
+        /// Why.
+        reason: String,
+    },
+    /// Claimed but not finished here (shutdown, or too little of the lease
+    /// left to start): released, due again at once.
+    Released {
+        /// Why.
+        reason: String,
+    },
+    /// Its definition is unknown or invalid: moved to history as parked.
+    Parked {
+        /// Why.
+        reason: String,
+    },
+    /// The database could not be reached to record the outcome; the row is
+    /// due again when its lease ends.
+    Error {
+        /// The error.
+        error: String,
+    },
+}
+
+/// The notice and how its attempt ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AttemptReport {
+    /// The notice id.
+    pub notice_id: i64,
+    /// How the attempt ended.
+    pub result: AttemptResult,
+}
+
+/// When attempts must stop: `abort` drops running deliveries (their leases
+/// are released), `give_up` stops retrying writes the database refuses
+/// (their rows are left to their leases).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Stop {
+    pub abort: CancellationToken,
+    pub give_up: CancellationToken,
+}
+
+impl Stop {
+    /// Tokens cancelled with these, or on their own.
+    pub fn child(&self) -> Stop {
+        Stop {
+            abort: self.abort.child_token(),
+            give_up: self.give_up.child_token(),
+        }
+    }
+}
+
+/// Runs the attempt held by `lease`: check the lease, deliver, record.
+/// `permit` (a delivery slot) is given back as soon as the delivery ends.
+pub(crate) async fn run(
+    notifier: &Notifier,
+    def: DefRef,
+    lease: Lease,
+    recorder: &Recorder,
+    stop: &Stop,
+    permit: Option<OwnedSemaphorePermit>,
+) -> AttemptResult {
+    let inner = &notifier.inner;
+    let span = tracing::info_span!(
+        "attempt",
+        notice_id = lease.id(),
+        def = %def.name,
+        attempt = lease.attempt(),
+        outcome = tracing::field::Empty,
+        ms = tracing::field::Empty,
+    );
+    let started = Instant::now();
+    let result = async {
+        let timeout = inner.config.attempt_timeout;
+        let needed = timeout + inner.config.lease_margin();
+        if lease.remaining() < needed || stop.abort.is_cancelled() {
+            let reason = if stop.abort.is_cancelled() {
+                "shutting down".to_string()
+            } else {
+                format!(
+                    "only {:?} of the lease left; an attempt needs {needed:?}",
+                    lease.remaining()
+                )
+            };
+            return record::release(notifier, lease, reason, &stop.give_up).await;
+        }
+        let outcome = tokio::select! {
+            outcome = deliver::deliver(inner, &def, &lease, timeout) => Some(outcome),
+            _ = stop.abort.cancelled() => None,
+        };
+        drop(permit);
+        match outcome {
+            Some(outcome) => {
+                record::record(notifier, &def, lease, outcome, recorder, &stop.give_up).await
+            }
+            None => {
+                let reason = "shutting down: delivery abandoned".to_string();
+                record::release(notifier, lease, reason, &stop.give_up).await
+            }
+        }
+    }
+    .instrument(span.clone())
+    .await;
+    span.record("outcome", tracing::field::debug(&result));
+    span.record("ms", started.elapsed().as_millis() as u64);
+    tracing::debug!(parent: &span, "attempt finished");
+    result
+}
+
+impl Notifier {
+    /// Attempts one notice as read from `notify_msg` (its `version` is the one
+    /// the claim expects), recording the outcome inline. Safe to call from any
+    /// number of tasks or processes at once: at most one of them sends. A
+    /// notice whose definition is unknown or invalid is parked.
+    pub async fn attempt(&self, row: notify_msg::Model) -> AttemptReport {
+        let inner = &self.inner;
+        let notice_id = row.id;
+        let report = |result| AttemptReport { notice_id, result };
+        let def = inner.defs.by_id(&inner.store.db, row.def_id).await;
+        if let Err(crate::Error::Db(e)) = &def {
+            return report(AttemptResult::Error {
+                error: e.to_string(),
+            });
+        }
+        if let Ok(def) = &def
+            && let Err(reason) = available(inner, def)
+        {
+            return report(AttemptResult::Skipped { reason });
+        }
+        let lease = match claim::claim_one(&inner.store, &row).await {
+            Ok(Some(lease)) => lease,
+            Ok(None) => return report(AttemptResult::LostClaim),
+            Err(e) => {
+                return report(AttemptResult::Error {
+                    error: e.to_string(),
+                });
+            }
+        };
+        let _running = inner.tasks.token();
+        match def {
+            Ok(def) => report(run(self, def, lease, &Recorder::Inline, &inner.stop, None).await),
+            Err(_) => park::park(self, vec![lease], &inner.stop.give_up)
+                .await
+                .pop()
+                .unwrap_or_else(|| report(AttemptResult::LostClaim)),
+        }
+    }
+}

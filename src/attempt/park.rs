@@ -1,0 +1,117 @@
+//! Park: notices whose definition is unknown, deleted or invalid are moved
+//! to history with status 6 and the reason in their failure log, and one
+//! alert per definition goes to the alert definition's recipients. Once the
+//! definition is fixed, `solid-notify history requeue` brings them back.
+
+use std::collections::BTreeMap;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    AttemptReport, AttemptResult, Error, Notifier,
+    alert::{ALERT_DESCRIPTION, AlertMail},
+    db::{self, Backoff},
+    state::{
+        Lease,
+        batch::{HeldMany, park_many},
+        clock::Due,
+        insert::NewRow,
+    },
+};
+
+/// Parks claimed rows whose definition cannot be used, one transaction and
+/// one alert per definition. Rows whose definition turns out fine are
+/// released instead.
+pub(crate) async fn park(
+    notifier: &Notifier,
+    leases: Vec<Lease>,
+    give_up: &CancellationToken,
+) -> Vec<AttemptReport> {
+    let inner = &notifier.inner;
+    let mut by_def: BTreeMap<i64, Vec<Lease>> = BTreeMap::new();
+    for lease in leases {
+        by_def.entry(lease.row().def_id).or_default().push(lease);
+    }
+    let mut reports = Vec::new();
+    for (def_id, group) in by_def {
+        let reason = match inner.defs.by_id(&inner.store.db, def_id).await {
+            Err(Error::UnknownDefId(_)) => format!("definition id {def_id} does not exist"),
+            Err(Error::InvalidDef(e)) => format!("definition is invalid: {e}"),
+            Err(e) => format!("definition cannot be read: {e}"),
+            Ok(_) => {
+                // Valid after all (it changed meanwhile): due again at once.
+                for lease in group {
+                    let notice_id = lease.id();
+                    let result = crate::attempt::record::release(
+                        notifier,
+                        lease,
+                        "definition is valid again".into(),
+                        give_up,
+                    )
+                    .await;
+                    reports.push(AttemptReport { notice_id, result });
+                }
+                continue;
+            }
+        };
+        let ids: Vec<i64> = group.iter().map(Lease::id).collect();
+        let alert = park_alert(notifier, def_id, &reason, &ids).await;
+        let result = match park_all(notifier, group, &reason, alert.as_ref(), give_up).await {
+            Ok(parked) => {
+                tracing::error!(def_id, n = parked.len(), %reason, "parked notices of an unusable definition");
+                AttemptResult::Parked {
+                    reason: reason.clone(),
+                }
+            }
+            Err(error) => AttemptResult::Error { error },
+        };
+        reports.extend(ids.into_iter().map(|notice_id| AttemptReport {
+            notice_id,
+            result: result.clone(),
+        }));
+    }
+    reports
+}
+
+/// The alert about parked notices, to the alert definition's recipients.
+async fn park_alert(notifier: &Notifier, def_id: i64, reason: &str, ids: &[i64]) -> Option<NewRow> {
+    let alert_def = notifier.alert_def().await.ok()?;
+    if alert_def.alert_emails.is_empty() {
+        return None;
+    }
+    let mail = AlertMail::parked(alert_def.alert_emails.clone(), def_id, reason, ids);
+    Some(NewRow {
+        def_id: alert_def.id,
+        param: mail.param().to_string(),
+        description: ALERT_DESCRIPTION.to_string(),
+        load_balance_num: 0,
+        idempotency_key: None,
+        target_override: None,
+        due: Due::Now,
+    })
+}
+
+async fn park_all(
+    notifier: &Notifier,
+    mut leases: Vec<Lease>,
+    reason: &str,
+    alert: Option<&NewRow>,
+    give_up: &CancellationToken,
+) -> std::result::Result<Vec<i64>, String> {
+    let store = &notifier.inner.store;
+    let mut backoff = Backoff::default();
+    loop {
+        match park_many(store, leases, reason, notifier.app_now(), alert).await {
+            Ok(parked) => return Ok(parked),
+            Err(HeldMany {
+                leases: held,
+                error,
+            }) => {
+                if !db::is_transient(&error) || !backoff.wait(give_up).await {
+                    return Err(format!("cannot park: {error}"));
+                }
+                leases = held;
+            }
+        }
+    }
+}

@@ -1,0 +1,327 @@
+//! Record: an attempt's outcome becomes its lease's transition.
+//!
+//! Success moves the notice to history (inline, or through a sweep's
+//! [`batch`](super::batch)), or leaves it awaiting confirmation; a failure
+//! schedules the next attempt or ends the notice, with the alert notice the
+//! definition's policy asks for queued in the same transaction. A write the
+//! database refuses for a transient reason (connection lost, backend
+//! terminated, deadlock) is tried again with backoff until it lands, the
+//! claim turns out lost, or the caller gives up (shutdown): then the row is
+//! left to its lease, and a delivered success is resent only because the
+//! process stopped before it could be recorded.
+
+use std::{future::Future, time::Duration};
+
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use super::{AttemptResult, background};
+use crate::{
+    Notifier,
+    alert::{self, AlertMail, FailureEvent},
+    db::{self, Backoff},
+    def::{Confirm, DefRef},
+    handler::Outcome,
+    state::{
+        Deadline, Final, Held, Lease, Retry, Scheduled, errors_log::append_error, insert::NewRow,
+    },
+};
+
+/// Longest time an in-process [`AlertHook`](crate::AlertHook) may take per
+/// alert before it is abandoned (the alert e-mail does not depend on it).
+pub const ALERT_HOOK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How outcomes are written: one at a time, or plain successes batched.
+#[derive(Clone)]
+pub(crate) enum Recorder {
+    /// Every outcome written by the attempt itself.
+    Inline,
+    /// Plain successes handed to a batch; everything else inline.
+    Batched(mpsc::UnboundedSender<super::batch::Item>),
+}
+
+/// The write did not land.
+pub(crate) enum Unwritten {
+    /// The caller gave up while the database was unreachable: the lease is
+    /// left to run out.
+    GaveUp(String),
+    /// The database refused it for good (a bug or bad data): the lease is
+    /// released in the background.
+    Refused(String),
+}
+
+impl Unwritten {
+    fn into_result(self) -> AttemptResult {
+        match self {
+            Unwritten::GaveUp(e) => AttemptResult::Error {
+                error: format!("{e}; left to its lease"),
+            },
+            Unwritten::Refused(e) => AttemptResult::Error { error: e },
+        }
+    }
+}
+
+/// Tries `write` until it lands: transient database faults are retried with
+/// [`Backoff`] until `give_up`; other errors are final.
+pub(crate) async fn persist<T, F, Fut>(
+    mut lease: Lease,
+    give_up: &CancellationToken,
+    mut write: F,
+) -> Result<T, Unwritten>
+where
+    F: FnMut(Lease) -> Fut,
+    Fut: Future<Output = Result<T, Held>>,
+{
+    let mut backoff = Backoff::default();
+    loop {
+        match write(lease).await {
+            Ok(value) => return Ok(value),
+            Err(Held { lease: held, error }) => {
+                let id = held.id();
+                if !db::is_transient(&error) {
+                    tracing::error!(notice_id = id, error = %error, "the database refused an outcome; releasing the notice");
+                    drop(held);
+                    return Err(Unwritten::Refused(error.to_string()));
+                }
+                tracing::warn!(notice_id = id, error = %error, "cannot record an outcome yet; retrying");
+                if !backoff.wait(give_up).await {
+                    held.forget();
+                    return Err(Unwritten::GaveUp(error.to_string()));
+                }
+                lease = held;
+            }
+        }
+    }
+}
+
+/// Tries a database call until it lands (transient faults, until `give_up`).
+pub(crate) async fn retry_db<T, F, Fut>(
+    give_up: &CancellationToken,
+    mut op: F,
+) -> Result<T, crate::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = crate::Result<T>>,
+{
+    let mut backoff = Backoff::default();
+    loop {
+        match op().await {
+            Err(crate::Error::Db(e)) if db::is_transient(&e) => {
+                tracing::warn!(error = %e, "database unavailable; retrying");
+                if !backoff.wait(give_up).await {
+                    return Err(crate::Error::Db(e));
+                }
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Releases a lease that will not be attempted here.
+pub(crate) async fn release(
+    notifier: &Notifier,
+    lease: Lease,
+    reason: String,
+    give_up: &CancellationToken,
+) -> AttemptResult {
+    match persist(lease, give_up, Lease::release).await {
+        Ok(true) => {
+            notifier.inner.count_released(1);
+            AttemptResult::Released { reason }
+        }
+        Ok(false) => AttemptResult::LostClaim,
+        Err(e) => e.into_result(),
+    }
+}
+
+/// Records the outcome of the attempt held by `lease`.
+pub(crate) async fn record(
+    notifier: &Notifier,
+    def: &DefRef,
+    lease: Lease,
+    outcome: Outcome,
+    recorder: &Recorder,
+    give_up: &CancellationToken,
+) -> AttemptResult {
+    match outcome {
+        Outcome::Success { note } => succeed(def, lease, note, recorder, give_up).await,
+        Outcome::Retry { reason } => fail(notifier, def, lease, reason, false, give_up).await,
+        Outcome::Permanent { reason } => fail(notifier, def, lease, reason, true, give_up).await,
+    }
+}
+
+async fn succeed(
+    def: &DefRef,
+    lease: Lease,
+    note: Option<String>,
+    recorder: &Recorder,
+    give_up: &CancellationToken,
+) -> AttemptResult {
+    let until = match def.confirm {
+        Confirm::NotNeeded => None,
+        Confirm::Within(d) => Some(Deadline::After(d)),
+        Confirm::Forever => Some(Deadline::Forever),
+    };
+    if let Some(until) = until {
+        let note = note.as_deref();
+        return match persist(lease, give_up, |l| l.await_confirmation(until, note)).await {
+            Ok(true) => AttemptResult::AwaitingConfirm,
+            Ok(false) => AttemptResult::LostClaim,
+            Err(e) => e.into_result(),
+        };
+    }
+    if let (Recorder::Batched(batch), None) = (recorder, &note) {
+        let (reply, result) = oneshot::channel();
+        match batch.send(super::batch::Item { lease, reply }) {
+            Ok(()) => {
+                return result.await.unwrap_or_else(|_| AttemptResult::Error {
+                    error: "the success batch stopped before recording".into(),
+                });
+            }
+            // The batch has stopped: write it here instead.
+            Err(mpsc::error::SendError(item)) => {
+                return succeed_inline(item.lease, None, give_up).await;
+            }
+        }
+    }
+    succeed_inline(lease, note.as_deref(), give_up).await
+}
+
+pub(crate) async fn succeed_inline(
+    lease: Lease,
+    note: Option<&str>,
+    give_up: &CancellationToken,
+) -> AttemptResult {
+    match persist(lease, give_up, |l| l.succeed(note)).await {
+        Ok(true) => AttemptResult::Succeeded,
+        Ok(false) => AttemptResult::LostClaim,
+        Err(e) => e.into_result(),
+    }
+}
+
+async fn fail(
+    notifier: &Notifier,
+    def: &DefRef,
+    lease: Lease,
+    reason: String,
+    permanent: bool,
+    give_up: &CancellationToken,
+) -> AttemptResult {
+    let attempt = lease.attempt();
+    let failures = attempt;
+    let is_final = permanent || def.retry.exhausted(failures);
+    let errors = append_error(&lease.row().errors, notifier.app_now(), attempt, &reason);
+    let retry_times = i32::try_from(failures).unwrap_or(i32::MAX);
+    let delay = def.retry.delay(failures);
+    let alerts = def.alert.fires(failures, is_final);
+    let mut event = FailureEvent {
+        notice_id: lease.id(),
+        def: def.clone(),
+        attempt,
+        failures,
+        is_final,
+        reason: reason.clone(),
+        errors: errors.clone(),
+        param: lease.row().param.clone(),
+        retry_in: (!is_final).then_some(delay),
+        next_call_time: None,
+    };
+    let (alert, alert_def) = if alerts && !def.alert_emails.is_empty() {
+        match alert_row(notifier, &AlertMail::compose(&event), give_up).await {
+            Some((row, def)) => (Some(row), Some(def)),
+            None => (None, None),
+        }
+    } else {
+        (None, None)
+    };
+    let (result, alert_id) = if is_final {
+        let fail = Final {
+            errors,
+            retry_times,
+            alert: alert.clone(),
+        };
+        match persist(lease, give_up, |l| l.fail_for_good(&fail)).await {
+            Ok(Some(alert_id)) => (
+                AttemptResult::FinalFailure {
+                    attempt,
+                    reason: reason.clone(),
+                },
+                alert_id,
+            ),
+            Ok(None) => return AttemptResult::LostClaim,
+            Err(e) => return e.into_result(),
+        }
+    } else {
+        let retry = Retry {
+            errors,
+            retry_times,
+            delay,
+            alert: alert.clone(),
+        };
+        match persist(lease, give_up, |l| l.retry(&retry)).await {
+            Ok(Some(Scheduled { at, alert })) => {
+                event.next_call_time = Some(at);
+                (
+                    AttemptResult::WillRetry {
+                        attempt,
+                        at,
+                        reason: reason.clone(),
+                    },
+                    alert,
+                )
+            }
+            Ok(None) => return AttemptResult::LostClaim,
+            Err(e) => return e.into_result(),
+        }
+    };
+    if let (Some(id), Some(row), Some(def)) = (alert_id, alert, alert_def) {
+        background::after_commit(notifier, vec![background::PendingNotice::new(id, row, def)]);
+    }
+    if alerts {
+        spawn_hook(notifier, event);
+    }
+    result
+}
+
+/// The alert notice of a failure (reserved for this process's after-commit
+/// attempt when it makes those) and the alert definition.
+pub(crate) async fn alert_row(
+    notifier: &Notifier,
+    mail: &AlertMail,
+    give_up: &CancellationToken,
+) -> Option<(NewRow, DefRef)> {
+    let def = match retry_db(give_up, || notifier.alert_def()).await {
+        Ok(def) => def,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot read the alert definition; the alert is only logged");
+            return None;
+        }
+    };
+    let row = NewRow {
+        def_id: def.id,
+        param: mail.param().to_string(),
+        description: alert::ALERT_DESCRIPTION.to_string(),
+        load_balance_num: 0,
+        idempotency_key: None,
+        target_override: None,
+        due: notifier.first_due(),
+    };
+    Some((row, def))
+}
+
+/// Runs the alert hook on its own task, bounded by [`ALERT_HOOK_TIMEOUT`].
+pub(crate) fn spawn_hook(notifier: &Notifier, event: FailureEvent) {
+    let hooks = notifier.inner.alerts.clone();
+    notifier.inner.tasks.spawn(async move {
+        let notice_id = event.notice_id;
+        if tokio::time::timeout(ALERT_HOOK_TIMEOUT, hooks.alert(event))
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                notice_id,
+                "alert hook took longer than {ALERT_HOOK_TIMEOUT:?}; abandoned"
+            );
+        }
+    });
+}

@@ -1,0 +1,181 @@
+//! Claim: take the current attempt of one row, or of a batch of due rows.
+//!
+//! A claim bumps `version`, sets `leased` and `last_call_time`, and pushes
+//! `next_call_time` one lease ahead, all from the database's clock, in the
+//! statement that selects the rows: only the claimant sends, and a claimant
+//! that dies leaves a row that is due again when the lease ends. Rows
+//! another sender holds are skipped (`FOR UPDATE SKIP LOCKED` on PostgreSQL
+//! and MariaDB; SQLite has a single writer).
+
+use std::time::Instant;
+
+use sea_orm::{
+    ColumnTrait, DbBackend, DbErr, EntityTrait, ExprTrait, QueryFilter, QueryOrder, QuerySelect,
+    Select,
+    sea_query::{Condition, Expr, LockBehavior, LockType},
+};
+
+use super::{
+    Lease, Store, clock,
+    columns::{self, Column, Set},
+};
+use crate::{Status, db, entity::notify_msg};
+
+/// Which definitions a claim may take rows of.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum DefSelect {
+    /// Any definition.
+    #[default]
+    Any,
+    /// Only these `notify_def` ids.
+    Only(Vec<i64>),
+    /// Every definition but these ids (used to find rows of unknown or
+    /// invalid definitions).
+    Except(Vec<i64>),
+}
+
+/// Which due rows a claim may take.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DueFilter {
+    /// Definitions.
+    pub defs: DefSelect,
+    /// Only rows of these `load_balance_num` partitions (empty: any).
+    pub partitions: Vec<i32>,
+    /// Rows of these definitions are taken whatever `defs` and `partitions`
+    /// say (every worker sweeps the alert definition).
+    pub always: Vec<i64>,
+}
+
+impl DueFilter {
+    /// Rows of these definitions, any partition.
+    pub fn defs(ids: Vec<i64>) -> Self {
+        DueFilter {
+            defs: DefSelect::Only(ids),
+            ..DueFilter::default()
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        matches!(&self.defs, DefSelect::Only(ids) if ids.is_empty()) && self.always.is_empty()
+    }
+}
+
+/// The columns a claim sets.
+fn claim_sets(store: &Store) -> Vec<Set> {
+    let backend = store.backend();
+    vec![
+        (Column::Leased, Expr::val(true)),
+        (Column::LastCallTime, clock::now(backend)),
+        (Column::NextCallTime, clock::after(backend, store.lease)),
+    ]
+}
+
+/// Due rows matching `filter`, oldest first.
+fn due_rows(store: &Store, filter: &DueFilter, limit: u64) -> Select<notify_msg::Entity> {
+    let mut wanted = Condition::all();
+    match &filter.defs {
+        DefSelect::Any => {}
+        DefSelect::Only(ids) => wanted = wanted.add(Column::DefId.is_in(ids.iter().copied())),
+        DefSelect::Except(ids) if ids.is_empty() => {}
+        DefSelect::Except(ids) => wanted = wanted.add(Column::DefId.is_not_in(ids.iter().copied())),
+    }
+    if !filter.partitions.is_empty() {
+        wanted = wanted.add(Column::LoadBalanceNum.is_in(filter.partitions.iter().copied()));
+    }
+    if !filter.always.is_empty() {
+        wanted = Condition::any()
+            .add(wanted)
+            .add(Column::DefId.is_in(filter.always.iter().copied()));
+    }
+    notify_msg::Entity::find()
+        .filter(Expr::col(Column::NextCallTime).lte(clock::now(store.backend())))
+        .filter(Column::Status.is_in(Status::DUE))
+        .filter(wanted)
+        .order_by_asc(Column::NextCallTime)
+        .limit(limit)
+}
+
+/// Claims up to `limit` due rows, oldest first.
+pub(crate) async fn claim_due(
+    store: &Store,
+    filter: &DueFilter,
+    limit: u64,
+) -> Result<Vec<Lease>, DbErr> {
+    if filter.is_empty() || limit == 0 {
+        return Ok(Vec::new());
+    }
+    let started = Instant::now();
+    let due = due_rows(store, filter, limit);
+    let mut rows = match store.backend() {
+        DbBackend::MySql => {
+            // MariaDB has no UPDATE … RETURNING: lock, then bump, in one transaction.
+            let txn = db::begin(&store.db).await?;
+            let mut rows = due
+                .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked)
+                .all(&txn)
+                .await?;
+            if !rows.is_empty() {
+                let ids = rows.iter().map(|r| r.id);
+                columns::update(&txn, Column::Id.is_in(ids), claim_sets(store)).await?;
+            }
+            txn.commit().await?;
+            for row in &mut rows {
+                row.version = row.version.wrapping_add(1);
+                row.leased = true;
+            }
+            rows
+        }
+        backend => {
+            let mut ids = due.select_only().column(Column::Id);
+            if backend == DbBackend::Postgres {
+                ids = ids.lock_with_behavior(LockType::Update, LockBehavior::SkipLocked);
+            }
+            let mut update = notify_msg::Entity::update_many()
+                .filter(Column::Id.in_subquery(sea_orm::QueryTrait::into_query(ids)));
+            for (c, value) in claim_sets(store).into_iter().chain([columns::bump()]) {
+                update = update.col_expr(c, value);
+            }
+            let mut rows = update.exec_with_returning(&store.db).await?;
+            rows.sort_by_key(|r| r.id);
+            rows
+        }
+    };
+    Ok(rows
+        .drain(..)
+        .map(|row| Lease::new(store.clone(), row, started))
+        .collect())
+}
+
+/// Claims `row` if it is still at the version read and in flight (due or
+/// not: the after-commit attempt claims the row reserved for it, and a
+/// rejection claims a row awaiting confirmation). `None`: someone else holds
+/// or finished it.
+pub(crate) async fn claim_one(
+    store: &Store,
+    row: &notify_msg::Model,
+) -> Result<Option<Lease>, DbErr> {
+    let started = Instant::now();
+    let guard = columns::at_version(row.id, row.version)
+        .add(Expr::col(Column::Status).is_in(Status::DUE.map(|s| s as i16)));
+    if columns::update(&store.db, guard, claim_sets(store)).await? != 1 {
+        return Ok(None);
+    }
+    let claimed = notify_msg::Model {
+        version: row.version.wrapping_add(1),
+        leased: true,
+        ..row.clone()
+    };
+    Ok(Some(Lease::new(store.clone(), claimed, started)))
+}
+
+/// Claims rows reserved for after-commit attempts that will not run here
+/// (no slot, shutting down, not deliverable in this process) and makes them
+/// due at once for any worker. Returns how many were released.
+pub(crate) async fn release_reserved(store: &Store, pairs: &[(i64, i32)]) -> Result<u64, DbErr> {
+    if pairs.is_empty() {
+        return Ok(0);
+    }
+    let sets = vec![(Column::NextCallTime, clock::now(store.backend()))];
+    db::on_conflict_retry(|| columns::update(&store.db, columns::at_versions(pairs), sets.clone()))
+        .await
+}

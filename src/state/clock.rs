@@ -1,0 +1,76 @@
+//! Clock: the database's time, as SQL expressions.
+//!
+//! Due checks, leases, `last_call_time`, `next_call_time` and `create_time`
+//! are all computed by the database in the statement that writes or compares
+//! them, so the clocks of application hosts never decide who may send: a
+//! worker whose clock is minutes off claims exactly what a correct one would.
+//! PostgreSQL uses `statement_timestamp()` in UTC, MySQL/MariaDB
+//! `UTC_TIMESTAMP(6)`, SQLite `strftime('%Y-%m-%d %H:%M:%f', 'now')`
+//! (milliseconds; it compares correctly with the nanosecond text sqlx
+//! writes, as both are ISO text).
+//!
+//! The lease a claim grants is also tracked in-process with a monotonic
+//! [`Instant`](std::time::Instant) taken *before* the claiming statement is
+//! sent, so the in-process view of a lease always ends no later than the
+//! database's.
+
+use std::time::Duration;
+
+use chrono::NaiveDateTime;
+use sea_orm::{DbBackend, sea_query::Expr};
+
+/// The database's current UTC time.
+pub(crate) fn now(backend: DbBackend) -> Expr {
+    Expr::cust(match backend {
+        DbBackend::Postgres => "(statement_timestamp() AT TIME ZONE 'UTC')",
+        DbBackend::MySql => "UTC_TIMESTAMP(6)",
+        _ => "strftime('%Y-%m-%d %H:%M:%f', 'now')",
+    })
+}
+
+/// The database's current UTC time plus `d`.
+pub(crate) fn after(backend: DbBackend, d: Duration) -> Expr {
+    if d.is_zero() {
+        return now(backend);
+    }
+    match backend {
+        DbBackend::Postgres => Expr::cust_with_values(
+            "((statement_timestamp() AT TIME ZONE 'UTC') + make_interval(secs => $1))",
+            [d.as_secs_f64()],
+        ),
+        DbBackend::MySql => Expr::cust_with_values(
+            "TIMESTAMPADD(MICROSECOND, ?, UTC_TIMESTAMP(6))",
+            [i64::try_from(d.as_micros()).unwrap_or(i64::MAX)],
+        ),
+        _ => Expr::cust_with_values(
+            "strftime('%Y-%m-%d %H:%M:%f', 'now', ?)",
+            [format!("+{:.3} seconds", d.as_secs_f64())],
+        ),
+    }
+}
+
+/// `next_call_time` of a notice that waits for confirmation forever.
+pub fn far_future() -> NaiveDateTime {
+    chrono::NaiveDate::from_ymd_opt(9999, 1, 1)
+        .and_then(|d| d.and_hms_opt(0, 0, 0))
+        .unwrap_or(NaiveDateTime::MAX)
+}
+
+/// When a new notice is first due.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Due {
+    /// At once, for any sweeper.
+    Now,
+    /// After this long: reserved for the producer's own after-commit
+    /// attempt, and due for sweepers only if that attempt never happens.
+    Reserved(Duration),
+}
+
+impl Due {
+    pub fn expr(self, backend: DbBackend) -> Expr {
+        match self {
+            Due::Now => now(backend),
+            Due::Reserved(d) => after(backend, d),
+        }
+    }
+}

@@ -1,0 +1,202 @@
+//! Columns: the one column list of a notice, the one version bump, and the
+//! guarded statements every transition is made of.
+//!
+//! `notify_msg` and `notify_msg_history` have the same columns (the order of
+//! [`notify_msg::Column`]); a move between them copies every column
+//! server-side, replacing only those a transition changes.
+
+use sea_orm::{
+    ConnectionTrait, DbBackend, DbErr, EntityTrait, ExprTrait, IdenStatic, Iterable, QueryFilter,
+    sea_query::{
+        Alias, CommonTableExpression, Condition, DeleteStatement, Expr, IntoCondition, Query,
+        SelectStatement, WithClause,
+    },
+};
+
+use crate::entity::notify_msg;
+
+pub(crate) use notify_msg::Column;
+
+/// A column a transition sets, and the value (an expression over the row as
+/// it was before the statement).
+pub(crate) type Set = (Column, Expr);
+
+/// The one way `version` changes: up by one, in the statement that makes the
+/// transition.
+pub(crate) fn bump() -> Set {
+    (Column::Version, Expr::col(Column::Version).add(1))
+}
+
+/// Guard of one row: still at the version the caller holds.
+pub(crate) fn at_version(id: i64, version: i32) -> Condition {
+    Condition::all()
+        .add(Expr::col(Column::Id).eq(id))
+        .add(Expr::col(Column::Version).eq(version))
+}
+
+/// Guard of many rows, each at the version its holder holds.
+pub(crate) fn at_versions(pairs: &[(i64, i32)]) -> Condition {
+    Condition::all().add(
+        Expr::tuple([Expr::col(Column::Id), Expr::col(Column::Version)])
+            .in_tuples(pairs.iter().copied()),
+    )
+}
+
+/// The two tables of a notice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Table {
+    /// `notify_msg`: in flight.
+    Live,
+    /// `notify_msg_history`: finished.
+    History,
+}
+
+impl Table {
+    fn name(self) -> &'static str {
+        match self {
+            Table::Live => "notify_msg",
+            Table::History => "notify_msg_history",
+        }
+    }
+
+    fn alias(self) -> Alias {
+        Alias::new(self.name())
+    }
+}
+
+fn col(c: Column) -> Alias {
+    Alias::new(c.as_str())
+}
+
+/// Updates the guarded rows of `notify_msg` in place: `sets`, plus the
+/// version bump. Returns how many rows changed.
+pub(crate) async fn update<C: ConnectionTrait>(
+    conn: &C,
+    guard: impl IntoCondition,
+    sets: Vec<Set>,
+) -> Result<u64, DbErr> {
+    let mut update = notify_msg::Entity::update_many().filter(guard);
+    for (c, value) in sets.into_iter().chain([bump()]) {
+        update = update.col_expr(c, value);
+    }
+    Ok(update.exec(conn).await?.rows_affected)
+}
+
+/// Like [`update`], returning the rows as written where the backend can
+/// (PostgreSQL and SQLite: `RETURNING`; MySQL: read back by the new version).
+pub(crate) async fn update_returning<C: ConnectionTrait>(
+    conn: &C,
+    id: i64,
+    version: i32,
+    sets: Vec<Set>,
+) -> Result<Option<notify_msg::Model>, DbErr> {
+    if conn.get_database_backend() == DbBackend::MySql {
+        if update(conn, at_version(id, version), sets).await? != 1 {
+            return Ok(None);
+        }
+        return notify_msg::Entity::find()
+            .filter(at_version(id, version.wrapping_add(1)))
+            .one(conn)
+            .await;
+    }
+    let mut update = notify_msg::Entity::update_many().filter(at_version(id, version));
+    for (c, value) in sets.into_iter().chain([bump()]) {
+        update = update.col_expr(c, value);
+    }
+    Ok(update.exec_with_returning(conn).await?.pop())
+}
+
+/// The select list that copies every column, with `sets` replacing some.
+fn copy_list(select: &mut SelectStatement, sets: &[Set]) {
+    for c in Column::iter() {
+        match sets.iter().find(|(s, _)| s.as_str() == c.as_str()) {
+            Some((_, value)) => select.expr_as(value.clone(), col(c)),
+            None => select.column(col(c)),
+        };
+    }
+}
+
+/// Moves the guarded rows from one table to the other, copying every column
+/// server-side with `sets` (and the version bump) applied. Returns the ids
+/// moved.
+///
+/// On PostgreSQL this is one statement (`WITH moved AS (DELETE … RETURNING
+/// *) INSERT … SELECT … FROM moved`). Elsewhere `conn` must be a
+/// transaction: the rows are locked (MySQL `FOR UPDATE`; SQLite holds the
+/// write lock), copied, then deleted.
+pub(crate) async fn move_rows<C: ConnectionTrait>(
+    conn: &C,
+    from: Table,
+    to: Table,
+    guard: Condition,
+    sets: Vec<Set>,
+) -> Result<Vec<i64>, DbErr> {
+    let sets: Vec<Set> = sets.into_iter().chain([bump()]).collect();
+    let mut insert = Query::insert();
+    insert
+        .into_table(to.alias())
+        .columns(Column::iter().map(col));
+    let backend = conn.get_database_backend();
+    if backend == DbBackend::Postgres {
+        let moved = Alias::new("moved");
+        let mut delete: DeleteStatement = Query::delete();
+        delete
+            .from_table(from.alias())
+            .cond_where(guard)
+            .returning_all();
+        let cte = CommonTableExpression::new()
+            .table_name(moved.clone())
+            .query(delete)
+            .to_owned();
+        let mut select = Query::select();
+        copy_list(&mut select, &sets);
+        select.from(moved);
+        insert
+            .select_from(select)
+            .map_err(|e| DbErr::Custom(e.to_string()))?
+            .returning_col(col(Column::Id));
+        let stmt = insert.with(WithClause::new().cte(cte).to_owned());
+        let rows = conn.query_all(&stmt).await?;
+        return rows
+            .iter()
+            .map(|r| r.try_get_by_index::<i64>(0))
+            .collect::<Result<_, _>>();
+    }
+    let mut lock = Query::select();
+    lock.column(col(Column::Id))
+        .from(from.alias())
+        .cond_where(guard.clone());
+    if backend == DbBackend::MySql {
+        lock.lock(sea_orm::sea_query::LockType::Update);
+    }
+    let ids: Vec<i64> = conn
+        .query_all(&lock)
+        .await?
+        .iter()
+        .map(|r| r.try_get_by_index::<i64>(0))
+        .collect::<Result<_, _>>()?;
+    if ids.is_empty() {
+        return Ok(ids);
+    }
+    let held = Condition::all()
+        .add(guard)
+        .add(Expr::col(col(Column::Id)).is_in(ids.iter().copied()));
+    let mut select = Query::select();
+    copy_list(&mut select, &sets);
+    select.from(from.alias()).cond_where(held.clone());
+    insert
+        .select_from(select)
+        .map_err(|e| DbErr::Custom(e.to_string()))?;
+    let copied = conn.execute(&insert).await?.rows_affected();
+    let mut delete = Query::delete();
+    delete.from_table(from.alias()).cond_where(held);
+    let deleted = conn.execute(&delete).await?.rows_affected();
+    if copied != ids.len() as u64 || deleted != copied {
+        return Err(DbErr::Custom(format!(
+            "moving {} locked notices from {} copied {copied} and deleted {deleted}",
+            ids.len(),
+            from.name()
+        )));
+    }
+    Ok(ids)
+}

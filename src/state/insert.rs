@@ -1,0 +1,232 @@
+//! Insert: a new notice row, written through the caller's connection
+//! (normally its business transaction) so it commits with the business data
+//! or not at all.
+//!
+//! The row is checked before any SQL ([`check`]): text the database would
+//! refuse (a NUL character, an over-long key, a param over the size limit)
+//! is a typed error that leaves the caller's transaction untouched. On
+//! PostgreSQL, where any failed statement aborts the whole transaction, the
+//! insert also runs inside a `SAVEPOINT`, so a database error rolls back
+//! only the notice; MySQL/MariaDB and SQLite roll back a failed statement on
+//! their own.
+
+use sea_orm::{
+    ConnectionTrait, DbBackend, DbErr, TransactionSession, TransactionTrait,
+    sea_query::{Expr, InsertStatement, Query},
+};
+
+use super::{
+    clock::{self, Due},
+    columns::Column,
+};
+use crate::entity::notify_msg;
+
+/// Longest `idempotency_key`, in characters (the column is `varchar(255)`).
+pub const MAX_KEY_CHARS: usize = 255;
+/// Default largest `param`, in bytes: 1 MiB. See
+/// [`Config::max_param_bytes`](crate::Config::max_param_bytes).
+pub const DEFAULT_MAX_PARAM_BYTES: usize = 1024 * 1024;
+
+/// A notice row to insert.
+#[derive(Debug, Clone)]
+pub(crate) struct NewRow {
+    pub def_id: i64,
+    pub param: String,
+    pub description: String,
+    pub load_balance_num: i32,
+    pub idempotency_key: Option<String>,
+    pub target_override: Option<String>,
+    pub due: Due,
+}
+
+/// Why a row cannot be stored, found before any SQL runs.
+pub(crate) fn check(row: &NewRow, max_param_bytes: usize) -> Result<(), String> {
+    let nul = |field: &str, text: &str| {
+        if text.contains('\0') {
+            Err(format!(
+                "{field} contains a NUL character, which databases refuse"
+            ))
+        } else {
+            Ok(())
+        }
+    };
+    nul("description", &row.description)?;
+    nul("param", &row.param)?;
+    if row.param.len() > max_param_bytes {
+        return Err(format!(
+            "param is {} bytes, over the limit of {max_param_bytes} (Config::max_param_bytes)",
+            row.param.len()
+        ));
+    }
+    if row.description.len() > max_param_bytes {
+        return Err(format!(
+            "description is {} bytes, over the limit of {max_param_bytes} (Config::max_param_bytes)",
+            row.description.len()
+        ));
+    }
+    if let Some(key) = &row.idempotency_key {
+        nul("idempotency_key", key)?;
+        let chars = key.chars().count();
+        if chars > MAX_KEY_CHARS {
+            return Err(format!(
+                "idempotency_key is {chars} characters, over the limit of {MAX_KEY_CHARS}"
+            ));
+        }
+    }
+    if let Some(over) = &row.target_override {
+        nul("target_override", over)?;
+    }
+    if row.load_balance_num < 0 {
+        return Err("load_balance_num must not be negative".into());
+    }
+    Ok(())
+}
+
+/// The insert failed; `aborted` says whether the caller's transaction is
+/// now unusable (the savepoint could not be rolled back).
+#[derive(Debug)]
+pub(crate) struct InsertError {
+    pub error: DbErr,
+    pub aborted: bool,
+}
+
+fn statement(backend: DbBackend, row: &NewRow) -> InsertStatement {
+    let now = clock::now(backend);
+    Query::insert()
+        .into_table(notify_msg::Entity)
+        .columns([
+            Column::DefId,
+            Column::Param,
+            Column::Description,
+            Column::Errors,
+            Column::Status,
+            Column::RetryTimes,
+            Column::NextCallTime,
+            Column::CreateTime,
+            Column::Version,
+            Column::LoadBalanceNum,
+            Column::IdempotencyKey,
+            Column::TargetOverride,
+            Column::Leased,
+        ])
+        .values_panic([
+            row.def_id.into(),
+            row.param.clone().into(),
+            row.description.clone().into(),
+            "".into(),
+            Expr::val(crate::Status::NotSent as i16),
+            0.into(),
+            row.due.expr(backend),
+            now,
+            0.into(),
+            row.load_balance_num.into(),
+            row.idempotency_key.clone().into(),
+            row.target_override.clone().into(),
+            false.into(),
+        ])
+        .to_owned()
+}
+
+/// Inserts `row` inside one of solid-notify's own transactions (no
+/// savepoint: the transaction is rolled back whole on error).
+pub(crate) async fn insert_plain<C: ConnectionTrait>(conn: &C, row: &NewRow) -> Result<i64, DbErr> {
+    let backend = conn.get_database_backend();
+    let mut stmt = statement(backend, row);
+    if backend == DbBackend::Postgres {
+        stmt.returning_col(Column::Id);
+        return conn
+            .query_one(&stmt)
+            .await?
+            .ok_or(DbErr::UnpackInsertId)?
+            .try_get_by_index::<i64>(0);
+    }
+    let done = conn.execute(&stmt).await?;
+    i64::try_from(done.last_insert_id()).map_err(|_| DbErr::UnpackInsertId)
+}
+
+/// Inserts `row` through `conn` (the caller's transaction, guarded by a
+/// savepoint on PostgreSQL); returns the new notice id.
+pub(crate) async fn insert<C>(conn: &C, row: &NewRow) -> Result<i64, InsertError>
+where
+    C: ConnectionTrait + TransactionTrait,
+{
+    let backend = conn.get_database_backend();
+    let mut stmt = statement(backend, row);
+    let plain = |error| InsertError {
+        error,
+        aborted: false,
+    };
+    if backend != DbBackend::Postgres {
+        let done = conn.execute(&stmt).await.map_err(plain)?;
+        return i64::try_from(done.last_insert_id()).map_err(|_| plain(DbErr::UnpackInsertId));
+    }
+    stmt.returning_col(Column::Id);
+    let savepoint = conn.begin().await.map_err(plain)?;
+    let inserted = savepoint.query_one(&stmt).await;
+    let id = match inserted {
+        Ok(Some(row)) => row.try_get_by_index::<i64>(0),
+        Ok(None) => Err(DbErr::UnpackInsertId),
+        Err(e) => Err(e),
+    };
+    match id {
+        Ok(id) => {
+            savepoint.commit().await.map_err(|error| InsertError {
+                error,
+                aborted: true,
+            })?;
+            Ok(id)
+        }
+        Err(error) => {
+            let aborted = savepoint.rollback().await.is_err();
+            Err(InsertError { error, aborted })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row() -> NewRow {
+        NewRow {
+            def_id: 1,
+            param: "{}".into(),
+            description: String::new(),
+            load_balance_num: 0,
+            idempotency_key: None,
+            target_override: None,
+            due: Due::Now,
+        }
+    }
+
+    #[test]
+    fn checks_before_sql() {
+        assert!(check(&row(), 10).is_ok());
+        let nul = NewRow {
+            description: "a\0b".into(),
+            ..row()
+        };
+        assert!(check(&nul, 10).unwrap_err().contains("description"));
+        let big = NewRow {
+            param: format!("\"{}\"", "x".repeat(20)),
+            ..row()
+        };
+        assert!(check(&big, 10).unwrap_err().contains("over the limit"));
+        // 255 characters of 2 bytes each is fine: the limit is in characters.
+        let key = NewRow {
+            idempotency_key: Some("é".repeat(255)),
+            ..row()
+        };
+        assert!(check(&key, 10).is_ok());
+        let long = NewRow {
+            idempotency_key: Some("é".repeat(256)),
+            ..row()
+        };
+        assert!(check(&long, 10).unwrap_err().contains("256 characters"));
+        let key_nul = NewRow {
+            idempotency_key: Some("k\0".into()),
+            ..row()
+        };
+        assert!(check(&key_nul, 10).is_err());
+    }
+}

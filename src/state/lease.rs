@@ -1,0 +1,363 @@
+//! Lease: a claimed row, and the transitions its holder may make.
+//!
+//! Each transition consumes the lease and writes against the claimed
+//! version. `Ok(None)` / `Ok(false)` means the claim was lost meanwhile (an
+//! operator cancelled the notice, or the lease ran out and another sender
+//! took it): nothing was written. `Err(Held)` means the database could not
+//! be reached: nothing was written and the lease comes back to the caller,
+//! who may try again.
+
+use std::time::{Duration, Instant};
+
+use chrono::NaiveDateTime;
+use sea_orm::{DbBackend, DbErr, sea_query::Expr};
+
+use super::{
+    Store, clock,
+    columns::{self, Column, Set, Table},
+    insert::{self, NewRow},
+};
+use crate::{Status, db, entity::notify_msg};
+
+/// A row this process holds the current attempt of.
+pub(crate) struct Lease {
+    row: notify_msg::Model,
+    deadline: Instant,
+    store: Store,
+    settled: bool,
+}
+
+/// A transition that could not be written; the lease is still held.
+pub(crate) struct Held {
+    /// The lease, as it was.
+    pub lease: Lease,
+    /// Why the write failed.
+    pub error: DbErr,
+}
+
+impl std::fmt::Debug for Held {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Held({}: {})", self.lease.id(), self.error)
+    }
+}
+
+/// A failed attempt to be retried later.
+#[derive(Debug, Clone)]
+pub(crate) struct Retry {
+    /// The failure log with this failure's line.
+    pub errors: String,
+    /// Failures so far, this one included.
+    pub retry_times: i32,
+    /// Wait before the next attempt.
+    pub delay: Duration,
+    /// The alert notice to queue with it.
+    pub alert: Option<NewRow>,
+}
+
+/// A failed attempt that ends the notice.
+#[derive(Debug, Clone)]
+pub(crate) struct Final {
+    /// The failure log with this failure's line.
+    pub errors: String,
+    /// Failures so far, this one included.
+    pub retry_times: i32,
+    /// The alert notice to queue with it.
+    pub alert: Option<NewRow>,
+}
+
+/// What a recorded retry scheduled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Scheduled {
+    /// When the next attempt is due (the database's clock).
+    pub at: NaiveDateTime,
+    /// The alert notice queued with it.
+    pub alert: Option<i64>,
+}
+
+/// How long a sent notice waits for its confirmation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Deadline {
+    /// This long from now.
+    After(Duration),
+    /// Until confirmed.
+    Forever,
+}
+
+impl Lease {
+    /// A lease whose claiming statement was sent at `started`: the
+    /// in-process deadline is `started + lease`, never later than the
+    /// database's.
+    pub(crate) fn new(store: Store, row: notify_msg::Model, started: Instant) -> Self {
+        Lease {
+            deadline: started + store.lease,
+            row,
+            store,
+            settled: false,
+        }
+    }
+
+    /// The row as claimed (`version` is the claimed version; times are as
+    /// they were read).
+    pub fn row(&self) -> &notify_msg::Model {
+        &self.row
+    }
+
+    /// The notice id.
+    pub fn id(&self) -> i64 {
+        self.row.id
+    }
+
+    /// The claimed version.
+    pub fn version(&self) -> i32 {
+        self.row.version
+    }
+
+    /// 1-based number of this attempt.
+    pub fn attempt(&self) -> u32 {
+        u32::try_from(self.row.retry_times)
+            .unwrap_or(0)
+            .saturating_add(1)
+    }
+
+    /// What is left of the lease, by this process's monotonic clock.
+    pub fn remaining(&self) -> Duration {
+        self.deadline.saturating_duration_since(Instant::now())
+    }
+
+    fn backend(&self) -> DbBackend {
+        self.store.backend()
+    }
+
+    fn done<T>(mut self, value: T) -> T {
+        self.settled = true;
+        value
+    }
+
+    /// Marks the lease as transitioned by a batch statement.
+    pub(super) fn settle(self) {
+        self.done(())
+    }
+
+    fn held(self, error: DbErr) -> Held {
+        Held { lease: self, error }
+    }
+
+    /// Gives the lease up without writing: the row is due again when the
+    /// lease ends (used when the database cannot be reached).
+    pub fn forget(self) {
+        tracing::debug!(notice_id = self.id(), "lease left to run out");
+        self.done(())
+    }
+
+    /// Makes the row due again at once, for any sender. `false`: lost.
+    pub async fn release(self) -> Result<bool, Held> {
+        let sets = vec![
+            (Column::Leased, Expr::val(false)),
+            (Column::NextCallTime, clock::now(self.backend())),
+        ];
+        let guard = columns::at_version(self.id(), self.version());
+        match db::on_conflict_retry(|| columns::update(&self.store.db, guard.clone(), sets.clone()))
+            .await
+        {
+            Ok(n) => Ok(self.done(n == 1)),
+            Err(e) => Err(self.held(e)),
+        }
+    }
+
+    /// Records a failed attempt to be retried after `retry.delay` (status 2),
+    /// with its alert notice in the same transaction. `None`: lost.
+    pub async fn retry(self, retry: &Retry) -> Result<Option<Scheduled>, Held> {
+        let backend = self.backend();
+        let sets: Vec<Set> = vec![
+            (Column::Leased, Expr::val(false)),
+            (Column::Status, Expr::val(Status::Failed as i16)),
+            (Column::Errors, Expr::val(retry.errors.clone())),
+            (Column::RetryTimes, Expr::val(retry.retry_times)),
+            (Column::NextCallTime, clock::after(backend, retry.delay)),
+        ];
+        let (id, version) = (self.id(), self.version());
+        let written = db::on_conflict_retry(|| async {
+            let Some(alert) = &retry.alert else {
+                let row =
+                    columns::update_returning(&self.store.db, id, version, sets.clone()).await?;
+                return Ok(row.map(|r| Scheduled {
+                    at: r.next_call_time,
+                    alert: None,
+                }));
+            };
+            let txn = db::begin(&self.store.db).await?;
+            let Some(row) = columns::update_returning(&txn, id, version, sets.clone()).await?
+            else {
+                txn.rollback().await?;
+                return Ok(None);
+            };
+            let alert = insert::insert_plain(&txn, alert).await?;
+            txn.commit().await?;
+            Ok(Some(Scheduled {
+                at: row.next_call_time,
+                alert: Some(alert),
+            }))
+        })
+        .await;
+        match written {
+            Ok(scheduled) => Ok(self.done(scheduled)),
+            Err(e) => Err(self.held(e)),
+        }
+    }
+
+    /// Moves the row to history as succeeded, appending `note` to its
+    /// description. `false`: lost.
+    pub async fn succeed(self, note: Option<&str>) -> Result<bool, Held> {
+        let mut sets: Vec<Set> = vec![
+            (Column::Leased, Expr::val(false)),
+            (Column::Status, Expr::val(Status::Succeeded as i16)),
+        ];
+        if let Some(note) = note {
+            sets.push((Column::Description, Expr::val(self.with_note(note))));
+        }
+        match self.finish(sets, None).await {
+            Ok(moved) => Ok(self.done(moved.map(|_| ()).is_some())),
+            Err(e) => Err(self.held(e)),
+        }
+    }
+
+    /// Moves the row to history as a final failure, with its alert notice in
+    /// the same transaction. `None`: lost; otherwise the alert's id, if any.
+    pub async fn fail_for_good(self, fail: &Final) -> Result<Option<Option<i64>>, Held> {
+        let sets: Vec<Set> = vec![
+            (Column::Leased, Expr::val(false)),
+            (Column::Status, Expr::val(Status::FinalFailure as i16)),
+            (Column::Errors, Expr::val(fail.errors.clone())),
+            (Column::RetryTimes, Expr::val(fail.retry_times)),
+        ];
+        match self.finish(sets, fail.alert.as_ref()).await {
+            Ok(moved) => Ok(self.done(moved)),
+            Err(e) => Err(self.held(e)),
+        }
+    }
+
+    /// Leaves the sent notice awaiting confirmation (status 4) until the
+    /// deadline, appending `note` to its description. `false`: lost.
+    pub async fn await_confirmation(
+        self,
+        until: Deadline,
+        note: Option<&str>,
+    ) -> Result<bool, Held> {
+        let backend = self.backend();
+        let deadline = match until {
+            Deadline::After(d) => clock::after(backend, d),
+            Deadline::Forever => Expr::val(clock::far_future()),
+        };
+        let mut sets: Vec<Set> = vec![
+            (Column::Leased, Expr::val(false)),
+            (Column::Status, Expr::val(Status::AwaitingConfirm as i16)),
+            (Column::NextCallTime, deadline),
+        ];
+        if let Some(note) = note {
+            sets.push((Column::Description, Expr::val(self.with_note(note))));
+        }
+        let guard = columns::at_version(self.id(), self.version());
+        match db::on_conflict_retry(|| columns::update(&self.store.db, guard.clone(), sets.clone()))
+            .await
+        {
+            Ok(n) => Ok(self.done(n == 1)),
+            Err(e) => Err(self.held(e)),
+        }
+    }
+
+    fn with_note(&self, note: &str) -> String {
+        let mut description = self.row.description.clone();
+        if !description.is_empty() {
+            description.push('\n');
+        }
+        description.push_str(note);
+        description
+    }
+
+    /// Moves the claimed row to history with `sets`, and `alert` in the same
+    /// transaction. `None`: lost.
+    async fn finish(
+        &self,
+        sets: Vec<Set>,
+        alert: Option<&NewRow>,
+    ) -> Result<Option<Option<i64>>, DbErr> {
+        let guard = columns::at_version(self.id(), self.version());
+        db::on_conflict_retry(|| async {
+            if self.backend() == DbBackend::Postgres && alert.is_none() {
+                let moved = columns::move_rows(
+                    &self.store.db,
+                    Table::Live,
+                    Table::History,
+                    guard.clone(),
+                    sets.clone(),
+                )
+                .await?;
+                return Ok((!moved.is_empty()).then_some(None));
+            }
+            let txn = db::begin(&self.store.db).await?;
+            let moved = columns::move_rows(
+                &txn,
+                Table::Live,
+                Table::History,
+                guard.clone(),
+                sets.clone(),
+            )
+            .await?;
+            if moved.is_empty() {
+                txn.rollback().await?;
+                return Ok(None);
+            }
+            let alert = match alert {
+                Some(alert) => Some(insert::insert_plain(&txn, alert).await?),
+                None => None,
+            };
+            txn.commit().await?;
+            Ok(Some(alert))
+        })
+        .await
+    }
+}
+
+impl Drop for Lease {
+    /// A lease dropped without a transition (its attempt was cancelled, or a
+    /// bug) is released in the background, so the row is due again at once;
+    /// without a runtime it is left to run out.
+    fn drop(&mut self) {
+        if self.settled {
+            return;
+        }
+        let (id, version) = (self.id(), self.version());
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(
+                notice_id = id,
+                "lease dropped without an outcome; left to run out"
+            );
+            return;
+        };
+        tracing::debug!(
+            notice_id = id,
+            "lease dropped without an outcome; releasing it"
+        );
+        let store = self.store.clone();
+        runtime.spawn(async move {
+            let pairs = [(id, version)];
+            let sets = vec![
+                (Column::Leased, Expr::val(false)),
+                (Column::NextCallTime, clock::now(store.backend())),
+            ];
+            if let Err(e) = columns::update(&store.db, columns::at_versions(&pairs), sets).await {
+                tracing::warn!(notice_id = id, error = %e, "cannot release a dropped lease; it runs out by itself");
+            }
+        });
+    }
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease")
+            .field("id", &self.row.id)
+            .field("version", &self.row.version)
+            .field("remaining", &self.remaining())
+            .finish()
+    }
+}

@@ -1,0 +1,70 @@
+//! State: the only code that writes `notify_msg` and `notify_msg_history`.
+//!
+//! Every transition is one guarded statement, or one small transaction, that
+//! names the `version` it expects and bumps it by one; a write that finds
+//! another version changes nothing and reports the claim as lost. Times come
+//! from the database's clock ([`clock`]).
+//!
+//! | from | transition | to | here |
+//! |---|---|---|---|
+//! | — | insert, in the caller's transaction | 0, due now or reserved for the after-commit attempt | [`insert`] |
+//! | 0 / 2 / 4 due (or reserved) | claim: version + 1, `leased`, lease from the DB clock | same status, leased | [`claim`] |
+//! | leased | release: due now | same status | [`Lease::release`] |
+//! | leased | retry at T: errors + line, `retry_times` + 1 | 2 | [`Lease::retry`] |
+//! | leased | succeed | history 1 | [`Lease::succeed`], [`batch::succeed_many`] |
+//! | leased | fail for good (+ alert notice, same transaction) | history 3 | [`Lease::fail_for_good`] |
+//! | leased | await confirmation until a deadline | 4 | [`Lease::await_confirmation`] |
+//! | 4 | confirm | history 1 | [`confirm::confirm`] |
+//! | 4 | reject or deadline passed | claimed, then 2 or history 3 as any failure | [`claim::claim_one`] |
+//! | any in flight | cancel | history 5 | [`operator::cancel`] |
+//! | leased, definition unusable | park (reason in errors, + one alert) | history 6 | [`batch::park_many`] |
+//! | history 3 / 5 / 6 | requeue (audit line) | 0, due now, fresh retry budget | [`operator::requeue`] |
+//!
+//! A claimed row is a [`Lease`]: the only way to change it is to call one of
+//! its transitions, each of which consumes it (and hands it back, with the
+//! error, when the database could not be reached, so the caller may try
+//! again). A lease dropped without a transition is released in the
+//! background, or left to run out.
+
+pub mod batch;
+pub mod claim;
+pub mod clock;
+mod columns;
+pub mod confirm;
+pub mod errors_log;
+pub mod insert;
+mod lease;
+pub mod operator;
+
+use std::time::Duration;
+
+use sea_orm::{DatabaseConnection, DbBackend};
+
+pub use claim::{DefSelect, DueFilter};
+pub(crate) use lease::{Deadline, Final, Held, Lease, Retry, Scheduled};
+
+/// Where notices are stored, and how long a claim holds one.
+#[derive(Clone)]
+pub(crate) struct Store {
+    pub db: DatabaseConnection,
+    pub lease: Duration,
+}
+
+impl Store {
+    pub fn new(db: DatabaseConnection, lease: Duration) -> Self {
+        Store { db, lease }
+    }
+
+    pub fn backend(&self) -> DbBackend {
+        self.db.get_database_backend()
+    }
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("backend", &self.backend())
+            .field("lease", &self.lease)
+            .finish()
+    }
+}

@@ -1,0 +1,34 @@
+//! Park check: every worker looks, once a minute, for due notices whose
+//! definition is unknown, deleted or invalid, and parks them
+//! ([`attempt::park`](crate::attempt::park)).
+
+use crate::{
+    AttemptReport, Notifier,
+    attempt::park::park,
+    error::Result,
+    state::{DefSelect, DueFilter, claim},
+};
+
+impl Notifier {
+    /// Parks up to `limit` due notices whose definition is unknown, deleted
+    /// or invalid (rereading `notify_def` first, so a definition created a
+    /// moment ago is not mistaken for a missing one). Every worker does this
+    /// once a minute; returns what was done to each notice.
+    pub async fn park_orphans(&self, limit: u64) -> Result<Vec<AttemptReport>> {
+        let inner = &self.inner;
+        inner.defs.invalidate();
+        let valid: Vec<i64> = inner
+            .defs
+            .all(&inner.store.db)
+            .await?
+            .iter()
+            .map(|d| d.id)
+            .collect();
+        let filter = DueFilter {
+            defs: DefSelect::Except(valid),
+            ..DueFilter::default()
+        };
+        let leases = claim::claim_due(&inner.store, &filter, limit).await?;
+        Ok(park(self, leases, &inner.stop.give_up).await)
+    }
+}
