@@ -57,7 +57,7 @@ enum HistoryCommand {
         /// Only this definition.
         #[arg(long)]
         def: Option<String>,
-        /// Only this outcome: succeeded, final_failure or cancelled.
+        /// Only this outcome: succeeded, final_failure, cancelled or parked.
         #[arg(long, value_parser = parse_status)]
         status: Option<Status>,
         /// At most this many rows.
@@ -69,7 +69,8 @@ enum HistoryCommand {
         /// Notice id.
         id: i64,
     },
-    /// Put a finished notice back in flight, due at once, with a fresh retry budget.
+    /// Put a final failure, cancelled or parked notice back in flight, due at
+    /// once, with a fresh retry budget.
     Requeue {
         /// Notice id.
         id: i64,
@@ -77,12 +78,10 @@ enum HistoryCommand {
 }
 
 fn parse_status(text: &str) -> Result<Status, String> {
-    match text {
-        "succeeded" | "1" => Ok(Status::Succeeded),
-        "final_failure" | "3" => Ok(Status::FinalFailure),
-        "cancelled" | "5" => Ok(Status::Cancelled),
-        other => Err(format!(
-            "`{other}` is not succeeded, final_failure or cancelled"
+    match Status::parse(text) {
+        Some(status) if status.is_terminal() => Ok(status),
+        _ => Err(format!(
+            "`{text}` is not succeeded, final_failure, cancelled or parked"
         )),
     }
 }

@@ -131,10 +131,15 @@ async fn attempt(notifier: &Notifier, p: PendingNotice) -> AttemptReport {
     let inner = &notifier.inner;
     let notice_id = p.id;
     if !p.reserved() {
+        let reason = if inner.config.immediate_attempt {
+            "committed during shutdown: due now for a sweeper"
+        } else {
+            "after-commit attempts are off (Config::immediate_attempt): due now for a sweeper"
+        };
         return AttemptReport {
             notice_id,
             result: AttemptResult::Skipped {
-                reason: "not reserved for an after-commit attempt".into(),
+                reason: reason.into(),
             },
         };
     }

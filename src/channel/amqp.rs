@@ -313,6 +313,11 @@ impl AmqpChannel {
                     tracing::debug!(notice_id = notice.id, error = %e, "publish lost with its channel; publishing again");
                     lost = e.to_string();
                     self.reset(&channel).await;
+                    // Check the exchange again: it may be this message's fault.
+                    self.exchanges
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&target.exchange);
                 }
             }
         }

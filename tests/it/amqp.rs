@@ -28,31 +28,31 @@ use crate::{
 };
 
 /// Tests share the broker; the restart test takes it alone.
-static BROKER: RwLock<()> = RwLock::const_new(());
+pub static BROKER: RwLock<()> = RwLock::const_new(());
 
-fn broker_url() -> String {
+pub fn broker_url() -> String {
     std::env::var("SN_TEST_AMQP_URL")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
 }
 
 /// A private exchange, a bound queue and a confirmation queue name.
-struct Rabbit {
+pub struct Rabbit {
     _conn: Connection,
-    ch: Channel,
-    exchange: String,
-    queue: String,
-    confirm_queue: String,
+    pub ch: Channel,
+    pub exchange: String,
+    pub queue: String,
+    pub confirm_queue: String,
 }
 
-struct Message {
-    id: String,
-    attempt: i64,
-    reply_to: String,
-    body: serde_json::Value,
+pub struct Message {
+    pub id: String,
+    pub attempt: i64,
+    pub reply_to: String,
+    pub body: serde_json::Value,
 }
 
 impl Rabbit {
-    async fn new(db: &TestDb) -> Rabbit {
+    pub async fn new(db: &TestDb) -> Rabbit {
         let prefix = format!(
             "sn_t_{}",
             db.url
@@ -106,7 +106,7 @@ impl Rabbit {
         }
     }
 
-    fn config(&self) -> Config {
+    pub fn config(&self) -> Config {
         Config {
             amqp: AmqpConfig {
                 url: Some(broker_url()),
@@ -117,7 +117,7 @@ impl Rabbit {
         }
     }
 
-    async fn def(
+    pub async fn def(
         &self,
         db: &TestDb,
         name: &str,
@@ -132,7 +132,7 @@ impl Rabbit {
     }
 
     /// Every message in the bound queue until `n` have arrived.
-    async fn take(&self, n: usize) -> Vec<Message> {
+    pub async fn take(&self, n: usize) -> Vec<Message> {
         let mut consumer = self
             .ch
             .basic_consume(
@@ -171,7 +171,23 @@ impl Rabbit {
         out
     }
 
-    async fn reply(&self, queue: &str, body: serde_json::Value) {
+    /// Messages waiting in the bound queue.
+    pub async fn queued(&self) -> u32 {
+        self.ch
+            .queue_declare(
+                self.queue.as_str().into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap()
+            .message_count()
+    }
+
+    pub async fn reply(&self, queue: &str, body: serde_json::Value) {
         self.ch
             .basic_publish(
                 "".into(),

@@ -17,7 +17,7 @@ use crate::{
     support::{Recorder, TestDb, eventually, test_config},
 };
 
-fn mail_config(smtp: Option<&SmtpServer>, dir: Option<std::path::PathBuf>) -> Config {
+pub fn mail_config(smtp: Option<&SmtpServer>, dir: Option<std::path::PathBuf>) -> Config {
     Config {
         mail: MailConfig {
             smtp_url: smtp.map(SmtpServer::url),

@@ -3,8 +3,14 @@
 
 mod support;
 
+#[path = "../common/receiver.rs"]
+mod receiver;
+
+mod proxy;
+
 mod amqp;
 mod defs;
+mod faults;
 mod history;
 mod http;
 mod inputs;

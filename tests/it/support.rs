@@ -159,6 +159,87 @@ impl TestDb {
         }
     }
 
+    /// This database's URL with the server's port replaced by `port` (a
+    /// [`Proxy`](crate::proxy::Proxy) in front of the server).
+    pub fn url_via(&self, port: u16) -> String {
+        let server = match self.backend {
+            Backend::Postgres => ":5432/",
+            Backend::MySql => ":3306/",
+            Backend::Sqlite => panic!("SQLite has no server"),
+        };
+        self.url.replacen(server, &format!(":{port}/"), 1)
+    }
+
+    /// The server's address, for a proxy.
+    pub fn server_addr(&self) -> std::net::SocketAddr {
+        let port = match self.backend {
+            Backend::Postgres => 5432,
+            Backend::MySql => 3306,
+            Backend::Sqlite => panic!("SQLite has no server"),
+        };
+        std::net::SocketAddr::from(([127, 0, 0, 1], port))
+    }
+
+    /// A new pool on `url` (for a worker of its own).
+    pub async fn connect_to(url: &str) -> DatabaseConnection {
+        connect(url).await
+    }
+
+    /// Terminates every other session on this PostgreSQL database (the
+    /// workers' connections); returns how many.
+    pub async fn terminate_backends(&self) -> i64 {
+        assert_eq!(self.backend, Backend::Postgres);
+        let admin = self.admin.as_ref().expect("admin connection");
+        let row = admin
+            .query_one_raw(sea_orm::Statement::from_string(
+                sea_orm::DbBackend::Postgres,
+                format!(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                     WHERE datname = '{}' AND pid <> pg_backend_pid()",
+                    self.name
+                ),
+            ))
+            .await
+            .expect("terminate backends")
+            .expect("a row");
+        row.try_get_by_index::<i64>(0).unwrap_or(0)
+    }
+
+    /// Runs `sql` and returns the first column of the first row as an integer.
+    pub async fn scalar(&self, sql: &str) -> i64 {
+        let row = self
+            .db
+            .query_one_raw(sea_orm::Statement::from_string(
+                self.db.get_database_backend(),
+                sql.to_string(),
+            ))
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+            .expect("a row");
+        row.try_get_by_index::<i64>(0)
+            .or_else(|_| row.try_get_by_index::<i32>(0).map(i64::from))
+            .or_else(|_| row.try_get_by_index::<bool>(0).map(i64::from))
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
+    /// The database's "now" in the notice tables' format, as SQL.
+    pub fn now_sql(&self) -> &'static str {
+        match self.backend {
+            Backend::Postgres => "(now() AT TIME ZONE 'UTC')",
+            Backend::MySql => "UTC_TIMESTAMP(6)",
+            Backend::Sqlite => "strftime('%Y-%m-%d %H:%M:%f', 'now')",
+        }
+    }
+
+    /// Notices in flight that are due now by the database's clock.
+    pub async fn due_now(&self) -> i64 {
+        self.scalar(&format!(
+            "SELECT COUNT(*) FROM notify_msg WHERE next_call_time <= {}",
+            self.now_sql()
+        ))
+        .await
+    }
+
     /// A notifier on this database with test-friendly settings.
     pub fn notifier(&self) -> NotifierBuilder {
         Notifier::builder(self.db.clone()).config(test_config())
@@ -315,6 +396,43 @@ macro_rules! db_test {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn mysql() {
                 $crate::support::run($crate::support::Backend::MySql, $body).await
+            }
+        }
+    };
+}
+
+/// One test function per backend that has a server (PostgreSQL, MariaDB).
+#[macro_export]
+macro_rules! server_test {
+    ($name:ident, $body:expr) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn postgres() {
+                $crate::support::run($crate::support::Backend::Postgres, $body).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn mysql() {
+                $crate::support::run($crate::support::Backend::MySql, $body).await
+            }
+        }
+    };
+}
+
+/// A PostgreSQL-only test (a fault only PostgreSQL has, or can inject).
+#[macro_export]
+macro_rules! pg_test {
+    ($name:ident, $body:expr) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn postgres() {
+                $crate::support::run($crate::support::Backend::Postgres, $body).await
             }
         }
     };

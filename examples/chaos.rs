@@ -1,0 +1,262 @@
+//! Chaos: a black-box check of the two promises, run by `.ci/run`.
+//!
+//! Starts several `solid-notify worker` processes against a fresh PostgreSQL
+//! database and an HTTP receiver on 127.0.0.1 that fails 30% of first
+//! attempts and answers in 0–200 ms. Notices are inserted with plain SQL
+//! while, every few seconds, one worker is killed with SIGKILL (and started
+//! again) and now and then every database session is terminated. Then the
+//! chaos stops, the workers drain what is left, and the run prints
+//!
+//! ```text
+//! lost=0 overlaps=0 duplicates=N
+//! ```
+//!
+//! `lost`: notices never answered 2xx or not in history as succeeded;
+//! `overlaps`: two requests for one notice running at the same time;
+//! `duplicates`: successful requests beyond one per notice (expected after a
+//! SIGKILL: at-least-once). Exits with 1 when `lost` or `overlaps` is above 0.
+//!
+//! ```sh
+//! cargo build --bin solid-notify && cargo run --example chaos -- --secs 30
+//! ```
+//! Settings: `--workers 3 --notices 3000 --secs 30`, PostgreSQL from
+//! `SN_CHAOS_PG_URL` (default `postgres://postgres@127.0.0.1:5432`), the
+//! worker binary from `SN_BIN` (default: next to this example's directory).
+
+#[path = "../tests/common/receiver.rs"]
+mod receiver;
+
+use std::{
+    path::PathBuf,
+    process::ExitCode,
+    time::{Duration, Instant},
+};
+
+use receiver::{Receiver, Reply};
+use sea_orm::{ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement};
+use serde_json::json;
+use solid_notify::def::{Channel, DefSpec, store};
+use tokio::process::{Child, Command};
+
+type BoxResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+struct Settings {
+    workers: usize,
+    notices: usize,
+    secs: u64,
+}
+
+fn settings() -> Settings {
+    let mut s = Settings {
+        workers: 3,
+        notices: 3000,
+        secs: 30,
+    };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    for pair in args.chunks(2) {
+        let value = pair.get(1).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        match pair[0].as_str() {
+            "--workers" => s.workers = value.max(1) as usize,
+            "--notices" => s.notices = value.max(1) as usize,
+            "--secs" => s.secs = value.max(1),
+            other => eprintln!("ignoring unknown argument {other}"),
+        }
+    }
+    s
+}
+
+/// Whether the receiver fails this notice's first attempt (30% of them).
+fn fails_first(id: i64) -> bool {
+    (id.wrapping_mul(2_654_435_761) >> 7).rem_euclid(10) < 3
+}
+
+async fn exec(db: &DatabaseConnection, sql: &str) -> BoxResult<()> {
+    db.execute_unprepared(sql).await?;
+    Ok(())
+}
+
+async fn scalar(db: &DatabaseConnection, sql: &str) -> BoxResult<i64> {
+    let row = db
+        .query_one_raw(Statement::from_string(DbBackend::Postgres, sql.to_string()))
+        .await?
+        .ok_or("no row")?;
+    Ok(row.try_get_by_index::<i64>(0)?)
+}
+
+fn worker_bin() -> BoxResult<PathBuf> {
+    if let Ok(bin) = std::env::var("SN_BIN") {
+        return Ok(bin.into());
+    }
+    let exe = std::env::current_exe()?;
+    let profile_dir = exe
+        .parent()
+        .and_then(|examples| examples.parent())
+        .ok_or("cannot locate the target directory")?;
+    let bin = profile_dir.join("solid-notify");
+    if !bin.exists() {
+        return Err(format!(
+            "{} not found: run `cargo build --bin solid-notify` first, or set SN_BIN",
+            bin.display()
+        )
+        .into());
+    }
+    Ok(bin)
+}
+
+fn spawn_worker(bin: &PathBuf, url: &str) -> BoxResult<Child> {
+    Ok(Command::new(bin)
+        .args([
+            "worker",
+            "--database-url",
+            url,
+            "--mode",
+            "fixed-delay",
+            "--delay",
+            "50ms",
+            "--lease",
+            "6s",
+            "--attempt-timeout",
+            "2s",
+            "--concurrency",
+            "16",
+            "--batch-size",
+            "100",
+            "--shutdown-timeout",
+            "2s",
+        ])
+        .env("RUST_LOG", "error")
+        .kill_on_drop(true)
+        .spawn()?)
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    match run().await {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("chaos: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> BoxResult<bool> {
+    let s = settings();
+    let base = std::env::var("SN_CHAOS_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
+    let name = format!("sn_t_chaos_{}", std::process::id());
+    let admin = Database::connect(format!("{base}/postgres")).await?;
+    exec(&admin, &format!("CREATE DATABASE {name}")).await?;
+    let url = format!("{base}/{name}");
+    let outcome = chaos(&s, &admin, &url, &name).await;
+    exec(
+        &admin,
+        &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+    )
+    .await?;
+    outcome
+}
+
+async fn chaos(s: &Settings, admin: &DatabaseConnection, url: &str, name: &str) -> BoxResult<bool> {
+    let db = Database::connect(url).await?;
+    solid_notify::migrate(&db).await?;
+    let receiver = Receiver::start(|r| {
+        let delay = Duration::from_millis((r.id.unsigned_abs() * 7919) % 200);
+        let status = if r.attempt == 1 && fails_first(r.id) {
+            500
+        } else {
+            200
+        };
+        Reply::status(status).after(delay)
+    })
+    .await;
+    let mut spec = DefSpec::new("chaos", Channel::Http, json!({ "url": receiver.url }));
+    spec.retry_interval = "1s".into();
+    spec.max_retry_times = -1;
+    store::sync(&db, &[spec]).await?;
+
+    let bin = worker_bin()?;
+    let mut workers = Vec::new();
+    for _ in 0..s.workers {
+        workers.push(spawn_worker(&bin, url)?);
+    }
+    let insert = |n: usize| {
+        format!(
+            "INSERT INTO notify_msg (def_id, param, description) \
+             SELECT d.id, '{{\"i\":' || g || '}}', 'chaos' \
+             FROM generate_series(1, {n}) g, notify_def d WHERE d.name = 'chaos'"
+        )
+    };
+    let started = Instant::now();
+    let chunks = (s.secs as usize).max(1);
+    let per_chunk = s.notices / chunks;
+    let mut inserted = 0;
+    let (mut kills, mut terminations) = (0, 0);
+    for second in 0..s.secs {
+        let n = if second as usize + 1 == chunks {
+            s.notices - inserted
+        } else {
+            per_chunk
+        };
+        if n > 0 {
+            exec(&db, &insert(n)).await?;
+            inserted += n;
+        }
+        if second % 3 == 2 {
+            let victim = fastrand::usize(..workers.len());
+            workers[victim].start_kill()?; // SIGKILL
+            workers[victim].wait().await?;
+            workers[victim] = spawn_worker(&bin, url)?;
+            kills += 1;
+        }
+        if second % 5 == 4 {
+            terminations += scalar(
+                admin,
+                &format!(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                     WHERE datname = '{name}' AND pid <> pg_backend_pid()"
+                ),
+            )
+            .await?;
+        }
+        tokio::time::sleep_until((started + Duration::from_secs(second + 1)).into()).await;
+    }
+    eprintln!(
+        "chaos: {inserted} notices, {} workers, {kills} SIGKILLs, {terminations} sessions terminated in {}s; draining",
+        s.workers, s.secs
+    );
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let db = Database::connect(url).await?;
+    loop {
+        let left = scalar(&db, "SELECT COUNT(*) FROM notify_msg")
+            .await
+            .unwrap_or(-1);
+        if left == 0 || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for worker in &mut workers {
+        if let Some(pid) = worker.id() {
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status();
+        }
+    }
+    for worker in &mut workers {
+        let _ = tokio::time::timeout(Duration::from_secs(15), worker.wait()).await;
+    }
+    let succeeded = scalar(
+        &db,
+        "SELECT COUNT(*) FROM notify_msg_history WHERE status = 1",
+    )
+    .await?;
+    let delivered = receiver.delivered().len() as i64;
+    let lost = (s.notices as i64 - succeeded.min(delivered)).max(0);
+    let overlaps = receiver.overlaps().len();
+    let duplicates = receiver.duplicates();
+    println!("lost={lost} overlaps={overlaps} duplicates={duplicates}");
+    db.close().await?;
+    Ok(lost == 0 && overlaps == 0)
+}

@@ -1,0 +1,120 @@
+//! Scenario 11: the smaller faults.
+
+use std::{sync::Arc, time::Duration};
+
+use sea_orm::ConnectionTrait;
+use serde_json::json;
+use solid_notify::{AttemptResult, Error, Notice, Outcome, Status, Worker, WorkerConfig};
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    db_test,
+    support::{Backend, Recorder, TestDb, eventually},
+};
+
+db_test!(a_requeue_race_requeues_once, |db: Arc<TestDb>| async move {
+    db.def("crm", "crm", |s| s.max_retry_times = 0).await;
+    let notifier = db
+        .notifier()
+        .handler(
+            "crm",
+            Recorder::default().handler(|_| Outcome::retry("down")),
+        )
+        .build()
+        .unwrap();
+    let tx = notifier.begin().await.unwrap();
+    let id = tx.add_notice("crm", &json!({}), "").await.unwrap();
+    let report = tx.commit_and_wait().await.unwrap();
+    assert!(matches!(
+        report[0].result,
+        AttemptResult::FinalFailure { .. }
+    ));
+    let operators: Vec<_> = (0..4)
+        .map(|_| {
+            let notifier = notifier.clone();
+            tokio::spawn(async move { notifier.requeue(id).await })
+        })
+        .collect();
+    let mut ok = 0;
+    for op in operators {
+        match op.await.unwrap() {
+            Ok(()) => ok += 1,
+            Err(Error::NoticeNotFound(_) | Error::Conflict(_)) => {}
+            Err(e) => panic!("unexpected: {e}"),
+        }
+    }
+    assert_eq!(ok, 1, "exactly one requeue");
+    let live = db.live().await;
+    assert_eq!(live.len(), 1);
+    assert_eq!(live[0].errors.matches("requeued by an operator").count(), 1);
+    assert!(db.history_of(id).await.is_none());
+});
+
+db_test!(
+    business_transactions_keep_the_default_isolation,
+    |db: Arc<TestDb>| async move {
+        if db.backend != Backend::MySql {
+            return;
+        }
+        let notifier = db.notifier().build().unwrap();
+        let tx = notifier.begin().await.unwrap();
+        let row = tx
+            .query_one_raw(sea_orm::Statement::from_string(
+                sea_orm::DbBackend::MySql,
+                "SELECT @@tx_isolation",
+            ))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            row.try_get_by_index::<String>(0).unwrap(),
+            "REPEATABLE-READ"
+        );
+        tx.rollback().await.unwrap();
+    }
+);
+
+db_test!(a_worker_never_cancels_the_callers_token, |db: Arc<
+    TestDb,
+>| async move {
+    // A schedule with no future tick ends the loop at once.
+    let config = WorkerConfig {
+        cron: "0 0 0 1 1 * 2001".into(),
+        ..WorkerConfig::default()
+    };
+    let worker = Worker::new(db.notifier().build().unwrap(), config).unwrap();
+    let token = CancellationToken::new();
+    tokio::time::timeout(Duration::from_secs(10), worker.run(token.clone()))
+        .await
+        .unwrap();
+    assert!(!token.is_cancelled());
+});
+
+db_test!(
+    a_dropped_attempt_releases_its_claim,
+    |db: Arc<TestDb>| async move {
+        db.def("stuck", "stuck", |_| {}).await;
+        let notifier = db
+            .notifier()
+            .handler("stuck", |_: Notice| async {
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                Ok(Outcome::success())
+            })
+            .build()
+            .unwrap();
+        let tx = notifier.begin().await.unwrap();
+        let id = tx.add_notice("stuck", &json!({}), "").await.unwrap();
+        // The caller gives up waiting: the attempt's future is dropped.
+        let waited = tokio::time::timeout(Duration::from_millis(300), tx.commit_and_wait()).await;
+        assert!(waited.is_err());
+        let row = eventually(3, "released at once, not after the 10 s lease", || async {
+            db.live()
+                .await
+                .into_iter()
+                .find(|r| r.id == id && !r.leased && r.version == 2)
+        })
+        .await;
+        assert_eq!(row.status, Status::NotSent);
+        assert_eq!(db.due_now().await, 1);
+    }
+);
