@@ -4,12 +4,16 @@ use std::{sync::Arc, time::Duration};
 
 use sea_orm::ConnectionTrait;
 use serde_json::json;
-use solid_notify::{AttemptResult, Error, Notice, Outcome, Status, Worker, WorkerConfig};
+use solid_notify::{
+    AttemptResult, Config, Error, Notice, Outcome, Status, Worker, WorkerConfig,
+    channel::amqp::AmqpConfig,
+};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
+    amqp::broker_url,
     db_test,
-    support::{Backend, Recorder, TestDb, eventually},
+    support::{Backend, Recorder, TestDb, eventually, test_config},
 };
 
 db_test!(a_requeue_race_requeues_once, |db: Arc<TestDb>| async move {
@@ -77,12 +81,22 @@ db_test!(
 db_test!(a_worker_never_cancels_the_callers_token, |db: Arc<
     TestDb,
 >| async move {
-    // A schedule with no future tick ends the loop at once.
+    // A schedule with no future tick ends the loop at once; the worker also
+    // runs its confirmation listener (a broker is configured).
     let config = WorkerConfig {
         cron: "0 0 0 1 1 * 2001".into(),
+        confirm_listener: true,
         ..WorkerConfig::default()
     };
-    let worker = Worker::new(db.notifier().build().unwrap(), config).unwrap();
+    let with_broker = Config {
+        amqp: AmqpConfig {
+            url: Some(broker_url()),
+            ..AmqpConfig::default()
+        },
+        ..test_config()
+    };
+    let notifier = db.notifier().config(with_broker).build().unwrap();
+    let worker = Worker::new(notifier, config).unwrap();
     let token = CancellationToken::new();
     tokio::time::timeout(Duration::from_secs(10), worker.run(token.clone()))
         .await
