@@ -65,6 +65,7 @@ impl Notifier {
                 });
             }
             if operator::requeue(store, &row, "requeued by an operator", self.app_now()).await? {
+                self.wake_workers();
                 return Ok(());
             }
         }

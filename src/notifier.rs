@@ -57,11 +57,23 @@ pub(crate) struct Inner {
     pub stop: Stop,
     /// Rows released (due again at once) so far.
     released: AtomicU64,
+    /// Bumped whenever notices become due through this notifier; workers
+    /// built on it watch it (in-process wake-ups).
+    wakes: tokio::sync::watch::Sender<u64>,
 }
 
 impl Inner {
+    /// Counts rows made due again at once, and wakes the workers.
     pub fn count_released(&self, n: u64) {
         self.released.fetch_add(n, Ordering::Relaxed);
+        if n > 0 {
+            self.wake_workers();
+        }
+    }
+
+    /// Wakes the workers built on this notifier: notices are due now.
+    pub fn wake_workers(&self) {
+        self.wakes.send_modify(|n| *n = n.wrapping_add(1));
     }
 }
 
@@ -121,6 +133,17 @@ impl Notifier {
             }
         }
         Ok(inner.released.load(Ordering::Relaxed) - before)
+    }
+
+    /// Wakes the workers built on this notifier (or its clones): notices are
+    /// due now. Producers, operators and releases call it themselves.
+    pub(crate) fn wake_workers(&self) {
+        self.inner.wake_workers();
+    }
+
+    /// A receiver that changes whenever [`wake_workers`](Self::wake_workers) is called.
+    pub(crate) fn subscribe_wakes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.inner.wakes.subscribe()
     }
 
     /// Forgets cached definitions so the next use rereads `notify_def`.
@@ -200,6 +223,7 @@ impl NotifierBuilder {
                 tasks: TaskTracker::new(),
                 stop: Stop::default(),
                 released: AtomicU64::new(0),
+                wakes: tokio::sync::watch::channel(0).0,
                 handlers: self.handlers,
                 config: self.config,
                 alerts: self.alerts,

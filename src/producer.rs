@@ -156,6 +156,9 @@ impl Notifier {
         if pending.is_empty() {
             return Vec::new();
         }
+        if pending.iter().any(|p| !p.reserved()) {
+            self.wake_workers();
+        }
         if wait {
             return background::wait_for(self, pending).await;
         }

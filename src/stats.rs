@@ -32,6 +32,7 @@ pub struct WorkerStats {
     errors: AtomicU64,
     flushes: AtomicU64,
     flushed: AtomicU64,
+    wakeups: AtomicU64,
     recent_sweeps: Mutex<VecDeque<DateTime<Utc>>>,
 }
 
@@ -64,6 +65,9 @@ pub struct StatsSnapshot {
     pub flushes: u64,
     /// ... and the successes in them.
     pub flushed: u64,
+    /// Sweeps started early because the worker was woken (notices made due,
+    /// or the earliest known due time came), not by its schedule.
+    pub wakeups: u64,
 }
 
 impl StatsSnapshot {
@@ -90,6 +94,7 @@ impl WorkerStats {
             errors: self.errors.load(Relaxed),
             flushes: self.flushes.load(Relaxed),
             flushed: self.flushed.load(Relaxed),
+            wakeups: self.wakeups.load(Relaxed),
         }
     }
 
@@ -111,6 +116,10 @@ impl WorkerStats {
             q.pop_front();
         }
         q.push_back(Utc::now());
+    }
+
+    pub(crate) fn add_wakeup(&self) {
+        self.wakeups.fetch_add(1, Relaxed);
     }
 
     pub(crate) fn add_claimed(&self, n: u64) {

@@ -13,6 +13,9 @@ pub use sea_orm_migration::prelude::*;
 mod m20261122_000001_create_tables;
 mod m20261122_000002_alert_def;
 mod m20261123_000003_lease_flag;
+mod m20261124_000004_wake_trigger;
+
+pub use m20261124_000004_wake_trigger::WAKE_CHANNEL;
 
 /// Name of the table recording which solid-notify migrations ran.
 pub const MIGRATION_TABLE: &str = "solid_notify_migrations";
@@ -27,6 +30,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261122_000001_create_tables::Migration),
             Box::new(m20261122_000002_alert_def::Migration),
             Box::new(m20261123_000003_lease_flag::Migration),
+            Box::new(m20261124_000004_wake_trigger::Migration),
         ]
     }
 

@@ -36,7 +36,7 @@ impl PendingNotice {
     }
 
     /// Whether the row was reserved for an after-commit attempt.
-    fn reserved(&self) -> bool {
+    pub(crate) fn reserved(&self) -> bool {
         matches!(self.row.due, crate::state::clock::Due::Reserved(_))
     }
 

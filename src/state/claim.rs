@@ -70,8 +70,8 @@ fn claim_sets(store: &Store) -> Vec<Set> {
     ]
 }
 
-/// Due rows matching `filter`, oldest first.
-fn due_rows(store: &Store, filter: &DueFilter, limit: u64) -> Select<notify_msg::Entity> {
+/// Rows in flight matching `filter` (due or not).
+fn wanted(filter: &DueFilter) -> Condition {
     let mut wanted = Condition::all();
     match &filter.defs {
         DefSelect::Any => {}
@@ -87,12 +87,47 @@ fn due_rows(store: &Store, filter: &DueFilter, limit: u64) -> Select<notify_msg:
             .add(wanted)
             .add(Column::DefId.is_in(filter.always.iter().copied()));
     }
+    wanted.add(Column::Status.is_in(Status::DUE))
+}
+
+/// Due rows matching `filter`, oldest first.
+fn due_rows(store: &Store, filter: &DueFilter, limit: u64) -> Select<notify_msg::Entity> {
     notify_msg::Entity::find()
         .filter(Expr::col(Column::NextCallTime).lte(clock::now(store.backend())))
-        .filter(Column::Status.is_in(Status::DUE))
-        .filter(wanted)
+        .filter(wanted(filter))
         .order_by_asc(Column::NextCallTime)
         .limit(limit)
+}
+
+/// How long until the earliest row in flight matching `filter` is due, by
+/// the database's clock (zero when one is due already; `None` when none is
+/// in flight). Leased rows count with their lease's end.
+pub(crate) async fn next_due(
+    store: &Store,
+    filter: &DueFilter,
+) -> Result<Option<std::time::Duration>, DbErr> {
+    if filter.is_empty() {
+        return Ok(None);
+    }
+    let until = Expr::cust(match store.backend() {
+        DbBackend::Postgres => {
+            "CAST(EXTRACT(EPOCH FROM (MIN(next_call_time) - (statement_timestamp() AT TIME ZONE 'UTC'))) AS DOUBLE PRECISION)"
+        }
+        DbBackend::MySql => {
+            "CAST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), MIN(next_call_time)) AS DOUBLE) / 1000000"
+        }
+        _ => "(julianday(MIN(next_call_time)) - julianday('now')) * 86400.0",
+    });
+    let secs: Option<Option<f64>> = notify_msg::Entity::find()
+        .select_only()
+        .expr(until)
+        .filter(wanted(filter))
+        .into_tuple()
+        .one(&store.db)
+        .await?;
+    Ok(secs
+        .flatten()
+        .map(|s| std::time::Duration::from_secs_f64(s.clamp(0.0, 365.0 * 86_400.0))))
 }
 
 /// Claims up to `limit` due rows, oldest first.

@@ -64,6 +64,10 @@ pub struct WorkerConfig {
     /// Also consume the AMQP confirmation queue (when a broker is configured).
     /// Default: `true`.
     pub confirm_listener: bool,
+    /// Sweep at once when woken (notices made due in this process; `NOTIFY`
+    /// on PostgreSQL) and when the earliest due time it knows of comes,
+    /// besides the schedule. Off: sweep on the schedule only. Default: `true`.
+    pub wake: bool,
 }
 
 impl Default for WorkerConfig {
@@ -80,6 +84,7 @@ impl Default for WorkerConfig {
             partitions: Vec::new(),
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             confirm_listener: true,
+            wake: true,
         }
     }
 }

@@ -9,6 +9,7 @@
 //! finish up to `shutdown_timeout`, and releases what did not finish.
 
 mod config;
+pub mod wake;
 
 use std::{
     str::FromStr,
@@ -38,6 +39,9 @@ use crate::{
 pub const PARK_CHECK_INTERVAL: Duration = Duration::from_secs(60);
 /// Most notices parked by one check.
 pub const PARK_CHECK_LIMIT: u64 = 500;
+/// Shortest wait for a known due time: 5 ms (rows due but held by another
+/// sender must not make a worker spin).
+pub const MIN_DUE_WAIT: Duration = Duration::from_millis(5);
 
 /// A sweeping loop over one notifier.
 pub struct Worker {
@@ -81,45 +85,120 @@ impl Worker {
     /// never cancelled here.
     pub async fn run(&self, shutdown: CancellationToken) {
         let listening = shutdown.child_token();
-        let listener = (self.config.confirm_listener && self.notifier.amqp_enabled()).then(|| {
-            tokio::spawn(crate::confirm::listen(
-                self.notifier.clone(),
-                listening.clone(),
-            ))
-        });
+        let confirmations =
+            (self.config.confirm_listener && self.notifier.amqp_enabled()).then(|| {
+                tokio::spawn(crate::confirm::listen(
+                    self.notifier.clone(),
+                    listening.clone(),
+                ))
+            });
+        let wakes = self
+            .config
+            .wake
+            .then(|| tokio::spawn(wake::listen(self.notifier.clone(), listening.clone())));
         self.sweep_loop(&shutdown).await;
-        if let Some(listener) = listener {
-            listening.cancel();
-            listener.await.ok();
+        listening.cancel();
+        for task in [confirmations, wakes].into_iter().flatten() {
+            task.await.ok();
         }
     }
 
     async fn sweep_loop(&self, shutdown: &CancellationToken) {
-        let shutdown = shutdown.clone();
-        if !sleep_or_stop(self.config.initial_delay, &shutdown).await {
+        if !sleep_or_stop(self.config.initial_delay, shutdown).await {
             return;
         }
+        let mut wakes = self.notifier.subscribe_wakes();
+        wakes.mark_unchanged();
+        let mut next_due: Option<Instant> = None;
+        let mut first = true;
         loop {
-            if self.config.mode == Mode::FixedRate {
-                let Some(tick) = self.cron.after(&Utc::now()).next() else {
-                    tracing::warn!(cron = %self.config.cron, "cron schedule has no future tick");
-                    return;
-                };
-                let wait = (tick - Utc::now()).to_std().unwrap_or_default();
-                if !sleep_or_stop(wait, &shutdown).await {
-                    return;
+            let tick = match self.config.mode {
+                Mode::FixedRate => {
+                    let Some(tick) = self.cron.after(&Utc::now()).next() else {
+                        tracing::warn!(cron = %self.config.cron, "cron schedule has no future tick");
+                        return;
+                    };
+                    Instant::now() + (tick - Utc::now()).to_std().unwrap_or_default()
                 }
+                Mode::FixedDelay if first => Instant::now(),
+                Mode::FixedDelay => Instant::now() + self.config.delay,
+            };
+            first = false;
+            match self.wait(tick, next_due, &mut wakes, shutdown).await {
+                None => return,
+                Some(true) => self.stats.add_wakeup(),
+                Some(false) => {}
             }
-            self.sweep_now(&shutdown).await;
+            self.sweep_now(shutdown).await;
             if shutdown.is_cancelled() {
                 return;
             }
-            if self.config.mode == Mode::FixedDelay
-                && !sleep_or_stop(self.config.delay, &shutdown).await
-            {
-                return;
+            next_due = match self.config.wake {
+                true => self.next_due().await,
+                false => None,
+            };
+        }
+    }
+
+    /// Waits for the scheduled `tick`, the earliest known due time, or a
+    /// wake-up. `Some(true)`: woken early; `None`: shutdown.
+    async fn wait(
+        &self,
+        tick: Instant,
+        next_due: Option<Instant>,
+        wakes: &mut tokio::sync::watch::Receiver<u64>,
+        shutdown: &CancellationToken,
+    ) -> Option<bool> {
+        let (at, early) = match next_due {
+            Some(due) if due < tick => (due, true),
+            _ => (tick, false),
+        };
+        tokio::select! {
+            _ = tokio::time::sleep_until(at.into()) => Some(early),
+            changed = wakes.changed(), if self.config.wake => Some(changed.is_ok()),
+            _ = shutdown.cancelled() => None,
+        }
+    }
+
+    /// When the earliest notice this worker may take is due (at least
+    /// [`MIN_DUE_WAIT`] from now); `None` when nothing is in flight.
+    async fn next_due(&self) -> Option<Instant> {
+        let filter = match self.filter().await {
+            Ok(filter) => filter,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot read definitions for the next due time");
+                return None;
+            }
+        };
+        match crate::state::claim::next_due(&self.notifier.inner.store, &filter).await {
+            Ok(due) => due.map(|d| Instant::now() + d.max(MIN_DUE_WAIT)),
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot read the next due time");
+                None
             }
         }
+    }
+
+    /// The rows this worker may take.
+    async fn filter(&self) -> Result<DueFilter> {
+        let def_ids = self
+            .notifier
+            .deliverable_defs(&self.config.defs, &self.config.handlers)
+            .await?;
+        // Alerts are swept by every worker, whatever its filters.
+        let filtered = !(self.config.defs.is_empty()
+            && self.config.handlers.is_empty()
+            && self.config.partitions.is_empty());
+        let always = if filtered {
+            vec![self.notifier.alert_def().await?.id]
+        } else {
+            Vec::new()
+        };
+        Ok(DueFilter {
+            defs: DefSelect::Only(def_ids),
+            partitions: self.config.partitions.clone(),
+            always,
+        })
     }
 
     /// One sweep now (claiming again at once while batches come back full),
@@ -135,24 +214,7 @@ impl Worker {
         );
         let started = Instant::now();
         let result = async {
-            let def_ids = self
-                .notifier
-                .deliverable_defs(&self.config.defs, &self.config.handlers)
-                .await?;
-            // Alerts are swept by every worker, whatever its filters.
-            let filtered = !(self.config.defs.is_empty()
-                && self.config.handlers.is_empty()
-                && self.config.partitions.is_empty());
-            let always = if filtered {
-                vec![self.notifier.alert_def().await?.id]
-            } else {
-                Vec::new()
-            };
-            let filter = DueFilter {
-                defs: DefSelect::Only(def_ids),
-                partitions: self.config.partitions.clone(),
-                always,
-            };
+            let filter = self.filter().await?;
             let limits = SweepLimits {
                 batch_size: self.config.batch_size,
                 concurrency: self.config.concurrency,

@@ -18,4 +18,5 @@ mod mail;
 mod producer;
 mod retry;
 mod smtp;
+mod wake;
 mod worker;

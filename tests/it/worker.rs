@@ -389,12 +389,14 @@ db_test!(
             .build()
             .unwrap();
 
-        // Fixed delay: each sweep starts `delay` after the previous one ended.
+        // Fixed delay: each sweep starts `delay` after the previous one ended
+        // (wake-ups off: only the schedule is measured here).
         let delay = Worker::new(
             notifier.clone(),
             WorkerConfig {
                 mode: Mode::FixedDelay,
                 delay: Duration::from_millis(300),
+                wake: false,
                 ..WorkerConfig::default()
             },
         )
@@ -414,7 +416,11 @@ db_test!(
         }
 
         // Fixed rate: sweeps start on the cron ticks (whole seconds) ...
-        let rate = Arc::new(Worker::new(notifier, WorkerConfig::default()).unwrap());
+        let schedule_only = WorkerConfig {
+            wake: false,
+            ..WorkerConfig::default()
+        };
+        let rate = Arc::new(Worker::new(notifier, schedule_only).unwrap());
         let running = spawn(rate.clone());
         eventually(10, "two fixed-rate sweeps", || async {
             (rate.stats().recent_sweeps().len() >= 2).then_some(())

@@ -57,9 +57,15 @@ pub fn fast(config: WorkerConfig) -> WorkerConfig {
 pub struct Running {
     pub stop: CancellationToken,
     pub task: tokio::task::JoinHandle<()>,
+    stats: Arc<solid_notify::worker::WorkerStats>,
 }
 
 impl Running {
+    /// The worker's counters.
+    pub fn stats(&self) -> Arc<solid_notify::worker::WorkerStats> {
+        self.stats.clone()
+    }
+
     pub async fn stop(self) {
         self.stop.cancel();
         tokio::time::timeout(Duration::from_secs(60), self.task)
@@ -73,9 +79,10 @@ impl Running {
 pub fn start(notifier: Notifier, config: WorkerConfig) -> Running {
     let worker = Arc::new(Worker::new(notifier, config).unwrap());
     let stop = CancellationToken::new();
+    let stats = worker.stats();
     let task = tokio::spawn({
         let stop = stop.clone();
         async move { worker.run(stop).await }
     });
-    Running { stop, task }
+    Running { stop, task, stats }
 }

@@ -1,0 +1,82 @@
+//! Wake: what ends a worker's wait before its next tick.
+//!
+//! - **In-process**: a producer, operator or attempt of the same
+//!   [`Notifier`] (or a clone) that makes notices due wakes its workers at
+//!   once, on every backend.
+//! - **PostgreSQL**: a `LISTEN solid_notify` connection; the trigger of the
+//!   migrations sends one notification per statement that makes notices due,
+//!   whoever runs it (another process, plain SQL from another language). The
+//!   listener reconnects by itself, and a lost connection wakes the worker
+//!   too, since notifications may have been missed meanwhile.
+//! - **The earliest due time** the worker knows of (a retry scheduled for
+//!   later, a lease that may run out, a confirmation deadline): the worker
+//!   sleeps until then, not blindly until its next tick.
+//!
+//! Wake-ups coalesce: however many arrive during a sweep, one more sweep
+//! follows. Polling on the worker's schedule stays as the fallback, so a lost
+//! notification delays a notice by one poll at most.
+
+use std::time::Duration;
+
+use sea_orm::DbBackend;
+use tokio_util::sync::CancellationToken;
+
+use crate::Notifier;
+
+/// The channel PostgreSQL workers listen on (see the migrations).
+pub const WAKE_CHANNEL: &str = migration::WAKE_CHANNEL;
+
+/// Pause before listening again after the listener failed to connect.
+const RECONNECT_PAUSE: Duration = Duration::from_millis(500);
+
+/// Listens for `NOTIFY solid_notify` until `stop` and wakes the notifier's
+/// workers on each notification and after each reconnection. Does nothing on
+/// other backends.
+pub(crate) async fn listen(notifier: Notifier, stop: CancellationToken) {
+    let db = notifier.db().clone();
+    if db.get_database_backend() != DbBackend::Postgres {
+        return;
+    }
+    let pool = db.get_postgres_connection_pool().clone();
+    while !stop.is_cancelled() {
+        let connected = async {
+            let mut listener = sea_orm::sqlx::postgres::PgListener::connect_with(&pool).await?;
+            listener.listen(WAKE_CHANNEL).await?;
+            Ok::<_, sea_orm::sqlx::Error>(listener)
+        };
+        let mut listener = tokio::select! {
+            connected = connected => match connected {
+                Ok(listener) => listener,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot listen for wake-ups; polling meanwhile");
+                    tokio::select! {
+                        _ = tokio::time::sleep(RECONNECT_PAUSE) => continue,
+                        _ = stop.cancelled() => return,
+                    }
+                }
+            },
+            _ = stop.cancelled() => return,
+        };
+        // Anything that became due while we were not listening.
+        notifier.wake_workers();
+        loop {
+            let next = tokio::select! {
+                next = listener.try_recv() => next,
+                _ = stop.cancelled() => return,
+            };
+            match next {
+                Ok(Some(_)) => notifier.wake_workers(),
+                Ok(None) => {
+                    // The connection was lost and is back: notifications may
+                    // have been missed.
+                    tracing::debug!("wake-up listener reconnected");
+                    notifier.wake_workers();
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "wake-up listener failed; reconnecting");
+                    break;
+                }
+            }
+        }
+    }
+}
