@@ -131,23 +131,36 @@ impl Notifier {
     ) -> Result<ConfirmOutcome> {
         let inner = &self.inner;
         let db = &inner.store.db;
-        let Some(row) = notify_msg::Entity::find_by_id(id).one(db).await? else {
-            return Ok(
-                match notify_msg_history::Entity::find_by_id(id).one(db).await? {
-                    Some(done) => ConfirmOutcome::AlreadyFinished {
-                        status: done.status,
+        let mut tries = 0;
+        let row = loop {
+            let Some(row) = notify_msg::Entity::find_by_id(id).one(db).await? else {
+                return Ok(
+                    match notify_msg_history::Entity::find_by_id(id).one(db).await? {
+                        Some(done) => ConfirmOutcome::AlreadyFinished {
+                            status: done.status,
+                        },
+                        None => ConfirmOutcome::Unknown,
                     },
-                    None => ConfirmOutcome::Unknown,
-                },
-            );
-        };
-        if row.status != Status::AwaitingConfirm {
-            return Ok(if self.claim_is_live(id).await? {
+                );
+            };
+            if row.status == Status::AwaitingConfirm {
+                break row;
+            }
+            let live = self.claim_is_live(id).await?;
+            // The attempt may have recorded its send between the two reads:
+            // decide only on a row that stood still.
+            let again = notify_msg::Entity::find_by_id(id).one(db).await?;
+            let moved = again.as_ref().is_none_or(|a| a.version != row.version);
+            tries += 1;
+            if moved && tries < crate::db::CONFLICT_TRIES {
+                continue;
+            }
+            return Ok(if live {
                 ConfirmOutcome::AttemptInProgress
             } else {
                 ConfirmOutcome::NotAwaiting { status: row.status }
             });
-        }
+        };
         let status = row.status;
         match verdict {
             Ok(()) => Ok(if state::confirm::confirm(&inner.store, &row).await? {

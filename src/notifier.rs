@@ -55,6 +55,8 @@ pub(crate) struct Inner {
     /// Cancelled by [`Notifier::shutdown`]: abort deliveries, then stop
     /// retrying writes. Sweeps take child tokens.
     pub stop: Stop,
+    /// Notice ids taken from the sequence, not handed out yet (PostgreSQL).
+    pub ids: crate::state::ids::IdBlocks,
     /// Rows released (due again at once) so far.
     released: AtomicU64,
     /// Bumped whenever notices become due through this notifier; workers
@@ -222,6 +224,7 @@ impl NotifierBuilder {
                 channels: Channels::new(&self.config)?,
                 tasks: TaskTracker::new(),
                 stop: Stop::default(),
+                ids: Default::default(),
                 released: AtomicU64::new(0),
                 wakes: tokio::sync::watch::channel(0).0,
                 handlers: self.handlers,

@@ -87,7 +87,9 @@ fn wanted(filter: &DueFilter) -> Condition {
             .add(wanted)
             .add(Column::DefId.is_in(filter.always.iter().copied()));
     }
-    wanted.add(Column::Status.is_in(Status::DUE))
+    Condition::all()
+        .add(wanted)
+        .add(Column::Status.is_in(Status::DUE))
 }
 
 /// Due rows matching `filter`, oldest first.

@@ -32,6 +32,7 @@ pub mod clock;
 mod columns;
 pub mod confirm;
 pub mod errors_log;
+pub mod ids;
 pub mod insert;
 mod lease;
 pub mod operator;

@@ -219,3 +219,87 @@ db_test!(shutdown_releases_after_commit_attempts, |db: Arc<
         "due again at once"
     );
 });
+
+db_test!(
+    notices_travel_with_the_commit_intact,
+    |db: Arc<TestDb>| async move {
+        use sea_orm::EntityTrait;
+        db.def("ship", "ship", |_| {}).await;
+        let notifier = db
+            .notifier()
+            .config(solid_notify::Config {
+                immediate_attempt: false,
+                ..crate::support::test_config()
+            })
+            .build()
+            .unwrap();
+        // Text that quoting could get wrong survives exactly.
+        let awkward = "it's \\ $sn$ $$ $sn1$ \"quoted\" \u{1a} é 😀\nnext line";
+        let tx = notifier.begin().await.unwrap();
+        db.insert_order(&tx, 1).await;
+        let mut ids = Vec::new();
+        for i in 0..50 {
+            let notice = NewNotice::new("ship", &json!({ "i": i, "text": awkward }))
+                .description(awkward)
+                .idempotency_key(format!("{awkward}-{i}"))
+                .target_override(json!({"handler": "ship"}));
+            ids.push(tx.add(notice).await.unwrap());
+        }
+        assert_eq!(
+            db.counts().await,
+            (0, 0),
+            "nothing visible before the commit"
+        );
+        assert_eq!(tx.commit().await.unwrap(), ids);
+        let live = db.live().await;
+        assert_eq!(live.iter().map(|r| r.id).collect::<Vec<_>>(), {
+            let mut sorted = ids.clone();
+            sorted.sort();
+            sorted
+        });
+        for row in &live {
+            assert_eq!(row.description, awkward);
+            assert!(row.idempotency_key.as_deref().unwrap().starts_with(awkward));
+            let param: serde_json::Value = serde_json::from_str(&row.param).unwrap();
+            assert_eq!(param["text"], awkward);
+            assert_eq!(
+                row.target_override.as_deref(),
+                Some(r#"{"handler":"ship"}"#)
+            );
+            assert_eq!(
+                (row.status, row.version, row.leased),
+                (Status::NotSent, 0, false)
+            );
+        }
+        assert_eq!(db.count_orders().await, 1);
+
+        // Rolled back, or dropped unfinished: nothing stored, and the pool's
+        // connections are fine afterwards.
+        let tx = notifier.begin().await.unwrap();
+        db.insert_order(&tx, 2).await;
+        tx.add_notice("ship", &json!({}), "").await.unwrap();
+        tx.rollback().await.unwrap();
+        {
+            let tx = notifier.begin().await.unwrap();
+            db.insert_order(&tx, 3).await;
+            tx.add_notice("ship", &json!({}), "").await.unwrap();
+        }
+        for _ in 0..20 {
+            let tx = notifier.begin().await.unwrap();
+            let n = solid_notify::entity::notify_msg::Entity::find()
+                .all(&tx)
+                .await
+                .unwrap()
+                .len();
+            assert_eq!(n, 50);
+            tx.commit().await.unwrap();
+        }
+        assert_eq!(db.count_orders().await, 1);
+        assert_eq!(db.counts().await, (50, 0));
+        // A notice-only transaction.
+        let tx = notifier.begin().await.unwrap();
+        let alone = tx.add_notice("ship", &json!({}), "alone").await.unwrap();
+        tx.commit().await.unwrap();
+        assert!(db.live().await.iter().any(|r| r.id == alone));
+    }
+);

@@ -309,7 +309,15 @@ db_test!(
         let id = tx.add_notice("elsewhere", &json!({}), "").await.unwrap();
         let reports = tx.commit_and_wait().await.unwrap();
         assert!(matches!(reports[0].result, AttemptResult::Skipped { .. }));
-        let row = db.live().await.pop().unwrap();
-        assert_eq!((row.id, row.version, row.status), (id, 0, Status::NotSent));
+        // Its reservation is released: due at once for a process that can.
+        let row = eventually(5, "the reservation released", || async {
+            db.live().await.pop().filter(|r| r.version == 1)
+        })
+        .await;
+        assert_eq!(
+            (row.id, row.status, row.leased),
+            (id, Status::NotSent, false)
+        );
+        assert_eq!(db.due_now().await, 1);
     }
 );

@@ -80,10 +80,10 @@ db_test!(
     slow_receivers_and_hooks_never_overlap,
     |db: Arc<TestDb>| async move {
         // Lease 4 s, attempt timeout 2 s. Each notice's first two requests hang
-        // for 3 s (past the timeout); the third answers at once.
+        // for 10 s (well past the timeout and the lease); the third answers at once.
         let receiver = Receiver::start(|r| {
             if r.attempt <= 2 {
-                Reply::ok().after(Duration::from_secs(3))
+                Reply::ok().after(Duration::from_secs(10))
             } else {
                 Reply::ok()
             }

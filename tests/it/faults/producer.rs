@@ -105,7 +105,10 @@ db_test!(a_database_error_rolls_back_only_the_notice, |db: Arc<
         .handler("ship", rec.handler(|_| Outcome::success()))
         .build()
         .unwrap();
-    let tx = notifier.begin().await.unwrap();
+    // A transaction the caller began: each notice is inserted when added
+    // (in a savepoint on PostgreSQL).
+    let own = sea_orm::TransactionTrait::begin(&db.db).await.unwrap();
+    let tx = notifier.wrap(own);
     db.insert_order(&tx, 1).await;
     let refused = tx
         .add_notice("ship", &json!({}), "reject me")
@@ -123,6 +126,24 @@ db_test!(a_database_error_rolls_back_only_the_notice, |db: Arc<
     );
     assert_eq!(db.count_orders().await, 2);
     assert_eq!(db.counts().await, (0, 1));
+
+    // `Notifier::begin` on PostgreSQL sends notices with the commit: the
+    // refusal fails the commit, and nothing (business data included) is
+    // committed. Elsewhere it behaves as above.
+    let tx = notifier.begin().await.unwrap();
+    db.insert_order(&tx, 3).await;
+    let added = tx.add_notice("ship", &json!({}), "reject me").await;
+    if db.backend == Backend::Postgres {
+        added.unwrap();
+        let committed = tx.commit().await;
+        assert!(matches!(committed, Err(Error::Db(_))), "{committed:?}");
+        assert_eq!(db.count_orders().await, 2, "order 3 was not committed");
+        assert_eq!(db.counts().await, (0, 1));
+    } else {
+        assert!(matches!(added, Err(Error::Db(_))));
+        tx.commit().await.unwrap();
+        assert_eq!(db.count_orders().await, 3);
+    }
 });
 
 db_test!(

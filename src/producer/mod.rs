@@ -9,17 +9,24 @@
 //! halves directly: [`Notifier::add`] inside it, [`Notifier::dispatch`] after.
 //!
 //! Bad input never costs the caller its transaction: every field is checked
-//! before any SQL runs, and on PostgreSQL the insert runs inside a savepoint.
-//! Should the database nevertheless abort the transaction (a failed
-//! statement on PostgreSQL, a deadlock on MySQL), [`NoticeTx::commit`]
-//! returns [`Error::TransactionAborted`], never `Ok`.
+//! before any SQL runs. Should the database nevertheless abort the
+//! transaction (a failed statement on PostgreSQL, a deadlock on MySQL),
+//! [`NoticeTx::commit`] returns [`Error::TransactionAborted`], never `Ok`.
+//!
+//! How the rows travel depends on the backend. On PostgreSQL a [`NoticeTx`]
+//! from [`Notifier::begin`] buffers its notices and sends them with the
+//! `COMMIT`, in the same round trip ([`pg`]): a notice costs the business
+//! transaction no round trip, several notices are one multi-row insert, and a
+//! failing insert fails the commit with nothing committed. Elsewhere (and for
+//! [`Notifier::wrap`] and [`Notifier::add`]) each notice is inserted when it
+//! is added, on PostgreSQL inside a savepoint so that a database error rolls
+//! back only the notice.
 
-use std::{
-    ops::Deref,
-    sync::{
-        Mutex,
-        atomic::{AtomicBool, Ordering},
-    },
+mod pg;
+
+use std::sync::{
+    Mutex,
+    atomic::{AtomicBool, Ordering},
 };
 
 use async_trait::async_trait;
@@ -108,6 +115,24 @@ impl Notifier {
     where
         C: ConnectionTrait + TransactionTrait,
     {
+        let (row, def) = self.prepare(conn, notice).await?;
+        let id = insert::insert(conn, &row).await.map_err(|e| {
+            if e.aborted {
+                Error::TransactionAborted(e.error.to_string())
+            } else {
+                Error::Db(e.error)
+            }
+        })?;
+        Ok(PendingNotice::new(id, row, def))
+    }
+
+    /// Checks a notice and builds its row; no SQL but the definition lookup
+    /// (through `conn`, cached).
+    async fn prepare<C: ConnectionTrait>(
+        &self,
+        conn: &C,
+        notice: NewNotice,
+    ) -> Result<(NewRow, crate::def::DefRef)> {
         let def = self.inner.defs.by_name(conn, &notice.def).await?;
         let invalid = |problem: String| Error::InvalidNotice {
             def: notice.def.clone(),
@@ -138,14 +163,7 @@ impl Notifier {
             due: self.first_due(),
         };
         insert::check(&row, self.inner.config.max_param_bytes).map_err(invalid)?;
-        let id = insert::insert(conn, &row).await.map_err(|e| {
-            if e.aborted {
-                Error::TransactionAborted(e.error.to_string())
-            } else {
-                Error::Db(e.error)
-            }
-        })?;
-        Ok(PendingNotice::new(id, row, def))
+        Ok((row, def))
     }
 
     /// Attempts committed notices now: in the background, or awaited when
@@ -167,114 +185,74 @@ impl Notifier {
     }
 
     /// Begins a transaction on the notifier's pool, wrapped for adding
-    /// notices (the database's default isolation; on SQLite `BEGIN
-    /// IMMEDIATE`: it takes the write lock up front).
+    /// notices (the database's default isolation). On PostgreSQL nothing is
+    /// sent until the first statement, and notices travel with the `COMMIT`;
+    /// on SQLite it is `BEGIN IMMEDIATE` (the write lock up front).
     pub async fn begin(&self) -> Result<NoticeTx> {
-        Ok(self.wrap(crate::db::begin_business(&self.inner.store.db).await?))
-    }
-
-    /// Wraps a transaction the caller already began.
-    pub fn wrap(&self, txn: DatabaseTransaction) -> NoticeTx {
-        NoticeTx {
-            txn,
+        let db = &self.inner.store.db;
+        let kind = if db.get_database_backend() == DbBackend::Postgres {
+            Kind::Pg(pg::PgTx::new(db.get_postgres_connection_pool()).await?)
+        } else {
+            Kind::Sea(SeaTx::new(crate::db::begin_business(db).await?))
+        };
+        Ok(NoticeTx {
+            kind,
             notifier: self.clone(),
             pending: Mutex::new(Vec::new()),
-            failed: AtomicBool::new(false),
-            aborted: Mutex::new(None),
+        })
+    }
+
+    /// Wraps a transaction the caller already began (notices are inserted
+    /// as they are added, in a savepoint on PostgreSQL).
+    pub fn wrap(&self, txn: DatabaseTransaction) -> NoticeTx {
+        NoticeTx {
+            kind: Kind::Sea(SeaTx::new(txn)),
+            notifier: self.clone(),
+            pending: Mutex::new(Vec::new()),
         }
     }
 }
 
 /// A business transaction that can carry notices.
 ///
-/// Use it wherever sea-orm expects a connection (`model.insert(&tx)`); it also
-/// derefs to the [`DatabaseTransaction`] for everything else (statements run
-/// through the deref are not watched for failures: prefer `&tx`).
+/// Use it wherever sea-orm expects a connection (`model.insert(&tx)`,
+/// `Entity::find().all(&tx)`): it is a [`ConnectionTrait`].
 pub struct NoticeTx {
-    txn: DatabaseTransaction,
+    kind: Kind,
     notifier: Notifier,
     pending: Mutex<Vec<PendingNotice>>,
-    /// A statement through this wrapper failed: check the transaction is
+}
+
+enum Kind {
+    /// A sea-orm transaction; notices inserted as they are added.
+    Sea(SeaTx),
+    /// PostgreSQL: notices buffered and sent with the commit.
+    Pg(pg::PgTx),
+}
+
+struct SeaTx {
+    txn: DatabaseTransaction,
+    /// A statement through the wrapper failed: check the transaction is
     /// still alive before committing.
     failed: AtomicBool,
     /// Known to be aborted, and why.
     aborted: Mutex<Option<String>>,
 }
 
-impl NoticeTx {
-    /// Adds a notice of definition `def` with `param` and a description.
-    /// Returns the new notice id.
-    pub async fn add_notice(
-        &self,
-        def: &str,
-        param: &impl Serialize,
-        description: &str,
-    ) -> Result<i64> {
-        self.add(NewNotice::new(def, param).description(description))
-            .await
-    }
-
-    /// Adds a notice built with overrides. Returns the new notice id.
-    pub async fn add(&self, notice: NewNotice) -> Result<i64> {
-        match self.notifier.add(&self.txn, notice).await {
-            Ok(pending) => {
-                let id = pending.id();
-                lock(&self.pending).push(pending);
-                Ok(id)
-            }
-            Err(e) => {
-                match &e {
-                    Error::TransactionAborted(why) => *lock(&self.aborted) = Some(why.clone()),
-                    Error::Db(_) => self.failed.store(true, Ordering::Relaxed),
-                    _ => {}
-                }
-                Err(e)
-            }
+impl SeaTx {
+    fn new(txn: DatabaseTransaction) -> Self {
+        SeaTx {
+            txn,
+            failed: AtomicBool::new(false),
+            aborted: Mutex::new(None),
         }
     }
 
-    /// Commits, then attempts the added notices in the background.
-    /// Returns their ids.
-    pub async fn commit(self) -> Result<Vec<i64>> {
-        let (notifier, pending) = self.commit_inner().await?;
-        let ids = pending.iter().map(PendingNotice::id).collect();
-        notifier.dispatch(pending, false).await;
-        Ok(ids)
-    }
-
-    /// Commits, then attempts the added notices and waits for each outcome.
-    pub async fn commit_and_wait(self) -> Result<Vec<AttemptReport>> {
-        let (notifier, pending) = self.commit_inner().await?;
-        Ok(notifier.dispatch(pending, true).await)
-    }
-
-    /// Rolls back: no notice is stored or sent.
-    pub async fn rollback(self) -> Result<()> {
-        Ok(self.txn.rollback().await?)
-    }
-
-    /// The wrapped transaction.
-    pub fn transaction(&self) -> &DatabaseTransaction {
-        &self.txn
-    }
-
-    async fn commit_inner(self) -> Result<(Notifier, Vec<PendingNotice>)> {
-        let aborted = lock(&self.aborted).take();
-        let aborted = match aborted {
-            Some(why) => Some(why),
-            None if self.failed.load(Ordering::Relaxed) => self.probe().await,
-            None => None,
-        };
-        if let Some(why) = aborted {
-            self.txn.rollback().await.ok();
-            return Err(Error::TransactionAborted(why));
+    fn watch<T>(&self, result: std::result::Result<T, DbErr>) -> std::result::Result<T, DbErr> {
+        if result.is_err() {
+            self.failed.store(true, Ordering::Relaxed);
         }
-        let pending = self
-            .pending
-            .into_inner()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        self.txn.commit().await?;
-        Ok((self.notifier, pending))
+        result
     }
 
     /// After a failed statement: whether the database has aborted the
@@ -301,11 +279,96 @@ impl NoticeTx {
         }
     }
 
-    fn watch<T>(&self, result: std::result::Result<T, DbErr>) -> std::result::Result<T, DbErr> {
-        if result.is_err() {
-            self.failed.store(true, Ordering::Relaxed);
+    async fn commit(self) -> Result<()> {
+        let aborted = lock(&self.aborted).take();
+        let aborted = match aborted {
+            Some(why) => Some(why),
+            None if self.failed.load(Ordering::Relaxed) => self.probe().await,
+            None => None,
+        };
+        if let Some(why) = aborted {
+            self.txn.rollback().await.ok();
+            return Err(Error::TransactionAborted(why));
         }
-        result
+        Ok(self.txn.commit().await?)
+    }
+}
+
+impl NoticeTx {
+    /// Adds a notice of definition `def` with `param` and a description.
+    /// Returns the new notice id.
+    pub async fn add_notice(
+        &self,
+        def: &str,
+        param: &impl Serialize,
+        description: &str,
+    ) -> Result<i64> {
+        self.add(NewNotice::new(def, param).description(description))
+            .await
+    }
+
+    /// Adds a notice built with overrides. Returns the new notice id.
+    pub async fn add(&self, notice: NewNotice) -> Result<i64> {
+        let added = match &self.kind {
+            Kind::Sea(sea) => match self.notifier.add(&sea.txn, notice).await {
+                Err(e) => {
+                    match &e {
+                        Error::TransactionAborted(why) => *lock(&sea.aborted) = Some(why.clone()),
+                        Error::Db(_) => sea.failed.store(true, Ordering::Relaxed),
+                        _ => {}
+                    }
+                    Err(e)
+                }
+                ok => ok,
+            },
+            Kind::Pg(pg) => {
+                let (row, def) = self.notifier.prepare(self, notice).await?;
+                let id = pg.next_id(&self.notifier.inner.ids).await?;
+                Ok(PendingNotice::new(id, row, def))
+            }
+        };
+        let pending = added?;
+        let id = pending.id();
+        lock(&self.pending).push(pending);
+        Ok(id)
+    }
+
+    /// Commits, then attempts the added notices in the background.
+    /// Returns their ids.
+    pub async fn commit(self) -> Result<Vec<i64>> {
+        let (notifier, pending) = self.commit_inner().await?;
+        let ids = pending.iter().map(PendingNotice::id).collect();
+        notifier.dispatch(pending, false).await;
+        Ok(ids)
+    }
+
+    /// Commits, then attempts the added notices and waits for each outcome.
+    pub async fn commit_and_wait(self) -> Result<Vec<AttemptReport>> {
+        let (notifier, pending) = self.commit_inner().await?;
+        Ok(notifier.dispatch(pending, true).await)
+    }
+
+    /// Rolls back: no notice is stored or sent.
+    pub async fn rollback(self) -> Result<()> {
+        match self.kind {
+            Kind::Sea(sea) => Ok(sea.txn.rollback().await?),
+            Kind::Pg(pg) => Ok(pg.rollback().await?),
+        }
+    }
+
+    async fn commit_inner(self) -> Result<(Notifier, Vec<PendingNotice>)> {
+        let pending = self
+            .pending
+            .into_inner()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        match self.kind {
+            Kind::Sea(sea) => sea.commit().await?,
+            Kind::Pg(pg) => {
+                let rows: Vec<_> = pending.iter().map(|p| (p.id, p.row.clone())).collect();
+                pg.commit(&rows).await?;
+            }
+        }
+        Ok((self.notifier, pending))
     }
 }
 
@@ -313,40 +376,50 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-impl Deref for NoticeTx {
-    type Target = DatabaseTransaction;
-
-    fn deref(&self) -> &DatabaseTransaction {
-        &self.txn
-    }
-}
-
 #[async_trait]
 impl ConnectionTrait for NoticeTx {
     fn get_database_backend(&self) -> DbBackend {
-        self.txn.get_database_backend()
+        match &self.kind {
+            Kind::Sea(sea) => sea.txn.get_database_backend(),
+            Kind::Pg(_) => DbBackend::Postgres,
+        }
     }
 
     async fn execute_raw(&self, stmt: Statement) -> std::result::Result<ExecResult, DbErr> {
-        self.watch(self.txn.execute_raw(stmt).await)
+        match &self.kind {
+            Kind::Sea(sea) => sea.watch(sea.txn.execute_raw(stmt).await),
+            Kind::Pg(pg) => pg.execute(stmt).await,
+        }
     }
 
     async fn execute_unprepared(&self, sql: &str) -> std::result::Result<ExecResult, DbErr> {
-        self.watch(self.txn.execute_unprepared(sql).await)
+        match &self.kind {
+            Kind::Sea(sea) => sea.watch(sea.txn.execute_unprepared(sql).await),
+            Kind::Pg(pg) => pg.execute_unprepared(sql).await,
+        }
     }
 
     async fn query_one_raw(
         &self,
         stmt: Statement,
     ) -> std::result::Result<Option<QueryResult>, DbErr> {
-        self.watch(self.txn.query_one_raw(stmt).await)
+        match &self.kind {
+            Kind::Sea(sea) => sea.watch(sea.txn.query_one_raw(stmt).await),
+            Kind::Pg(pg) => pg.query_one(stmt).await,
+        }
     }
 
     async fn query_all_raw(&self, stmt: Statement) -> std::result::Result<Vec<QueryResult>, DbErr> {
-        self.watch(self.txn.query_all_raw(stmt).await)
+        match &self.kind {
+            Kind::Sea(sea) => sea.watch(sea.txn.query_all_raw(stmt).await),
+            Kind::Pg(pg) => pg.query_all(stmt).await,
+        }
     }
 
     fn support_returning(&self) -> bool {
-        self.txn.support_returning()
+        match &self.kind {
+            Kind::Sea(sea) => sea.txn.support_returning(),
+            Kind::Pg(_) => true,
+        }
     }
 }
