@@ -174,15 +174,7 @@ impl Notifier {
                     return Ok(ConfirmOutcome::NotAwaiting { status });
                 };
                 let outcome = Outcome::retry(reason);
-                let result = record::record(
-                    self,
-                    &def,
-                    lease,
-                    outcome,
-                    &record::Recorder::Inline,
-                    &inner.stop.give_up,
-                )
-                .await;
+                let result = record::record(self, &def, lease, outcome, &inner.stop.give_up).await;
                 Ok(match result {
                     AttemptResult::LostClaim => ConfirmOutcome::NotAwaiting { status },
                     other => ConfirmOutcome::Rejected(other),

@@ -151,9 +151,9 @@ async fn attempt(notifier: &Notifier, p: PendingNotice) -> AttemptReport {
         };
     }
     let result = match claim::claim_one(&inner.store, &p.model()).await {
-        Ok(Some(lease)) => {
-            super::run(notifier, p.def, lease, &Recorder::Inline, &inner.stop, None).await
-        }
+        Ok(Some(lease)) => super::run(notifier, p.def, lease, &Recorder::Inline, &inner.stop, None)
+            .await
+            .result(),
         Ok(None) => AttemptResult::LostClaim,
         Err(e) => AttemptResult::Error {
             error: format!("{e}; due when its reservation ends"),

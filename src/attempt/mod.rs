@@ -124,6 +124,26 @@ impl Stop {
     }
 }
 
+/// How [`run`] ended.
+#[derive(Debug)]
+pub(crate) enum Ran {
+    /// Recorded (or not) here: how it ended.
+    Done(AttemptResult),
+    /// A plain success handed to the sweep's batch, which reports it.
+    Batched,
+}
+
+impl Ran {
+    /// The result of an attempt recorded inline (a batched success counts
+    /// as succeeded: an inline recorder never batches).
+    pub fn result(self) -> AttemptResult {
+        match self {
+            Ran::Done(result) => result,
+            Ran::Batched => AttemptResult::Succeeded,
+        }
+    }
+}
+
 /// Runs the attempt held by `lease`: check the lease, deliver, record.
 /// `permit` (a delivery slot) is given back as soon as the delivery ends.
 pub(crate) async fn run(
@@ -133,7 +153,7 @@ pub(crate) async fn run(
     recorder: &Recorder,
     stop: &Stop,
     permit: Option<OwnedSemaphorePermit>,
-) -> AttemptResult {
+) -> Ran {
     let inner = &notifier.inner;
     let span = tracing::info_span!(
         "attempt",
@@ -156,20 +176,40 @@ pub(crate) async fn run(
                     lease.remaining()
                 )
             };
-            return record::release(notifier, lease, reason, &stop.give_up).await;
+            return Ran::Done(
+                Box::pin(record::release(notifier, lease, reason, &stop.give_up)).await,
+            );
         }
+        // Boxed: the delivery's state (any channel's) is freed as soon as
+        // it ends, while the attempt may still wait for its recording.
+        let delivery = Box::pin(deliver::deliver(inner, &def, &lease, timeout));
         let outcome = tokio::select! {
-            outcome = deliver::deliver(inner, &def, &lease, timeout) => Some(outcome),
+            outcome = delivery => Some(outcome),
             _ = stop.abort.cancelled() => None,
         };
         drop(permit);
         match outcome {
-            Some(outcome) => {
-                record::record(notifier, &def, lease, outcome, recorder, &stop.give_up).await
-            }
+            Some(outcome) => match record::batchable(&def, outcome, recorder) {
+                Ok(batch) => match batch.hand_over(lease) {
+                    None => Ran::Batched,
+                    Some(lease) => Ran::Done(
+                        Box::pin(record::succeed_inline(lease, None, &stop.give_up)).await,
+                    ),
+                },
+                Err(outcome) => Ran::Done(
+                    Box::pin(record::record(
+                        notifier,
+                        &def,
+                        lease,
+                        outcome,
+                        &stop.give_up,
+                    ))
+                    .await,
+                ),
+            },
             None => {
                 let reason = "shutting down: delivery abandoned".to_string();
-                record::release(notifier, lease, reason, &stop.give_up).await
+                Ran::Done(Box::pin(record::release(notifier, lease, reason, &stop.give_up)).await)
             }
         }
     }
@@ -212,7 +252,11 @@ impl Notifier {
         };
         let _running = inner.tasks.token();
         match def {
-            Ok(def) => report(run(self, def, lease, &Recorder::Inline, &inner.stop, None).await),
+            Ok(def) => report(
+                run(self, def, lease, &Recorder::Inline, &inner.stop, None)
+                    .await
+                    .result(),
+            ),
             Err(_) => park::park(self, vec![lease], &inner.stop.give_up)
                 .await
                 .pop()

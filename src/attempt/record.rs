@@ -12,7 +12,6 @@
 
 use std::{future::Future, time::Duration};
 
-use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::{AttemptResult, background};
@@ -36,8 +35,8 @@ pub const ALERT_HOOK_TIMEOUT: Duration = Duration::from_secs(5);
 pub(crate) enum Recorder {
     /// Every outcome written by the attempt itself.
     Inline,
-    /// Plain successes handed to a batch; everything else inline.
-    Batched(mpsc::UnboundedSender<super::batch::Item>),
+    /// Plain successes handed to a sweep's batch; everything else inline.
+    Batched(super::batch::BatchHandle),
 }
 
 /// The write did not land.
@@ -134,17 +133,32 @@ pub(crate) async fn release(
     }
 }
 
+/// Whether `outcome` goes to a success batch: a plain success (no note, no
+/// confirmation to wait for) under a batched recorder. Gives the outcome
+/// back otherwise.
+pub(crate) fn batchable<'r>(
+    def: &DefRef,
+    outcome: Outcome,
+    recorder: &'r Recorder,
+) -> Result<&'r super::batch::BatchHandle, Outcome> {
+    match (recorder, &outcome, def.confirm) {
+        (Recorder::Batched(batch), Outcome::Success { note: None }, Confirm::NotNeeded) => {
+            Ok(batch)
+        }
+        _ => Err(outcome),
+    }
+}
+
 /// Records the outcome of the attempt held by `lease`.
 pub(crate) async fn record(
     notifier: &Notifier,
     def: &DefRef,
     lease: Lease,
     outcome: Outcome,
-    recorder: &Recorder,
     give_up: &CancellationToken,
 ) -> AttemptResult {
     match outcome {
-        Outcome::Success { note } => succeed(def, lease, note, recorder, give_up).await,
+        Outcome::Success { note } => succeed(def, lease, note, give_up).await,
         Outcome::Retry { reason } => fail(notifier, def, lease, reason, false, give_up).await,
         Outcome::Permanent { reason } => fail(notifier, def, lease, reason, true, give_up).await,
     }
@@ -154,7 +168,6 @@ async fn succeed(
     def: &DefRef,
     lease: Lease,
     note: Option<String>,
-    recorder: &Recorder,
     give_up: &CancellationToken,
 ) -> AttemptResult {
     let until = match def.confirm {
@@ -169,20 +182,6 @@ async fn succeed(
             Ok(false) => AttemptResult::LostClaim,
             Err(e) => e.into_result(),
         };
-    }
-    if let (Recorder::Batched(batch), None) = (recorder, &note) {
-        let (reply, result) = oneshot::channel();
-        match batch.send(super::batch::Item { lease, reply }) {
-            Ok(()) => {
-                return result.await.unwrap_or_else(|_| AttemptResult::Error {
-                    error: "the success batch stopped before recording".into(),
-                });
-            }
-            // The batch has stopped: write it here instead.
-            Err(mpsc::error::SendError(item)) => {
-                return succeed_inline(item.lease, None, give_up).await;
-            }
-        }
     }
     succeed_inline(lease, note.as_deref(), give_up).await
 }

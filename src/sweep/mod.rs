@@ -1,8 +1,10 @@
 //! Sweep: claim due notices in bounded batches and run each claimed attempt
 //! on its own task, through the same path as the after-commit attempt.
 //!
-//! A sweep keeps at most one claimed batch waiting (`batch_size` rows: what
-//! does not fit stays in the database), runs at most `concurrency`
+//! A sweep claims the next batch only while it holds at most `batch_size`
+//! claimed rows (waiting, delivering or being recorded), so it never holds
+//! more than two batches; what does not fit stays in the database. It runs
+//! at most `concurrency`
 //! deliveries at once, each with its own timeout, hands plain successes to a
 //! batch that moves them to history in one statement, and claims again as
 //! soon as the waiting rows run low, for as long as claims come back full.
@@ -23,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     AttemptReport, AttemptResult, Notifier,
-    attempt::{self, Stop, batch::SuccessBatch},
+    attempt::{self, Ran, Recorder, Stop, batch::SuccessBatch},
     def::{DefRef, Target},
     error::Result,
     notifier::RELEASE_GRACE,
@@ -149,20 +151,27 @@ impl<'a> Sweep<'a> {
             stop.clone(),
             limits.shutdown_timeout,
         ));
+        let (reports, mut batch_reports) = tokio::sync::mpsc::unbounded_channel();
         let batch = SuccessBatch::start(
             inner.store.clone(),
             stop.give_up.clone(),
             self.stats.clone(),
+            self.keep_reports.then_some(reports),
         );
-        let recorder = batch.recorder();
+        let recorder = Recorder::Batched(batch.handle());
         let slots = Arc::new(Semaphore::new(limits.concurrency.max(1)));
         let mut waiting: VecDeque<(Lease, DefRef)> = VecDeque::new();
-        let mut running: JoinSet<AttemptReport> = JoinSet::new();
+        let mut running: JoinSet<Option<AttemptReport>> = JoinSet::new();
         let mut claimed_total = 0;
         let mut more = true;
         let mut first_error = None;
         loop {
-            if more && !shutdown.is_cancelled() && waiting.len() < limits.concurrency.max(1) {
+            // Claim when the waiting rows run low, keeping what this sweep
+            // holds (waiting, delivering, being recorded) within one batch.
+            let held = waiting.len() + running.len() + batch.pending();
+            let room = held as u64 <= limits.batch_size;
+            if more && !shutdown.is_cancelled() && waiting.len() < limits.concurrency.max(1) && room
+            {
                 match claim::claim_due(&inner.store, filter, limits.batch_size).await {
                     Ok(leases) => {
                         let n = leases.len() as u64;
@@ -192,7 +201,8 @@ impl<'a> Sweep<'a> {
             tokio::select! {
                 biased;
                 Some(done) = running.join_next() => match done {
-                    Ok(report) => self.report(report),
+                    Ok(Some(report)) => self.report(report),
+                    Ok(None) => {} // handed to the batch, which reports it
                     Err(e) => tracing::error!(error = %e, "an attempt task failed"),
                 },
                 slot = slots.clone().acquire_owned(), if !waiting.is_empty() && !shutdown.is_cancelled() => {
@@ -201,18 +211,25 @@ impl<'a> Sweep<'a> {
                     let (recorder, stop) = (recorder.clone(), stop.clone());
                     running.spawn(async move {
                         let notice_id = lease.id();
-                        let result = attempt::run(&notifier, def, lease, &recorder, &stop, Some(slot)).await;
-                        AttemptReport { notice_id, result }
+                        match attempt::run(&notifier, def, lease, &recorder, &stop, Some(slot)).await {
+                            Ran::Done(result) => Some(AttemptReport { notice_id, result }),
+                            Ran::Batched => None,
+                        }
                     });
                 }
                 _ = shutdown.cancelled(), if !waiting.is_empty() => {}
+                // Holding a full batch of successes being written: wait for them.
+                _ = batch.flushed(), if !room => {}
                 // Nothing to start: claim more once the waiting rows run low.
-                _ = std::future::ready(()), if more && waiting.len() < limits.concurrency.max(1) && !shutdown.is_cancelled() => {}
+                _ = std::future::ready(()), if more && room && waiting.len() < limits.concurrency.max(1) && !shutdown.is_cancelled() => {}
             }
         }
         drop(recorder);
         batch.finish().await;
         watcher.abort();
+        while let Ok(report) = batch_reports.try_recv() {
+            self.reports.push(report);
+        }
         if let Some(e) = first_error {
             return Err(e.into());
         }
