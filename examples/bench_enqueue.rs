@@ -70,6 +70,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
 
     let mut alone = Duration::ZERO;
     let mut enqueue = Duration::ZERO;
+    let mut silent = Duration::ZERO;
     let mut attempted = Duration::ZERO;
     let mut raw = Duration::ZERO;
     for block in 0..TXNS / BLOCK {
@@ -83,6 +84,16 @@ async fn main() -> Result<(), Box<dyn Error>> {
             with_notice(&enqueue_only, block * BLOCK + i).await?;
         }
         enqueue += t.elapsed();
+        // The same without the wake-up trigger: what NOTIFY costs.
+        db.execute_unprepared("ALTER TABLE notify_msg DISABLE TRIGGER solid_notify_wake_insert")
+            .await?;
+        let t = Instant::now();
+        for i in 0..BLOCK {
+            with_notice(&enqueue_only, block * BLOCK + i).await?;
+        }
+        silent += t.elapsed();
+        db.execute_unprepared("ALTER TABLE notify_msg ENABLE TRIGGER solid_notify_wake_insert")
+            .await?;
         let t = Instant::now();
         for i in 0..BLOCK {
             with_notice(&with_attempt, block * BLOCK + i).await?;
@@ -105,6 +116,12 @@ async fn main() -> Result<(), Box<dyn Error>> {
         "  + add_notice (enqueue only)     {:>8.1} µs/txn  ratio {:.3}",
         per(enqueue),
         enqueue.as_secs_f64() / alone.as_secs_f64()
+    );
+    println!(
+        "  + add_notice, no NOTIFY trigger {:>8.1} µs/txn  ratio {:.3}  (NOTIFY costs {:.1} µs)",
+        per(silent),
+        silent.as_secs_f64() / alone.as_secs_f64(),
+        per(enqueue) - per(silent)
     );
     println!(
         "  + one raw-SQL INSERT (floor)    {:>8.1} µs/txn  ratio {:.3}  (the cost of any extra statement)",

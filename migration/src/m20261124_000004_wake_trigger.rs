@@ -1,10 +1,11 @@
 //! PostgreSQL only: wakes workers when notices become due.
 //!
-//! A statement-level trigger on `notify_msg` sends one `NOTIFY
-//! solid_notify` per statement that inserts or updates rows due now and not
-//! leased (a plain-SQL insert, a requeue, a release); PostgreSQL folds
-//! identical notifications of one transaction into one. Claims (leased rows)
-//! and retries scheduled for later notify nobody. Other backends rely on
+//! Row triggers on `notify_msg` send `NOTIFY solid_notify` for rows written
+//! due now and not leased (a plain-SQL insert, a requeue, a release);
+//! PostgreSQL folds the identical notifications of one transaction into one.
+//! Their `WHEN` clause is checked in the executor, so the rows that notify
+//! nobody (claims, retries scheduled for later, notices reserved for their
+//! after-commit attempt) cost no function call. Other backends rely on
 //! in-process wake-ups and polling.
 
 use sea_orm_migration::{prelude::*, sea_orm::DbBackend};
@@ -20,21 +21,21 @@ impl MigrationName for Migration {
 /// The channel workers listen on.
 pub const WAKE_CHANNEL: &str = "solid_notify";
 
+/// Whether a written row is due now for a sweeper: not leased, in flight,
+/// `next_call_time` reached (the database's clock).
+const DUE_NOW: &str = "NOT NEW.leased AND NEW.status IN (0, 2, 4) \
+     AND NEW.next_call_time <= (statement_timestamp() AT TIME ZONE 'UTC')";
+
 const UP: [&str; 4] = [
     "CREATE OR REPLACE FUNCTION solid_notify_wake() RETURNS trigger LANGUAGE plpgsql AS $$
      BEGIN
-       IF EXISTS (SELECT 1 FROM changed
-                  WHERE NOT changed.leased
-                    AND changed.status IN (0, 2, 4)
-                    AND changed.next_call_time <= (statement_timestamp() AT TIME ZONE 'UTC')) THEN
-         PERFORM pg_notify('solid_notify', '');
-       END IF;
+       PERFORM pg_notify('solid_notify', '');
        RETURN NULL;
      END $$",
     "CREATE TRIGGER solid_notify_wake_insert AFTER INSERT ON notify_msg
-     REFERENCING NEW TABLE AS changed FOR EACH STATEMENT EXECUTE FUNCTION solid_notify_wake()",
+     FOR EACH ROW WHEN (@DUE_NOW@) EXECUTE FUNCTION solid_notify_wake()",
     "CREATE TRIGGER solid_notify_wake_update AFTER UPDATE ON notify_msg
-     REFERENCING NEW TABLE AS changed FOR EACH STATEMENT EXECUTE FUNCTION solid_notify_wake()",
+     FOR EACH ROW WHEN (@DUE_NOW@) EXECUTE FUNCTION solid_notify_wake()",
     "COMMENT ON FUNCTION solid_notify_wake() IS 'solid-notify: NOTIFY solid_notify when notices become due'",
 ];
 
@@ -51,7 +52,8 @@ impl MigrationTrait for Migration {
             return Ok(());
         }
         for sql in UP {
-            manager.get_connection().execute_unprepared(sql).await?;
+            let sql = sql.replace("@DUE_NOW@", DUE_NOW);
+            manager.get_connection().execute_unprepared(&sql).await?;
         }
         Ok(())
     }

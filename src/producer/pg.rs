@@ -4,9 +4,11 @@
 //! It holds a connection of the pool and speaks to it directly: `BEGIN` is
 //! sent with the first statement that needs it, notices are checked and
 //! buffered in memory (their ids taken from a block of the sequence), and
-//! the commit sends the buffered rows and `COMMIT` in one round trip (`BEGIN;
-//! INSERT …; COMMIT` when nothing else ran). A failed statement aborts a
-//! PostgreSQL transaction: the commit then answers
+//! the commit writes them all with one prepared statement before `COMMIT`.
+//! A transaction that carries only notices sends that one statement and
+//! nothing else: it commits by itself. A failing insert fails the commit,
+//! with nothing committed. A failed statement aborts a PostgreSQL
+//! transaction: the commit then answers
 //! [`Error::TransactionAborted`](crate::Error::TransactionAborted) and
 //! nothing is committed. A transaction dropped unfinished, or mid-statement,
 //! closes its connection (PostgreSQL rolls back) instead of handing it back
@@ -163,7 +165,8 @@ impl PgTx {
             .ok_or_else(|| DbErr::Custom("the id sequence returned no ids".into()))
     }
 
-    /// Commits with `rows` in one round trip.
+    /// Writes `rows` and commits: one statement when nothing else ran,
+    /// else the insert then `COMMIT`.
     pub async fn commit(&self, rows: &[(i64, NewRow)]) -> Result<()> {
         let mut link = self.link.lock().await;
         if let Some(why) = link.failed.take() {
@@ -171,23 +174,47 @@ impl PgTx {
             self.rollback().await.ok();
             return Err(Error::TransactionAborted(why));
         }
-        if !link.begun && rows.is_empty() {
+        let begun = link.begun;
+        if !begun && rows.is_empty() {
             return Ok(());
         }
-        let begin = !link.begun;
-        let conn = link.ready(false).await?;
-        let committed = insert::pg_commit(conn, begin, rows).await;
+        link.ready(false).await?;
+        link.in_flight = true;
+        let Some(conn) = link.conn.as_mut() else {
+            return Err(Error::TransactionAborted(
+                "the transaction has ended".into(),
+            ));
+        };
+        let inserted = if rows.is_empty() {
+            Ok(())
+        } else {
+            insert::pg_insert_rows(conn, rows).await
+        };
+        // The error, and whether the transaction is still open (to roll back).
+        let outcome = match inserted {
+            Err(e) => Err((e, begun)),
+            Ok(()) if begun => conn
+                .execute("COMMIT")
+                .await
+                .map(drop)
+                .map_err(|e| (e, false)),
+            Ok(()) => Ok(()),
+        };
         link.in_flight = false;
-        match committed {
+        match outcome {
             Ok(()) => {
                 link.begun = false;
                 Ok(())
             }
-            Err(e) => {
-                // Whatever failed, nothing was committed; end what is left.
-                link.begun = true;
+            Err((e, true)) => {
+                // The insert failed inside the transaction: roll it back.
                 drop(link);
                 self.rollback().await.ok();
+                Err(Error::Db(exec_err(e)))
+            }
+            Err((e, false)) => {
+                // A failed COMMIT, or a lone insert, ends the transaction itself.
+                link.begun = false;
                 Err(Error::Db(exec_err(e)))
             }
         }

@@ -183,83 +183,59 @@ where
     }
 }
 
-/// PostgreSQL: the one round trip that commits a transaction together with
-/// its buffered notices, as a simple-query string (`[BEGIN;] INSERT INTO
-/// notify_msg … VALUES (…), (…); COMMIT`). Ids were handed out beforehand
-/// ([`IdBlocks`](super::ids::IdBlocks)); every value is inlined, text
-/// dollar-quoted with a tag it does not contain, so no setting of the
-/// server (`standard_conforming_strings`) changes what is stored. A failing
-/// insert stops the string before `COMMIT`: nothing is committed.
-pub(crate) fn pg_commit_sql(begin: bool, rows: &[(i64, NewRow)]) -> String {
-    const NOW: &str = "(statement_timestamp() AT TIME ZONE 'UTC')";
-    let mut sql = String::new();
-    if begin {
-        sql.push_str("BEGIN;\n");
-    }
-    if !rows.is_empty() {
-        sql.push_str(
-            "INSERT INTO notify_msg (id, def_id, param, description, errors, status, \
-             retry_times, next_call_time, create_time, version, load_balance_num, \
-             idempotency_key, target_override, leased) VALUES ",
-        );
-        for (i, (id, row)) in rows.iter().enumerate() {
-            if i > 0 {
-                sql.push_str(",\n");
-            }
-            let due = match row.due {
-                Due::Now => NOW.to_string(),
-                Due::Reserved(d) => {
-                    format!("({NOW} + make_interval(secs => {:.6}))", d.as_secs_f64())
-                }
-            };
-            sql.push_str(&format!(
-                "({id}, {}, {}, {}, '', 0, 0, {due}, {NOW}, 0, {}, {}, {}, false)",
-                row.def_id,
-                dollar_quoted(&row.param),
-                dollar_quoted(&row.description),
-                row.load_balance_num,
-                row.idempotency_key
-                    .as_deref()
-                    .map_or("NULL".into(), dollar_quoted),
-                row.target_override
-                    .as_deref()
-                    .map_or("NULL".into(), dollar_quoted),
-            ));
-        }
-        sql.push_str(";\n");
-    }
-    sql.push_str("COMMIT");
-    sql
-}
-
-/// PostgreSQL: commits the transaction open on `conn` (or, with `begin`,
-/// the one this same round trip opens) together with `rows`.
-pub(crate) async fn pg_commit(
+/// PostgreSQL: writes buffered rows (ids handed out beforehand from
+/// [`IdBlocks`](super::ids::IdBlocks)) in one prepared statement, whatever
+/// their number: `INSERT … SELECT … FROM UNNEST($1::bigint[], …)`. Planned
+/// once per connection; every value is a bound parameter. Inside the
+/// caller's transaction, or alone (then it commits by itself).
+pub(crate) async fn pg_insert_rows(
     conn: &mut sea_orm::sqlx::PgConnection,
-    begin: bool,
     rows: &[(i64, NewRow)],
 ) -> Result<(), sea_orm::sqlx::Error> {
-    use sea_orm::sqlx::Executor;
-    let sql = pg_commit_sql(begin, rows);
-    conn.execute(sea_orm::sqlx::AssertSqlSafe(sql))
+    const SQL: &str = "INSERT INTO notify_msg (id, def_id, param, description, errors, status, \
+        retry_times, next_call_time, create_time, version, load_balance_num, idempotency_key, \
+        target_override, leased) \
+        SELECT r.id, r.def_id, r.param, r.description, '', 0, 0, \
+        (statement_timestamp() AT TIME ZONE 'UTC') + make_interval(secs => r.due), \
+        (statement_timestamp() AT TIME ZONE 'UTC'), 0, r.lb, r.key, r.over, false \
+        FROM UNNEST($1::bigint[], $2::bigint[], $3::text[], $4::text[], $5::int[], \
+        $6::text[], $7::text[], $8::float8[]) AS r(id, def_id, param, description, lb, key, over, due)";
+    let due = |row: &NewRow| match row.due {
+        Due::Now => 0.0,
+        Due::Reserved(d) => d.as_secs_f64(),
+    };
+    sea_orm::sqlx::query(SQL)
+        .bind(rows.iter().map(|(id, _)| *id).collect::<Vec<i64>>())
+        .bind(rows.iter().map(|(_, r)| r.def_id).collect::<Vec<i64>>())
+        .bind(
+            rows.iter()
+                .map(|(_, r)| r.param.clone())
+                .collect::<Vec<String>>(),
+        )
+        .bind(
+            rows.iter()
+                .map(|(_, r)| r.description.clone())
+                .collect::<Vec<String>>(),
+        )
+        .bind(
+            rows.iter()
+                .map(|(_, r)| r.load_balance_num)
+                .collect::<Vec<i32>>(),
+        )
+        .bind(
+            rows.iter()
+                .map(|(_, r)| r.idempotency_key.clone())
+                .collect::<Vec<Option<String>>>(),
+        )
+        .bind(
+            rows.iter()
+                .map(|(_, r)| r.target_override.clone())
+                .collect::<Vec<Option<String>>>(),
+        )
+        .bind(rows.iter().map(|(_, r)| due(r)).collect::<Vec<f64>>())
+        .execute(conn)
         .await
         .map(drop)
-}
-
-/// `text` as a PostgreSQL dollar-quoted literal whose tag `text` does not contain.
-fn dollar_quoted(text: &str) -> String {
-    let mut n = 0u32;
-    loop {
-        let tag = if n == 0 {
-            "$sn$".to_string()
-        } else {
-            format!("$sn{n}$")
-        };
-        if !text.contains(&tag) {
-            return format!("{tag}{text}{tag}");
-        }
-        n += 1;
-    }
 }
 
 #[cfg(test)]
@@ -276,18 +252,6 @@ mod tests {
             target_override: None,
             due: Due::Now,
         }
-    }
-
-    #[test]
-    fn dollar_quoting_never_collides() {
-        assert_eq!(dollar_quoted("it's"), "$sn$it's$sn$");
-        assert_eq!(dollar_quoted("a $sn$ b"), "$sn1$a $sn$ b$sn1$");
-        assert_eq!(dollar_quoted("$sn$$sn1$"), "$sn2$$sn$$sn1$$sn2$");
-        let sql = pg_commit_sql(true, &[(7, row())]);
-        assert!(sql.starts_with("BEGIN;"), "{sql}");
-        assert!(sql.contains("(7, 1, $sn${}$sn$"), "{sql}");
-        assert!(sql.ends_with("COMMIT"), "{sql}");
-        assert_eq!(pg_commit_sql(false, &[]), "COMMIT");
     }
 
     #[test]
