@@ -33,21 +33,15 @@ pub(crate) async fn succeed_many(
     if leases.is_empty() {
         return Ok(Vec::new());
     }
-    let guard = columns::at_versions(&pairs(&leases));
+    let pairs = pairs(&leases);
+    let guard = columns::at_versions(&pairs);
     let sets: Vec<Set> = vec![
         (Column::Leased, Expr::val(false)),
         (Column::Status, Expr::val(Status::Succeeded as i16)),
     ];
     let moved = db::on_conflict_retry(|| async {
         if store.backend() == DbBackend::Postgres {
-            return columns::move_rows(
-                &store.db,
-                Table::Live,
-                Table::History,
-                guard.clone(),
-                sets.clone(),
-            )
-            .await;
+            return columns::succeed_pairs_pg(&store.db, &pairs).await;
         }
         let txn = db::begin(&store.db).await?;
         let moved = columns::move_rows(

@@ -167,8 +167,17 @@ pub(crate) async fn claim_due(
             if backend == DbBackend::Postgres {
                 ids = ids.lock_with_behavior(LockType::Update, LockBehavior::SkipLocked);
             }
-            let mut update = notify_msg::Entity::update_many()
-                .filter(Column::Id.in_subquery(sea_orm::QueryTrait::into_query(ids)));
+            let ids = sea_orm::QueryTrait::into_query(ids);
+            // PostgreSQL: `id = ANY(ARRAY(…))` probes the primary key for
+            // each claimed id; `id IN (…)` may be planned as a hash join
+            // over the whole table. SQLite probes its key either way.
+            let claimed = if backend == DbBackend::Postgres {
+                let ids = Expr::SubQuery(None, Box::new(ids.into()));
+                Expr::cust_with_expr(r#""id" = ANY(ARRAY($1))"#, ids)
+            } else {
+                Expr::col(Column::Id).in_subquery(ids)
+            };
+            let mut update = notify_msg::Entity::update_many().filter(claimed);
             for (c, value) in claim_sets(store).into_iter().chain([columns::bump()]) {
                 update = update.col_expr(c, value);
             }

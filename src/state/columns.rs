@@ -200,3 +200,41 @@ pub(crate) async fn move_rows<C: ConnectionTrait>(
     }
     Ok(ids)
 }
+
+/// PostgreSQL: moves the rows held at `pairs` (id, version) to history as
+/// succeeded, in one prepared statement whatever their number (the pairs
+/// travel as two arrays and are joined on the primary key). Returns the ids
+/// moved.
+pub(crate) async fn succeed_pairs_pg(
+    db: &sea_orm::DatabaseConnection,
+    pairs: &[(i64, i32)],
+) -> Result<Vec<i64>, DbErr> {
+    use std::sync::OnceLock;
+    static SQL: OnceLock<String> = OnceLock::new();
+    let sql = SQL.get_or_init(|| {
+        let names: Vec<&str> = Column::iter().map(|c| c.as_str()).collect();
+        let values: Vec<String> = Column::iter()
+            .map(|c| match c {
+                Column::Status => format!("{} AS status", crate::Status::Succeeded as i16),
+                Column::Version => "version + 1".to_string(),
+                Column::Leased => "false".to_string(),
+                other => format!("\"{}\"", other.as_str()),
+            })
+            .collect();
+        format!(
+            "WITH moved AS (DELETE FROM notify_msg m USING UNNEST($1::bigint[], $2::int[]) AS c(id, version) \
+             WHERE m.id = c.id AND m.version = c.version RETURNING m.*) \
+             INSERT INTO notify_msg_history ({}) SELECT {} FROM moved RETURNING id",
+            names.iter().map(|n| format!("\"{n}\"")).collect::<Vec<_>>().join(", "),
+            values.join(", ")
+        )
+    });
+    let ids: Vec<i64> = pairs.iter().map(|p| p.0).collect();
+    let versions: Vec<i32> = pairs.iter().map(|p| p.1).collect();
+    sea_orm::sqlx::query_scalar(sea_orm::sqlx::AssertSqlSafe(sql.as_str()))
+        .bind(ids)
+        .bind(versions)
+        .fetch_all(db.get_postgres_connection_pool())
+        .await
+        .map_err(|e| DbErr::Query(sea_orm::RuntimeErr::SqlxError(std::sync::Arc::new(e))))
+}

@@ -1,9 +1,9 @@
 //! Sweep: claim due notices in bounded batches and run each claimed attempt
 //! on its own task, through the same path as the after-commit attempt.
 //!
-//! A sweep claims the next batch only while it holds at most `batch_size`
+//! A sweep claims the next batch only while it holds at most two batches of
 //! claimed rows (waiting, delivering or being recorded), so it never holds
-//! more than two batches; what does not fit stays in the database. It runs
+//! more than three; what does not fit stays in the database. It runs
 //! at most `concurrency`
 //! deliveries at once, each with its own timeout, hands plain successes to a
 //! batch that moves them to history in one statement, and claims again as
@@ -168,8 +168,11 @@ impl<'a> Sweep<'a> {
         loop {
             // Claim when the waiting rows run low, keeping what this sweep
             // holds (waiting, delivering, being recorded) within one batch.
-            let held = waiting.len() + running.len() + batch.pending();
-            let room = held as u64 <= limits.batch_size;
+            // Claim again while this sweep holds at most two batches
+            // (waiting, delivering, being written): claims and writes of
+            // successes then overlap, and memory stays bounded.
+            let held = (waiting.len() + running.len() + batch.pending()) as u64;
+            let room = held <= 2 * limits.batch_size;
             if more && !shutdown.is_cancelled() && waiting.len() < limits.concurrency.max(1) && room
             {
                 match claim::claim_due(&inner.store, filter, limits.batch_size).await {

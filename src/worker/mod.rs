@@ -109,7 +109,8 @@ impl Worker {
         }
         let mut wakes = self.notifier.subscribe_wakes();
         wakes.mark_unchanged();
-        let mut next_due: Option<Instant> = None;
+        // With wake-ups on, a starting worker catches up at once.
+        let mut next_due: Option<Instant> = self.config.wake.then(Instant::now);
         let mut first = true;
         loop {
             let tick = match self.config.mode {

@@ -16,7 +16,7 @@ use wiremock::{
 
 use crate::{
     db_test,
-    support::{TestDb, eventually, test_config},
+    support::{KillOnDrop, TestDb, eventually, test_config},
 };
 
 async fn http_def(db: &TestDb, name: &str, target: Value, edit: impl FnOnce(&mut DefSpec)) {
@@ -330,33 +330,35 @@ db_test!(cli_worker_delivers_and_stops_on_sigterm, |db: Arc<
     )
     .await;
     db.insert_due("cli_hook", 25, |_| 0).await;
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_solid-notify"))
-        .args([
-            "worker",
-            "--mode",
-            "fixed-delay",
-            "--delay",
-            "100ms",
-            "--batch-size",
-            "10",
-        ])
-        .env("DATABASE_URL", &db.url)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = KillOnDrop(
+        std::process::Command::new(env!("CARGO_BIN_EXE_solid-notify"))
+            .args([
+                "worker",
+                "--mode",
+                "fixed-delay",
+                "--delay",
+                "100ms",
+                "--batch-size",
+                "10",
+            ])
+            .env("DATABASE_URL", &db.url)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
     eventually(30, "the CLI worker drained the notices", || async {
         (db.counts().await == (0, 25)).then_some(())
     })
     .await;
     let killed = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
+        .args(["-TERM", &child.0.id().to_string()])
         .status()
         .unwrap();
     assert!(killed.success());
     let deadline = std::time::Instant::now() + Duration::from_secs(15);
     let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
+        if let Some(status) = child.0.try_wait().unwrap() {
             break status;
         }
         assert!(
@@ -367,7 +369,7 @@ db_test!(cli_worker_delivers_and_stops_on_sigterm, |db: Arc<
     };
     assert!(status.success(), "{status:?}");
     let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    std::io::Read::read_to_string(&mut child.0.stderr.take().unwrap(), &mut stderr).unwrap();
     assert!(
         stderr.contains("worker stopped: 25 claimed, 25 succeeded"),
         "{stderr}"

@@ -438,6 +438,19 @@ macro_rules! pg_test {
     };
 }
 
+/// A child process that is killed (SIGKILL) when the guard drops, so that a
+/// failing test never leaves a worker running behind it.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            self.0.kill().ok();
+            self.0.wait().ok();
+        }
+    }
+}
+
 /// Polls `check` every 20 ms until it returns `Some`, or panics after `secs`.
 pub async fn eventually<T, F, Fut>(secs: u64, what: &str, mut check: F) -> T
 where

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     db_test,
-    support::{Recorder, TestDb, eventually, test_config},
+    support::{KillOnDrop, Recorder, TestDb, eventually, test_config},
 };
 
 fn quiet() -> Config {
@@ -233,26 +233,28 @@ db_test!(
     |db: Arc<TestDb>| async move {
         db.def("killed", "slow", |_| {}).await;
         db.insert_due("killed", 40, |_| 0).await;
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "worker::child_worker_process",
-                "--test-threads=1",
-                "--nocapture",
-            ])
-            .env("SN_CHILD_WORKER_DB", &db.url)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut child = KillOnDrop(
+            Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--exact",
+                    "worker::child_worker_process",
+                    "--test-threads=1",
+                    "--nocapture",
+                ])
+                .env("SN_CHILD_WORKER_DB", &db.url)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
         // Kill it mid-batch: some notices done, others claimed and in flight.
         eventually(60, "child delivered some", || async {
             let (_, done) = db.counts().await;
             (done >= 4).then_some(())
         })
         .await;
-        child.kill().unwrap(); // SIGKILL
-        child.wait().unwrap();
+        child.0.kill().unwrap(); // SIGKILL
+        child.0.wait().unwrap();
         let (left, done) = db.counts().await;
         assert!(
             left > 0,
