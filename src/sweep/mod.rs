@@ -69,7 +69,22 @@ impl Notifier {
         stats: &Arc<WorkerStats>,
     ) -> Result<SweepSummary> {
         Sweep::new(self, stats.clone(), false)
-            .run(filter, limits, shutdown, true)
+            .run(filter, limits, shutdown, true, None)
+            .await
+    }
+
+    /// [`sweep`](Self::sweep) that also claims again whenever `wakes`
+    /// changes while it runs (notices made due meanwhile).
+    pub(crate) async fn sweep_woken(
+        &self,
+        filter: &DueFilter,
+        limits: &SweepLimits,
+        shutdown: &CancellationToken,
+        stats: &Arc<WorkerStats>,
+        wakes: &mut tokio::sync::watch::Receiver<u64>,
+    ) -> Result<SweepSummary> {
+        Sweep::new(self, stats.clone(), false)
+            .run(filter, limits, shutdown, true, Some(wakes))
             .await
     }
 
@@ -83,7 +98,7 @@ impl Notifier {
             shutdown_timeout: Duration::ZERO,
         };
         let summary = Sweep::new(self, Arc::default(), true)
-            .run(&filter, &limits, &CancellationToken::new(), false)
+            .run(&filter, &limits, &CancellationToken::new(), false, None)
             .await?;
         Ok(summary.reports)
     }
@@ -143,6 +158,7 @@ impl<'a> Sweep<'a> {
         limits: &SweepLimits,
         shutdown: &CancellationToken,
         again: bool,
+        mut wakes: Option<&mut tokio::sync::watch::Receiver<u64>>,
     ) -> Result<SweepSummary> {
         let inner = &self.notifier.inner;
         let stop = inner.stop.child();
@@ -175,9 +191,11 @@ impl<'a> Sweep<'a> {
             let room = held <= 2 * limits.batch_size;
             if more && !shutdown.is_cancelled() && waiting.len() < limits.concurrency.max(1) && room
             {
+                let asked = std::time::Instant::now();
                 match claim::claim_due(&inner.store, filter, limits.batch_size).await {
                     Ok(leases) => {
                         let n = leases.len() as u64;
+                        tracing::trace!(n, ms = asked.elapsed().as_millis() as u64, "claimed");
                         claimed_total += n;
                         self.stats.add_claimed(n);
                         more = again && n == limits.batch_size;
@@ -223,6 +241,16 @@ impl<'a> Sweep<'a> {
                 _ = shutdown.cancelled(), if !waiting.is_empty() => {}
                 // Holding a full batch of successes being written: wait for them.
                 _ = batch.flushed(), if !room => {}
+                // Notices made due meanwhile: claim again.
+                changed = async { match wakes.as_mut() {
+                    Some(w) => w.changed().await.is_ok(),
+                    None => std::future::pending().await,
+                } }, if wakes.is_some() && !more && !shutdown.is_cancelled() => {
+                    if changed {
+                        more = true;
+                        self.stats.add_wakeup();
+                    }
+                }
                 // Nothing to start: claim more once the waiting rows run low.
                 _ = std::future::ready(()), if more && room && waiting.len() < limits.concurrency.max(1) && !shutdown.is_cancelled() => {}
             }

@@ -42,6 +42,15 @@ pub const PARK_CHECK_LIMIT: u64 = 500;
 /// Shortest wait for a known due time: 5 ms (rows due but held by another
 /// sender must not make a worker spin).
 pub const MIN_DUE_WAIT: Duration = Duration::from_millis(5);
+/// Connections of its pool a starting worker opens and warms up front (at
+/// most the pool's size): 6. A connection opened mid-sweep costs a new
+/// server backend and cold caches (tens of milliseconds) in the middle of
+/// somebody's latency.
+pub const WARM_CONNECTIONS: u32 = 6;
+
+/// How often a worker asks the database what is due next when its sweeps
+/// scheduled nothing for later: every 250 ms at most.
+pub const NEXT_DUE_EVERY: Duration = Duration::from_millis(250);
 
 /// A sweeping loop over one notifier.
 pub struct Worker {
@@ -107,10 +116,12 @@ impl Worker {
         if !sleep_or_stop(self.config.initial_delay, shutdown).await {
             return;
         }
+        warm_up(self.notifier.db()).await;
         let mut wakes = self.notifier.subscribe_wakes();
         wakes.mark_unchanged();
         // With wake-ups on, a starting worker catches up at once.
         let mut next_due: Option<Instant> = self.config.wake.then(Instant::now);
+        let mut next_due_asked: Option<Instant> = None;
         let mut first = true;
         loop {
             let tick = match self.config.mode {
@@ -127,17 +138,35 @@ impl Worker {
             first = false;
             match self.wait(tick, next_due, &mut wakes, shutdown).await {
                 None => return,
-                Some(true) => self.stats.add_wakeup(),
-                Some(false) => {}
+                Some(true) => {
+                    tracing::trace!("woken");
+                    self.stats.add_wakeup();
+                }
+                Some(false) => tracing::trace!("tick"),
             }
-            self.sweep_now(shutdown).await;
+            let before = self.stats.snapshot();
+            self.sweep_with(shutdown, self.config.wake.then_some(&mut wakes))
+                .await;
             if shutdown.is_cancelled() {
                 return;
             }
-            next_due = match self.config.wake {
-                true => self.next_due().await,
-                false => None,
-            };
+            // What is due next: asked after a sweep that scheduled something
+            // for later, and otherwise at most every NEXT_DUE_EVERY.
+            let after = self.stats.snapshot();
+            let scheduled = after.retried
+                + after.awaiting_confirm
+                + after.released
+                + after.lost_claims
+                > before.retried + before.awaiting_confirm + before.released + before.lost_claims;
+            let stale = next_due_asked.is_none_or(|t: Instant| t.elapsed() >= NEXT_DUE_EVERY);
+            if self.config.wake && (scheduled || stale) {
+                let asked = Instant::now();
+                next_due = self.next_due().await;
+                tracing::trace!(ms = asked.elapsed().as_millis() as u64, due_in_ms = ?next_due.map(|d| d.saturating_duration_since(Instant::now()).as_millis()), "next due");
+                next_due_asked = Some(Instant::now());
+            } else if next_due.is_some_and(|d| d <= Instant::now()) {
+                next_due = None;
+            }
         }
     }
 
@@ -206,6 +235,14 @@ impl Worker {
     /// and, once every [`PARK_CHECK_INTERVAL`], parking notices of unknown or
     /// invalid definitions.
     pub async fn sweep_now(&self, shutdown: &CancellationToken) {
+        self.sweep_with(shutdown, None).await;
+    }
+
+    async fn sweep_with(
+        &self,
+        shutdown: &CancellationToken,
+        wakes: Option<&mut tokio::sync::watch::Receiver<u64>>,
+    ) {
         self.park_check().await;
         self.stats.sweep_started();
         let span = tracing::info_span!(
@@ -221,9 +258,18 @@ impl Worker {
                 concurrency: self.config.concurrency,
                 shutdown_timeout: self.config.shutdown_timeout,
             };
-            self.notifier
-                .sweep(&filter, &limits, shutdown, &self.stats)
-                .await
+            match wakes {
+                Some(wakes) => {
+                    self.notifier
+                        .sweep_woken(&filter, &limits, shutdown, &self.stats, wakes)
+                        .await
+                }
+                None => {
+                    self.notifier
+                        .sweep(&filter, &limits, shutdown, &self.stats)
+                        .await
+                }
+            }
         }
         .instrument(span.clone())
         .await;
@@ -260,6 +306,35 @@ impl Worker {
             }
             Err(e) => tracing::warn!(error = %e, "cannot look for notices to park"),
         }
+    }
+}
+
+/// Opens up to [`WARM_CONNECTIONS`] connections of the pool at once (those
+/// it can have within 200 ms) and runs a statement on each that touches the
+/// notice tables, so the connections a worker needs exist, warm, before its
+/// first sweep.
+async fn warm_up(db: &sea_orm::DatabaseConnection) {
+    use sea_orm::sqlx;
+    const WARM: &str = "SELECT 1 FROM notify_msg WHERE id < 0 UNION ALL SELECT 1 FROM notify_msg_history WHERE id < 0";
+    async fn warm<DB: sqlx::Database>(pool: &sqlx::Pool<DB>)
+    where
+        for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    {
+        // A pool shared with others may have no connection to spare: each
+        // acquire gives up quickly, and all are given back at once.
+        let n = pool.options().get_max_connections().min(WARM_CONNECTIONS);
+        let acquire = || tokio::time::timeout(Duration::from_millis(200), pool.acquire());
+        let connections = futures::future::join_all((0..n).map(|_| acquire())).await;
+        for mut conn in connections.into_iter().flatten().flatten() {
+            if let Err(e) = sqlx::Executor::execute(&mut *conn, WARM).await {
+                tracing::debug!(error = %e, "warming a connection failed");
+            }
+        }
+    }
+    match db.get_database_backend() {
+        sea_orm::DbBackend::Postgres => warm(db.get_postgres_connection_pool()).await,
+        sea_orm::DbBackend::MySql => warm(db.get_mysql_connection_pool()).await,
+        _ => {}
     }
 }
 

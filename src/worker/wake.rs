@@ -65,7 +65,10 @@ pub(crate) async fn listen(notifier: Notifier, stop: CancellationToken) {
                 _ = stop.cancelled() => return,
             };
             match next {
-                Ok(Some(_)) => notifier.wake_workers(),
+                Ok(Some(_)) => {
+                    tracing::trace!("notified");
+                    notifier.wake_workers();
+                }
                 Ok(None) => {
                     // The connection was lost and is back: notifications may
                     // have been missed.
