@@ -1,18 +1,23 @@
 //! Benchmark: draining a backlog of due notices with the sweeper.
 //!
-//! On PostgreSQL, pre-inserts due notices and drains them with a no-op handler:
-//! a plain-SQL baseline (claim 500 with `FOR UPDATE SKIP LOCKED` and move them
-//! to history in one statement, in a loop), then one worker on a 10,000 and a
-//! 100,000 backlog, then two workers on 100,000. Each run is a separate process
-//! so its peak RSS is its own. Prints msgs/s, the ratio to the baseline, and
-//! peak RSS.
+//! Pre-inserts due notices with plain SQL and drains them with a no-op
+//! handler. On PostgreSQL: a plain-SQL baseline (claim 500 with `FOR UPDATE
+//! SKIP LOCKED` and move them to history in one statement, in a loop), then
+//! one worker on a 10,000 and a 100,000 backlog, then two workers on
+//! 100,000. Each run is a separate process so its peak RSS is its own.
+//! Prints msgs/s, µs per notice, the ratio to the baseline, and peak RSS.
 //!
-//! Run: `cargo run --release --example bench_sweep`
-//! (`BENCH_PG_URL` default `postgres://postgres@127.0.0.1:5432`; it creates and
-//! drops its own database `sn_bench_sweep`.)
+//! Run: `cargo run --release --example bench_sweep` (PostgreSQL);
+//! `-- --all` adds one worker on 100,000 on MariaDB and on SQLite;
+//! `-- --million` adds one worker on 1,000,000 on PostgreSQL, after printing
+//! the plans of the claim's due-row query at that backlog.
+//! (`BENCH_PG_URL` default `postgres://postgres@127.0.0.1:5432`,
+//! `BENCH_MYSQL_URL` default `mysql://root@127.0.0.1:3306`; it creates and
+//! drops its own database `sn_bench_sweep`, on SQLite a temporary file.)
 
 use std::{
     error::Error,
+    path::PathBuf,
     process::Command,
     sync::Arc,
     time::{Duration, Instant},
@@ -29,32 +34,51 @@ use tokio_util::sync::CancellationToken;
 
 type BoxResult<T> = Result<T, Box<dyn Error>>;
 
-fn base_url() -> String {
+fn pg_url() -> String {
     std::env::var("BENCH_PG_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
+}
+
+fn mysql_url() -> String {
+    std::env::var("BENCH_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306".into())
+}
+
+fn sqlite_path() -> PathBuf {
+    std::env::temp_dir().join("sn_bench_sweep.db")
 }
 
 #[tokio::main]
 async fn main() -> BoxResult<()> {
     let args: Vec<String> = std::env::args().collect();
-    if args.len() == 4 && args[1] == "run" {
-        return run(&args[2], args[3].parse()?).await;
+    if args.len() == 5 && args[1] == "run" {
+        return run(&args[2], &args[3], args[4].parse()?).await;
     }
     let exe = std::env::current_exe()?;
-    println!("drain of due notices, no-op handler, PostgreSQL on 127.0.0.1");
+    println!("drain of due notices, no-op handler, databases on 127.0.0.1");
+    let mut runs = vec![
+        ("postgres", "baseline", 100_000),
+        ("postgres", "worker1", 10_000),
+        ("postgres", "worker1", 100_000),
+        ("postgres", "worker2", 100_000),
+    ];
+    if args.iter().any(|a| a == "--all") {
+        runs.push(("mysql", "worker1", 100_000));
+        runs.push(("sqlite", "worker1", 100_000));
+    }
+    if args.iter().any(|a| a == "--million") {
+        runs.push(("postgres", "worker1", 1_000_000));
+    }
     let mut baseline = 0.0;
-    for (mode, backlog) in [
-        ("baseline", 100_000),
-        ("worker1", 10_000),
-        ("worker1", 100_000),
-        ("worker2", 100_000),
-    ] {
+    for (backend, mode, backlog) in runs {
         let out = Command::new(&exe)
-            .args(["run", mode, &backlog.to_string()])
+            .args(["run", backend, mode, &backlog.to_string()])
             .output()?;
         if !out.status.success() {
             return Err(String::from_utf8_lossy(&out.stderr).into_owned().into());
         }
         let text = String::from_utf8_lossy(&out.stdout);
+        for line in text.lines().filter(|l| !l.starts_with("rate=")) {
+            println!("    {line}");
+        }
         let line = text.lines().last().unwrap_or_default();
         let mut rate = 0.0;
         let mut rss = 0;
@@ -69,9 +93,14 @@ async fn main() -> BoxResult<()> {
         if mode == "baseline" {
             baseline = rate;
         }
+        let ratio = if backend == "postgres" {
+            format!("({:.2}x plain SQL)", rate / baseline)
+        } else {
+            String::new()
+        };
         println!(
-            "  {mode:<9} backlog {backlog:>7}: {rate:>9.0} msgs/s  ({:.2}x plain SQL)  peak RSS {:.1} MiB",
-            rate / baseline,
+            "  {backend:<8} {mode:<9} backlog {backlog:>9}: {rate:>9.0} msgs/s {:>6.1} µs/notice {ratio:<18} peak RSS {:.1} MiB",
+            1e6 / rate,
             rss as f64 / 1024.0
         );
     }
@@ -79,15 +108,36 @@ async fn main() -> BoxResult<()> {
 }
 
 /// One measured drain in this process; prints `rate=… rss_kb=…`.
-async fn run(mode: &str, backlog: u64) -> BoxResult<()> {
-    let db = fresh_db().await?;
-    db.execute_unprepared(&format!(
-        "INSERT INTO notify_msg (def_id, param, next_call_time) \
-         SELECT d.id, '{{\"i\":' || g || '}}', (now() at time zone 'utc') - interval '1 minute' \
-         FROM generate_series(1, {backlog}) g, notify_def d WHERE d.name = 'bench'"
-    ))
-    .await?;
-    db.execute_unprepared("VACUUM ANALYZE notify_msg").await?;
+async fn run(backend: &str, mode: &str, backlog: u64) -> BoxResult<()> {
+    let db = fresh_db(backend).await?;
+    let fill = match backend {
+        "postgres" => format!(
+            "INSERT INTO notify_msg (def_id, param, next_call_time) \
+             SELECT d.id, '{{\"i\":' || g || '}}', (now() at time zone 'utc') - interval '1 minute' \
+             FROM generate_series(1, {backlog}) g, notify_def d WHERE d.name = 'bench'"
+        ),
+        "mysql" => format!(
+            "INSERT INTO notify_msg (def_id, param, next_call_time) \
+             SELECT d.id, CONCAT('{{\"i\":', s.seq, '}}'), UTC_TIMESTAMP(6) - INTERVAL 1 MINUTE \
+             FROM seq_1_to_{backlog} s, notify_def d WHERE d.name = 'bench'"
+        ),
+        _ => format!(
+            "WITH RECURSIVE g(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM g WHERE x < {backlog}) \
+             INSERT INTO notify_msg (def_id, param, next_call_time) \
+             SELECT d.id, '{{\"i\":' || g.x || '}}', strftime('%Y-%m-%d %H:%M:%f', 'now', '-60 seconds') \
+             FROM g, notify_def d WHERE d.name = 'bench'"
+        ),
+    };
+    db.execute_unprepared(&fill).await?;
+    let analyze = match backend {
+        "postgres" => "VACUUM ANALYZE notify_msg",
+        "mysql" => "ANALYZE TABLE notify_msg",
+        _ => "ANALYZE",
+    };
+    db.execute_unprepared(analyze).await?;
+    if backend == "postgres" && backlog >= 1_000_000 {
+        explain(&db).await?;
+    }
     let started = Instant::now();
     match mode {
         "baseline" => baseline(&db).await?,
@@ -110,28 +160,88 @@ async fn run(mode: &str, backlog: u64) -> BoxResult<()> {
     }
     println!("rate={:.1} rss_kb={}", backlog as f64 / secs, peak_rss_kb());
     db.close().await?;
-    let admin = Database::connect(format!("{}/postgres", base_url())).await?;
-    admin
-        .execute_unprepared("DROP DATABASE IF EXISTS sn_bench_sweep WITH (FORCE)")
-        .await?;
+    drop_db(backend).await?;
     Ok(())
 }
 
-async fn fresh_db() -> BoxResult<DatabaseConnection> {
-    let admin = Database::connect(format!("{}/postgres", base_url())).await?;
-    admin
-        .execute_unprepared("DROP DATABASE IF EXISTS sn_bench_sweep WITH (FORCE)")
-        .await?;
-    admin
-        .execute_unprepared("CREATE DATABASE sn_bench_sweep")
-        .await?;
-    let mut opts = sea_orm::ConnectOptions::new(format!("{}/sn_bench_sweep", base_url()));
+/// The plans of the claim's due-row query at this backlog.
+async fn explain(db: &DatabaseConnection) -> BoxResult<()> {
+    let due = "SELECT id FROM notify_msg WHERE next_call_time <= (statement_timestamp() AT TIME ZONE 'UTC') \
+               AND status IN (0, 2, 4) AND def_id IN (1, 2) ORDER BY next_call_time LIMIT 1000 FOR UPDATE SKIP LOCKED";
+    let plans = [
+        format!("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) {due}"),
+        format!(
+            "EXPLAIN (COSTS OFF) UPDATE notify_msg SET version = version + 1, leased = true \
+             WHERE id = ANY(ARRAY(({due}))) RETURNING *"
+        ),
+    ];
+    for sql in plans {
+        println!(
+            "plan of: {}",
+            sql.split(" WHERE").next().unwrap_or_default()
+        );
+        let rows = db
+            .query_all_raw(sea_orm::Statement::from_string(
+                db.get_database_backend(),
+                sql,
+            ))
+            .await?;
+        for row in rows {
+            println!("  {}", row.try_get_by_index::<String>(0)?);
+        }
+    }
+    Ok(())
+}
+
+async fn fresh_db(backend: &str) -> BoxResult<DatabaseConnection> {
+    drop_db(backend).await?;
+    let url = match backend {
+        "postgres" => {
+            let admin = Database::connect(format!("{}/postgres", pg_url())).await?;
+            admin
+                .execute_unprepared("CREATE DATABASE sn_bench_sweep")
+                .await?;
+            format!("{}/sn_bench_sweep", pg_url())
+        }
+        "mysql" => {
+            let admin = Database::connect(format!("{}/test", mysql_url())).await?;
+            admin
+                .execute_unprepared("CREATE DATABASE sn_bench_sweep")
+                .await?;
+            format!("{}/sn_bench_sweep", mysql_url())
+        }
+        _ => format!("sqlite://{}?mode=rwc", sqlite_path().display()),
+    };
+    let mut opts = sea_orm::ConnectOptions::new(url);
     opts.max_connections(16).sqlx_logging(false);
     let db = Database::connect(opts).await?;
     solid_notify::migrate(&db).await?;
     let spec = DefSpec::new("bench", Channel::Handler, json!({"handler": "noop"}));
     store::sync(&db, &[spec]).await?;
     Ok(db)
+}
+
+async fn drop_db(backend: &str) -> BoxResult<()> {
+    match backend {
+        "postgres" => {
+            let admin = Database::connect(format!("{}/postgres", pg_url())).await?;
+            admin
+                .execute_unprepared("DROP DATABASE IF EXISTS sn_bench_sweep WITH (FORCE)")
+                .await?;
+        }
+        "mysql" => {
+            let admin = Database::connect(format!("{}/test", mysql_url())).await?;
+            admin
+                .execute_unprepared("DROP DATABASE IF EXISTS sn_bench_sweep")
+                .await?;
+        }
+        _ => {
+            for suffix in ["", "-wal", "-shm"] {
+                std::fs::remove_file(format!("{}{suffix}", sqlite_path().display())).ok();
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The plain-SQL floor: claim 500 with SKIP LOCKED and move them to history.

@@ -1,11 +1,15 @@
 //! Background: the attempt right after a commit.
 //!
-//! A committed notice is reserved for its producer's process (`next_call_time`
-//! one lease ahead) so that sweepers leave it alone while the after-commit
-//! attempt claims it. A notice that will not be attempted here after all
+//! A committed notice is reserved for its producer's process: written
+//! `leased`, at version 0, with `next_call_time` one lease ahead (the
+//! database's clock, from the insert). The reservation is the after-commit
+//! attempt's claim: the attempt starts at once, and sweepers take the row
+//! only if the reservation runs out. A notice that will not be attempted here after all
 //! (no free background slot, shutdown under way, a handler this process
 //! lacks) has its reservation released at once: it is due for any sweeper
 //! immediately, never after a whole lease.
+
+use std::time::Instant;
 
 use chrono::NaiveDateTime;
 
@@ -14,7 +18,7 @@ use crate::{
     Notifier, Status,
     def::DefRef,
     entity::notify_msg,
-    state::{claim, insert::NewRow},
+    state::{Lease, claim, insert::NewRow},
 };
 
 /// A notice written in a transaction, to be attempted after its commit.
@@ -23,11 +27,20 @@ pub struct PendingNotice {
     pub(crate) id: i64,
     pub(crate) row: NewRow,
     pub(crate) def: DefRef,
+    /// Taken before the statement that wrote the row: its reservation
+    /// (lease) cannot have begun earlier.
+    pub(crate) written: Instant,
 }
 
 impl PendingNotice {
-    pub(crate) fn new(id: i64, row: NewRow, def: DefRef) -> Self {
-        PendingNotice { id, row, def }
+    /// A notice whose row was written by a statement sent after `written`.
+    pub(crate) fn new(id: i64, row: NewRow, def: DefRef, written: Instant) -> Self {
+        PendingNotice {
+            id,
+            row,
+            def,
+            written,
+        }
     }
 
     /// The new notice's id.
@@ -41,7 +54,7 @@ impl PendingNotice {
     }
 
     /// The row as inserted (times are not known here and are not used).
-    fn model(&self) -> notify_msg::Model {
+    pub(crate) fn model(&self) -> notify_msg::Model {
         let r = &self.row;
         notify_msg::Model {
             id: self.id,
@@ -58,7 +71,7 @@ impl PendingNotice {
             load_balance_num: r.load_balance_num,
             idempotency_key: r.idempotency_key.clone(),
             target_override: r.target_override.clone(),
-            leased: false,
+            leased: self.reserved(),
         }
     }
 }
@@ -150,15 +163,11 @@ async fn attempt(notifier: &Notifier, p: PendingNotice) -> AttemptReport {
             result: AttemptResult::Skipped { reason },
         };
     }
-    let result = match claim::claim_one(&inner.store, &p.model()).await {
-        Ok(Some(lease)) => super::run(notifier, p.def, lease, &Recorder::Inline, &inner.stop, None)
-            .await
-            .result(),
-        Ok(None) => AttemptResult::LostClaim,
-        Err(e) => AttemptResult::Error {
-            error: format!("{e}; due when its reservation ends"),
-        },
-    };
+    // The reservation is this attempt's lease (version 0, from the insert).
+    let lease = Lease::new(inner.store.clone(), p.model(), p.written);
+    let result = super::run(notifier, p.def, lease, &Recorder::Inline, &inner.stop, None)
+        .await
+        .result();
     AttemptReport { notice_id, result }
 }
 

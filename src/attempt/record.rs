@@ -233,6 +233,8 @@ async fn fail(
     } else {
         (None, None)
     };
+    // The alert row's reservation cannot begin before this.
+    let written = std::time::Instant::now();
     let (result, alert_id) = if is_final {
         let fail = Final {
             errors,
@@ -274,7 +276,10 @@ async fn fail(
         }
     };
     if let (Some(id), Some(row), Some(def)) = (alert_id, alert, alert_def) {
-        background::after_commit(notifier, vec![background::PendingNotice::new(id, row, def)]);
+        background::after_commit(
+            notifier,
+            vec![background::PendingNotice::new(id, row, def, written)],
+        );
     }
     if alerts {
         spawn_hook(notifier, event);

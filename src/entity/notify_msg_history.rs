@@ -42,8 +42,9 @@ pub struct Model {
     /// Per-notice JSON object merged over the definition's target.
     #[sea_orm(column_type = "Text", nullable)]
     pub target_override: Option<String>,
-    /// Whether a claim holds the row: its attempt is running until
-    /// `next_call_time` (the lease end). Cleared by every outcome.
+    /// Whether a claim (or the producer's reservation for its after-commit
+    /// attempt) holds the row: its attempt may run until `next_call_time`
+    /// (the lease end). Cleared by every outcome.
     pub leased: bool,
 }
 

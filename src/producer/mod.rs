@@ -116,6 +116,7 @@ impl Notifier {
         C: ConnectionTrait + TransactionTrait,
     {
         let (row, def) = self.prepare(conn, notice).await?;
+        let written = std::time::Instant::now();
         let id = insert::insert(conn, &row).await.map_err(|e| {
             if e.aborted {
                 Error::TransactionAborted(e.error.to_string())
@@ -123,7 +124,7 @@ impl Notifier {
                 Error::Db(e.error)
             }
         })?;
-        Ok(PendingNotice::new(id, row, def))
+        Ok(PendingNotice::new(id, row, def, written))
     }
 
     /// Checks a notice and builds its row; no SQL but the definition lookup
@@ -324,7 +325,8 @@ impl NoticeTx {
             Kind::Pg(pg) => {
                 let (row, def) = self.notifier.prepare(self, notice).await?;
                 let id = pg.next_id(&self.notifier.inner.ids).await?;
-                Ok(PendingNotice::new(id, row, def))
+                // Written with the commit; `written` is set again then.
+                Ok(PendingNotice::new(id, row, def, std::time::Instant::now()))
             }
         };
         let pending = added?;
@@ -357,7 +359,7 @@ impl NoticeTx {
     }
 
     async fn commit_inner(self) -> Result<(Notifier, Vec<PendingNotice>)> {
-        let pending = self
+        let mut pending = self
             .pending
             .into_inner()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -365,6 +367,10 @@ impl NoticeTx {
             Kind::Sea(sea) => sea.commit().await?,
             Kind::Pg(pg) => {
                 let rows: Vec<_> = pending.iter().map(|p| (p.id, p.row.clone())).collect();
+                let written = std::time::Instant::now();
+                for p in &mut pending {
+                    p.written = written;
+                }
                 pg.commit(&rows).await?;
             }
         }

@@ -67,6 +67,11 @@ pub(crate) enum Due {
 }
 
 impl Due {
+    /// Whether the row is reserved (held) for an after-commit attempt.
+    pub fn reserved(self) -> bool {
+        matches!(self, Due::Reserved(_))
+    }
+
     pub fn expr(self, backend: DbBackend) -> Expr {
         match self {
             Due::Now => now(backend),

@@ -27,7 +27,10 @@ pub const MAX_KEY_CHARS: usize = 255;
 /// [`Config::max_param_bytes`](crate::Config::max_param_bytes).
 pub const DEFAULT_MAX_PARAM_BYTES: usize = 1024 * 1024;
 
-/// A notice row to insert.
+/// A notice row to insert. A row reserved for its producer's after-commit
+/// attempt is written `leased` at version 0: the reservation is that
+/// attempt's claim, from the database's clock, so the attempt needs no claim
+/// of its own.
 #[derive(Debug, Clone)]
 pub(crate) struct NewRow {
     pub def_id: i64,
@@ -122,7 +125,7 @@ fn statement(backend: DbBackend, row: &NewRow) -> InsertStatement {
             row.load_balance_num.into(),
             row.idempotency_key.clone().into(),
             row.target_override.clone().into(),
-            false.into(),
+            row.due.reserved().into(),
         ])
         .to_owned()
 }
@@ -197,7 +200,7 @@ pub(crate) async fn pg_insert_rows(
         target_override, leased) \
         SELECT r.id, r.def_id, r.param, r.description, '', 0, 0, \
         (statement_timestamp() AT TIME ZONE 'UTC') + make_interval(secs => r.due), \
-        (statement_timestamp() AT TIME ZONE 'UTC'), 0, r.lb, r.key, r.over, false \
+        (statement_timestamp() AT TIME ZONE 'UTC'), 0, r.lb, r.key, r.over, r.due > 0 \
         FROM UNNEST($1::bigint[], $2::bigint[], $3::text[], $4::text[], $5::int[], \
         $6::text[], $7::text[], $8::float8[]) AS r(id, def_id, param, description, lb, key, over, due)";
     let due = |row: &NewRow| match row.due {

@@ -27,6 +27,25 @@ pub(crate) struct Lease {
     settled: bool,
 }
 
+impl Lease {
+    /// Whether this lease is a producer's reservation (version 0, never
+    /// claimed): its outcome also stamps `last_call_time`, which a claim
+    /// would have set.
+    fn reserved(&self) -> bool {
+        self.row.version == 0 && self.row.last_call_time.is_none()
+    }
+
+    /// The columns every outcome sets: not leased any more, and for a
+    /// reservation the time of its (only) call.
+    fn outcome_sets(&self) -> Vec<Set> {
+        let mut sets = vec![(Column::Leased, Expr::val(false))];
+        if self.reserved() {
+            sets.push((Column::LastCallTime, clock::now(self.store.backend())));
+        }
+        sets
+    }
+}
+
 /// A transition that could not be written; the lease is still held.
 pub(crate) struct Held {
     /// The lease, as it was.
@@ -168,13 +187,13 @@ impl Lease {
     /// with its alert notice in the same transaction. `None`: lost.
     pub async fn retry(self, retry: &Retry) -> Result<Option<Scheduled>, Held> {
         let backend = self.backend();
-        let sets: Vec<Set> = vec![
-            (Column::Leased, Expr::val(false)),
+        let mut sets = self.outcome_sets();
+        sets.extend([
             (Column::Status, Expr::val(Status::Failed as i16)),
             (Column::Errors, Expr::val(retry.errors.clone())),
             (Column::RetryTimes, Expr::val(retry.retry_times)),
             (Column::NextCallTime, clock::after(backend, retry.delay)),
-        ];
+        ]);
         let (id, version) = (self.id(), self.version());
         let written = db::on_conflict_retry(|| async {
             let Some(alert) = &retry.alert else {
@@ -208,10 +227,8 @@ impl Lease {
     /// Moves the row to history as succeeded, appending `note` to its
     /// description. `false`: lost.
     pub async fn succeed(self, note: Option<&str>) -> Result<bool, Held> {
-        let mut sets: Vec<Set> = vec![
-            (Column::Leased, Expr::val(false)),
-            (Column::Status, Expr::val(Status::Succeeded as i16)),
-        ];
+        let mut sets = self.outcome_sets();
+        sets.push((Column::Status, Expr::val(Status::Succeeded as i16)));
         if let Some(note) = note {
             sets.push((Column::Description, Expr::val(self.with_note(note))));
         }
@@ -224,12 +241,12 @@ impl Lease {
     /// Moves the row to history as a final failure, with its alert notice in
     /// the same transaction. `None`: lost; otherwise the alert's id, if any.
     pub async fn fail_for_good(self, fail: &Final) -> Result<Option<Option<i64>>, Held> {
-        let sets: Vec<Set> = vec![
-            (Column::Leased, Expr::val(false)),
+        let mut sets = self.outcome_sets();
+        sets.extend([
             (Column::Status, Expr::val(Status::FinalFailure as i16)),
             (Column::Errors, Expr::val(fail.errors.clone())),
             (Column::RetryTimes, Expr::val(fail.retry_times)),
-        ];
+        ]);
         match self.finish(sets, fail.alert.as_ref()).await {
             Ok(moved) => Ok(self.done(moved)),
             Err(e) => Err(self.held(e)),
@@ -248,11 +265,11 @@ impl Lease {
             Deadline::After(d) => clock::after(backend, d),
             Deadline::Forever => Expr::val(clock::far_future()),
         };
-        let mut sets: Vec<Set> = vec![
-            (Column::Leased, Expr::val(false)),
+        let mut sets = self.outcome_sets();
+        sets.extend([
             (Column::Status, Expr::val(Status::AwaitingConfirm as i16)),
             (Column::NextCallTime, deadline),
-        ];
+        ]);
         if let Some(note) = note {
             sets.push((Column::Description, Expr::val(self.with_note(note))));
         }

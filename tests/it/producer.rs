@@ -213,7 +213,9 @@ db_test!(shutdown_releases_after_commit_attempts, |db: Arc<
     let released = notifier.shutdown(Duration::from_millis(200)).await.unwrap();
     assert_eq!(released, 1);
     let row = db.live().await.pop().unwrap();
-    assert_eq!((row.id, row.version, row.status), (id, 2, Status::NotSent));
+    // Reserved at version 0 (the after-commit attempt's claim), released at 1.
+    assert_eq!((row.id, row.version, row.status), (id, 1, Status::NotSent));
+    assert!(!row.leased);
     assert!(
         row.next_call_time <= chrono::Utc::now().naive_utc(),
         "due again at once"

@@ -140,7 +140,7 @@ db_test!(
             db.live()
                 .await
                 .into_iter()
-                .find(|r| r.id == id && !r.leased && r.version == 2)
+                .find(|r| r.id == id && !r.leased && r.version == 1)
         })
         .await;
         assert_eq!(row.status, Status::NotSent);
