@@ -192,17 +192,21 @@ pub(crate) async fn claim_due(
         .collect())
 }
 
-/// Claims `row` if it is still at the version read and in flight (due or
-/// not: the after-commit attempt claims the row reserved for it, and a
-/// rejection claims a row awaiting confirmation). `None`: someone else holds
-/// or finished it.
+/// Claims `row` if it is still at the version read, in flight, and not held
+/// by a live lease (a claim or an after-commit reservation whose end has not
+/// passed, by the database's clock). It need not be due: a rejection claims
+/// a row awaiting confirmation. `None`: someone else holds or finished it.
 pub(crate) async fn claim_one(
     store: &Store,
     row: &notify_msg::Model,
 ) -> Result<Option<Lease>, DbErr> {
     let started = Instant::now();
+    let free = Condition::any()
+        .add(Expr::col(Column::Leased).eq(false))
+        .add(Expr::col(Column::NextCallTime).lte(clock::now(store.backend())));
     let guard = columns::at_version(row.id, row.version)
-        .add(Expr::col(Column::Status).is_in(Status::DUE.map(|s| s as i16)));
+        .add(Expr::col(Column::Status).is_in(Status::DUE.map(|s| s as i16)))
+        .add(free);
     if columns::update(&store.db, guard, claim_sets(store)).await? != 1 {
         return Ok(None);
     }
@@ -221,7 +225,10 @@ pub(crate) async fn release_reserved(store: &Store, pairs: &[(i64, i32)]) -> Res
     if pairs.is_empty() {
         return Ok(0);
     }
-    let sets = vec![(Column::NextCallTime, clock::now(store.backend()))];
+    let sets = vec![
+        (Column::Leased, Expr::val(false)),
+        (Column::NextCallTime, clock::now(store.backend())),
+    ];
     db::on_conflict_retry(|| columns::update(&store.db, columns::at_versions(pairs), sets.clone()))
         .await
 }

@@ -141,3 +141,60 @@ db_test!(
         }
     }
 );
+
+db_test!(
+    attempt_never_takes_a_live_lease,
+    |db: Arc<TestDb>| async move {
+        // Every first request hangs for 3 s (under the 4 s attempt timeout).
+        let receiver = Receiver::start(|r| {
+            if r.attempt == 1 {
+                Reply::ok().after(Duration::from_secs(3))
+            } else {
+                Reply::ok()
+            }
+        })
+        .await;
+        http_def(&db, "hook", &receiver.url, |_| {}).await;
+        // One notice held by its producer's after-commit attempt, one by a
+        // worker's claim.
+        let producer = db.notifier().build().unwrap();
+        let tx = producer.begin().await.unwrap();
+        let reserved = tx.add_notice("hook", &json!({}), "").await.unwrap();
+        tx.commit().await.unwrap();
+        db.insert_due("hook", 1, |_| 0).await;
+        let worker = start(
+            db.notifier().config(quiet()).build().unwrap(),
+            fast(WorkerConfig::default()),
+        );
+        eventually(10, "both first requests running", || async {
+            (receiver.running() == 2).then_some(())
+        })
+        .await;
+        // A third process reads both rows as they stand and attempts them.
+        let other = db.notifier().config(quiet()).build().unwrap();
+        let rows = db.live().await;
+        assert_eq!(rows.len(), 2);
+        assert!(rows.iter().all(|r| r.leased), "{rows:?}");
+        for row in rows {
+            let id = row.id;
+            let report = other.attempt(row).await;
+            assert_eq!(
+                report.result,
+                AttemptResult::LostClaim,
+                "notice {id} (reserved: {})",
+                id == reserved
+            );
+        }
+        eventually(20, "both delivered", || async {
+            (db.counts().await == (0, 2)).then_some(())
+        })
+        .await;
+        worker.stop().await;
+        assert_eq!(
+            receiver.overlaps(),
+            Vec::<i64>::new(),
+            "two requests at once"
+        );
+        assert_eq!(receiver.seen().len(), 2, "one request per notice");
+    }
+);
