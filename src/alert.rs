@@ -52,9 +52,17 @@ pub fn builtin_spec() -> DefSpec {
     }
 }
 
-/// The built-in alert definition with the id of the stored row.
-pub(crate) fn builtin_def(id: i64) -> Result<Def, DefinitionError> {
-    builtin_spec().validate(id, "built-in alert definition")
+/// The built-in alert definition with the id of the stored row, standing in
+/// for a row that does not validate. It keeps the row's `email` (the
+/// recipients of alerts about parked notices) when that part is valid.
+pub(crate) fn builtin_def(id: i64, email: &str) -> Result<Def, DefinitionError> {
+    let with_email = DefSpec {
+        email: email.to_string(),
+        ..builtin_spec()
+    };
+    with_email
+        .validate(id, "built-in alert definition")
+        .or_else(|_| builtin_spec().validate(id, "built-in alert definition"))
 }
 /// Failure-log lines quoted in an alert.
 pub const ALERT_ERROR_LINES: usize = 5;

@@ -62,11 +62,6 @@ pub struct Config {
     /// RabbitMQ for the `amqp` channel and the confirmation queue. Default
     /// [`AmqpConfig::default`]: `$SOLID_NOTIFY_AMQP_URL` (unset: disabled).
     pub amqp: AmqpConfig,
-    /// Test hook: shifts this notifier's view of the wall clock. The
-    /// database's clock decides what is due and when leases end, so this only
-    /// moves the dates printed in failure logs. Default: zero.
-    #[doc(hidden)]
-    pub app_clock_offset: chrono::TimeDelta,
 }
 
 impl Default for Config {
@@ -82,7 +77,6 @@ impl Default for Config {
             secrets: HashMap::new(),
             amqp: AmqpConfig::default(),
             max_param_bytes: DEFAULT_MAX_PARAM_BYTES,
-            app_clock_offset: chrono::TimeDelta::zero(),
         }
     }
 }

@@ -50,6 +50,13 @@ pub(crate) fn is_conflict(e: &DbErr) -> bool {
     }) || mysql_code(e).is_some_and(|n| n == 1213 || n == 1205)
 }
 
+/// Whether `e` is known to have rolled back the whole transaction it ran
+/// in, whatever the server: a MySQL/MariaDB deadlock (1213; InnoDB rolls
+/// the transaction back).
+pub(crate) fn rolled_back_transaction(e: &DbErr) -> bool {
+    mysql_code(e) == Some(1213)
+}
+
 fn mysql_code(e: &DbErr) -> Option<u16> {
     let db = sqlx_error(e)?.as_database_error()?;
     db.try_downcast_ref::<sea_orm::sqlx::mysql::MySqlDatabaseError>()
@@ -75,9 +82,43 @@ pub(crate) fn is_transient(e: &DbErr) -> bool {
         S::Database(_) => {
             sql_state(e).is_some_and(|code| {
                 // 08: connection exception; 57P01-03: admin shutdown, crash
-                // shutdown, cannot connect now; 53300: too many connections.
-                code.starts_with("08") || code.starts_with("57P") || code == "53300"
-            }) || mysql_code(e).is_some_and(|n| matches!(n, 1040 | 1053 | 2006 | 2013))
+                // shutdown, cannot connect now; 53300: too many connections;
+                // 57014: statement cancelled (statement_timeout,
+                // pg_cancel_backend); 55P03: lock not available (lock_timeout).
+                code.starts_with("08")
+                    || code.starts_with("57P")
+                    || matches!(code.as_str(), "53300" | "57014" | "55P03")
+            }) || mysql_code(e).is_some_and(|n| {
+                // 1040 too many connections, 1053 server shutdown, 1158-1161
+                // network read/write errors, 1317 query interrupted, 1927
+                // connection killed (MariaDB), 1969 statement timeout
+                // (MariaDB), 3024 query timeout (MySQL), 2006/2013 server
+                // gone or connection lost.
+                matches!(
+                    n,
+                    1040 | 1053 | 1158..=1161 | 1317 | 1927 | 1969 | 3024 | 2006 | 2013
+                )
+            })
+        }
+        _ => false,
+    }
+}
+
+/// Whether `e` means the connection (or the server) went away while the
+/// statement ran, so that its outcome is unknown: it may have been applied.
+pub(crate) fn connection_lost(e: &DbErr) -> bool {
+    if matches!(e, DbErr::Conn(_)) {
+        return true;
+    }
+    let Some(sqlx) = sqlx_error(e) else {
+        return false;
+    };
+    use sea_orm::sqlx::Error as S;
+    match sqlx {
+        S::Io(_) | S::Tls(_) | S::Protocol(_) | S::WorkerCrashed => true,
+        S::Database(_) => {
+            sql_state(e).is_some_and(|code| code.starts_with("08") || code.starts_with("57P"))
+                || mysql_code(e).is_some_and(|n| matches!(n, 1053 | 1927 | 2006 | 2013))
         }
         _ => false,
     }

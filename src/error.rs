@@ -92,9 +92,17 @@ pub enum Error {
     },
 
     /// The database rolled the transaction back (a statement in it failed in
-    /// a way that aborts it); nothing was committed.
+    /// a way that aborts it, or its notices could not be written at the
+    /// commit); nothing was committed.
     #[error("the transaction was aborted by the database and rolled back: {0}")]
     TransactionAborted(String),
+
+    /// The connection failed while the transaction was committing: it may
+    /// have committed or not. Its notices, if they were committed, are due at
+    /// once for any worker (their after-commit attempt does not run); look
+    /// the business data up before doing the work again.
+    #[error("the connection failed during the commit; it may or may not have committed: {0}")]
+    CommitOutcomeUnknown(String),
 }
 
 /// Result alias used across the crate.

@@ -62,6 +62,9 @@ pub(crate) struct Inner {
     /// Bumped whenever notices become due through this notifier; workers
     /// built on it watch it (in-process wake-ups).
     wakes: tokio::sync::watch::Sender<u64>,
+    /// The earliest time a notice recorded through this notifier falls due
+    /// again (a retry, a confirmation deadline), for workers built on it.
+    due_hint: tokio::sync::watch::Sender<Option<std::time::Instant>>,
 }
 
 impl Inner {
@@ -76,6 +79,19 @@ impl Inner {
     /// Wakes the workers built on this notifier: notices are due now.
     pub fn wake_workers(&self) {
         self.wakes.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Tells the workers built on this notifier that a notice falls due
+    /// after `delay` (they sleep until then at the latest).
+    pub fn due_after(&self, delay: Duration) {
+        let at = std::time::Instant::now() + delay;
+        self.due_hint.send_if_modified(|hint| match hint {
+            Some(earlier) if *earlier <= at => false,
+            _ => {
+                *hint = Some(at);
+                true
+            }
+        });
     }
 }
 
@@ -148,6 +164,24 @@ impl Notifier {
         self.inner.wakes.subscribe()
     }
 
+    /// A receiver of the earliest due time recorded in this process.
+    pub(crate) fn subscribe_due_hint(
+        &self,
+    ) -> tokio::sync::watch::Receiver<Option<std::time::Instant>> {
+        self.inner.due_hint.subscribe()
+    }
+
+    /// Forgets a due-time hint that has passed (a sweep has run since).
+    pub(crate) fn clear_due_hint(&self, swept_at: std::time::Instant) {
+        self.inner.due_hint.send_if_modified(|hint| match hint {
+            Some(at) if *at <= swept_at => {
+                *hint = None;
+                true
+            }
+            _ => false,
+        });
+    }
+
     /// Forgets cached definitions so the next use rereads `notify_def`.
     pub fn reload_defs(&self) {
         self.inner.defs.invalidate();
@@ -156,7 +190,7 @@ impl Notifier {
     /// The application's clock, for the dates of failure-log lines (the
     /// database's clock decides everything else).
     pub(crate) fn app_now(&self) -> NaiveDateTime {
-        chrono::Utc::now().naive_utc() + self.inner.config.app_clock_offset
+        chrono::Utc::now().naive_utc()
     }
 
     /// The reserved alert definition (a built-in policy when its row is
@@ -227,6 +261,7 @@ impl NotifierBuilder {
                 ids: Default::default(),
                 released: AtomicU64::new(0),
                 wakes: tokio::sync::watch::channel(0).0,
+                due_hint: tokio::sync::watch::channel(None).0,
                 handlers: self.handlers,
                 config: self.config,
                 alerts: self.alerts,

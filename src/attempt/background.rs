@@ -22,7 +22,9 @@ use crate::{
 };
 
 /// A notice written in a transaction, to be attempted after its commit.
-#[derive(Debug, Clone)]
+///
+/// Deliberately not `Clone`: one pending notice is one attempt.
+#[derive(Debug)]
 pub struct PendingNotice {
     pub(crate) id: i64,
     pub(crate) row: NewRow,
@@ -30,16 +32,33 @@ pub struct PendingNotice {
     /// Taken before the statement that wrote the row: its reservation
     /// (lease) cannot have begun earlier.
     pub(crate) written: Instant,
+    /// The library itself saw the transaction that wrote the row commit
+    /// ([`NoticeTx`](crate::NoticeTx), alert notices): the reservation is
+    /// this attempt's claim as it stands. Otherwise (a caller's own
+    /// transaction, [`Notifier::add`]) the attempt first claims the
+    /// reservation, so that a transaction that did not commit, or a second
+    /// dispatch, sends nothing.
+    pub(crate) committed: bool,
 }
 
 impl PendingNotice {
-    /// A notice whose row was written by a statement sent after `written`.
+    /// A notice whose row was written by a statement sent after `written`,
+    /// in a transaction whose commit the library has not seen.
     pub(crate) fn new(id: i64, row: NewRow, def: DefRef, written: Instant) -> Self {
         PendingNotice {
             id,
             row,
             def,
             written,
+            committed: false,
+        }
+    }
+
+    /// The same notice, known to be committed.
+    pub(crate) fn committed(self) -> Self {
+        PendingNotice {
+            committed: true,
+            ..self
         }
     }
 
@@ -163,8 +182,28 @@ async fn attempt(notifier: &Notifier, p: PendingNotice) -> AttemptReport {
             result: AttemptResult::Skipped { reason },
         };
     }
-    // The reservation is this attempt's lease (version 0, from the insert).
-    let lease = Lease::new(inner.store.clone(), p.model(), p.written);
+    let lease = if p.committed {
+        // The reservation is this attempt's lease (version 0, from the insert).
+        Lease::new(inner.store.clone(), p.model(), p.written)
+    } else {
+        match claim::claim_reserved(&inner.store, &p.model(), p.written).await {
+            Ok(Some(lease)) => lease,
+            Ok(None) => {
+                return AttemptReport {
+                    notice_id,
+                    result: AttemptResult::LostClaim,
+                };
+            }
+            Err(e) => {
+                return AttemptReport {
+                    notice_id,
+                    result: AttemptResult::Error {
+                        error: format!("{e}; due when its reservation ends"),
+                    },
+                };
+            }
+        }
+    };
     let result = super::run(notifier, p.def, lease, &Recorder::Inline, &inner.stop, None)
         .await
         .result();
@@ -173,7 +212,7 @@ async fn attempt(notifier: &Notifier, p: PendingNotice) -> AttemptReport {
 
 /// Makes reserved rows due at once (retrying while the database is away,
 /// until shutdown gives up: then they are due when the reservation ends).
-fn release_reservations(notifier: &Notifier, pending: Vec<PendingNotice>) {
+pub(crate) fn release_reservations(notifier: &Notifier, pending: Vec<PendingNotice>) {
     let pairs: Vec<(i64, i32)> = pending
         .iter()
         .filter(|p| p.reserved())

@@ -37,25 +37,37 @@ pub(crate) async fn park(
         let reason = match inner.defs.by_id(&inner.store.db, def_id).await {
             Err(Error::UnknownDefId(_)) => format!("definition id {def_id} does not exist"),
             Err(Error::InvalidDef(e)) => format!("definition is invalid: {e}"),
-            Err(e) => format!("definition cannot be read: {e}"),
+            // Valid after all (it changed meanwhile), or not readable now:
+            // nothing to park; due again at once.
             Ok(_) => {
-                // Valid after all (it changed meanwhile): due again at once.
-                for lease in group {
-                    let notice_id = lease.id();
-                    let result = crate::attempt::record::release(
-                        notifier,
-                        lease,
-                        "definition is valid again".into(),
-                        give_up,
-                    )
-                    .await;
-                    reports.push(AttemptReport { notice_id, result });
-                }
+                release(
+                    notifier,
+                    group,
+                    "definition is valid again",
+                    give_up,
+                    &mut reports,
+                )
+                .await;
+                continue;
+            }
+            Err(e) => {
+                let why = format!("definition cannot be read now ({e})");
+                release(notifier, group, &why, give_up, &mut reports).await;
                 continue;
             }
         };
         let ids: Vec<i64> = group.iter().map(Lease::id).collect();
-        let alert = park_alert(notifier, def_id, &reason, &ids).await;
+        // Parked notices are alerted once; without a way to queue the alert
+        // they wait for the next park check.
+        let alert = match park_alert(notifier, def_id, &reason, &ids).await {
+            Ok(alert) => alert,
+            Err(e) => {
+                let why = format!("cannot queue the alert about parking them ({e})");
+                tracing::error!(def_id, error = %e, "cannot read the alert definition; notices not parked yet");
+                release(notifier, group, &why, give_up, &mut reports).await;
+                continue;
+            }
+        };
         let result = match park_all(notifier, group, &reason, alert.as_ref(), give_up).await {
             Ok(parked) => {
                 tracing::error!(def_id, n = parked.len(), %reason, "parked notices of an unusable definition");
@@ -73,14 +85,36 @@ pub(crate) async fn park(
     reports
 }
 
-/// The alert about parked notices, to the alert definition's recipients.
-async fn park_alert(notifier: &Notifier, def_id: i64, reason: &str, ids: &[i64]) -> Option<NewRow> {
-    let alert_def = notifier.alert_def().await.ok()?;
+/// Releases leases of notices not parked after all.
+async fn release(
+    notifier: &Notifier,
+    group: Vec<Lease>,
+    reason: &str,
+    give_up: &CancellationToken,
+    reports: &mut Vec<AttemptReport>,
+) {
+    for lease in group {
+        let notice_id = lease.id();
+        let result =
+            crate::attempt::record::release(notifier, lease, reason.to_string(), give_up).await;
+        reports.push(AttemptReport { notice_id, result });
+    }
+}
+
+/// The alert about parked notices, to the alert definition's recipients
+/// (`None`: it has none).
+async fn park_alert(
+    notifier: &Notifier,
+    def_id: i64,
+    reason: &str,
+    ids: &[i64],
+) -> Result<Option<NewRow>, Error> {
+    let alert_def = notifier.alert_def().await?;
     if alert_def.alert_emails.is_empty() {
-        return None;
+        return Ok(None);
     }
     let mail = AlertMail::parked(alert_def.alert_emails.clone(), def_id, reason, ids);
-    Some(NewRow {
+    Ok(Some(NewRow {
         def_id: alert_def.id,
         param: mail.param().to_string(),
         description: ALERT_DESCRIPTION.to_string(),
@@ -88,7 +122,7 @@ async fn park_alert(notifier: &Notifier, def_id: i64, reason: &str, ids: &[i64])
         idempotency_key: None,
         target_override: None,
         due: Due::Now,
-    })
+    }))
 }
 
 async fn park_all(

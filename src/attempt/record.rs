@@ -45,7 +45,8 @@ pub(crate) enum Unwritten {
     /// left to run out.
     GaveUp(String),
     /// The database refused it for good (a bug or bad data): the lease is
-    /// released in the background.
+    /// left to run out, so that a write that can never land costs one
+    /// attempt per lease, not a loop of attempts.
     Refused(String),
 }
 
@@ -78,9 +79,9 @@ where
             Err(Held { lease: held, error }) => {
                 let id = held.id();
                 if !db::is_transient(&error) {
-                    tracing::error!(notice_id = id, error = %error, "the database refused an outcome; releasing the notice");
-                    drop(held);
-                    return Err(Unwritten::Refused(error.to_string()));
+                    tracing::error!(notice_id = id, error = %error, "the database refused an outcome; the notice is due again when its lease ends");
+                    held.forget();
+                    return Err(Unwritten::Refused(format!("{error}; left to its lease")));
                 }
                 tracing::warn!(notice_id = id, error = %error, "cannot record an outcome yet; retrying");
                 if !backoff.wait(give_up).await {
@@ -158,13 +159,14 @@ pub(crate) async fn record(
     give_up: &CancellationToken,
 ) -> AttemptResult {
     match outcome {
-        Outcome::Success { note } => succeed(def, lease, note, give_up).await,
+        Outcome::Success { note } => succeed(notifier, def, lease, note, give_up).await,
         Outcome::Retry { reason } => fail(notifier, def, lease, reason, false, give_up).await,
         Outcome::Permanent { reason } => fail(notifier, def, lease, reason, true, give_up).await,
     }
 }
 
 async fn succeed(
+    notifier: &Notifier,
     def: &DefRef,
     lease: Lease,
     note: Option<String>,
@@ -178,7 +180,12 @@ async fn succeed(
     if let Some(until) = until {
         let note = note.as_deref();
         return match persist(lease, give_up, |l| l.await_confirmation(until, note)).await {
-            Ok(true) => AttemptResult::AwaitingConfirm,
+            Ok(true) => {
+                if let Deadline::After(d) = until {
+                    notifier.inner.due_after(d);
+                }
+                AttemptResult::AwaitingConfirm
+            }
             Ok(false) => AttemptResult::LostClaim,
             Err(e) => e.into_result(),
         };
@@ -227,8 +234,16 @@ async fn fail(
     };
     let (alert, alert_def) = if alerts && !def.alert_emails.is_empty() {
         match alert_row(notifier, &AlertMail::compose(&event), give_up).await {
-            Some((row, def)) => (Some(row), Some(def)),
-            None => (None, None),
+            Ok((row, def)) => (Some(row), Some(def)),
+            Err(e) => {
+                // A failure is never recorded without its alert: the row is
+                // left to its lease and attempted again after it.
+                tracing::error!(notice_id = lease.id(), error = %e, "cannot read the alert definition; failure not recorded, due again when its lease ends");
+                lease.forget();
+                return AttemptResult::Error {
+                    error: format!("cannot queue the alert ({e}); left to its lease"),
+                };
+            }
         }
     } else {
         (None, None)
@@ -261,6 +276,7 @@ async fn fail(
         };
         match persist(lease, give_up, |l| l.retry(&retry)).await {
             Ok(Some(Scheduled { at, alert })) => {
+                notifier.inner.due_after(delay);
                 event.next_call_time = Some(at);
                 (
                     AttemptResult::WillRetry {
@@ -278,7 +294,7 @@ async fn fail(
     if let (Some(id), Some(row), Some(def)) = (alert_id, alert, alert_def) {
         background::after_commit(
             notifier,
-            vec![background::PendingNotice::new(id, row, def, written)],
+            vec![background::PendingNotice::new(id, row, def, written).committed()],
         );
     }
     if alerts {
@@ -288,19 +304,14 @@ async fn fail(
 }
 
 /// The alert notice of a failure (reserved for this process's after-commit
-/// attempt when it makes those) and the alert definition.
+/// attempt when it makes those) and the alert definition (read again while
+/// the database is away, until `give_up`).
 pub(crate) async fn alert_row(
     notifier: &Notifier,
     mail: &AlertMail,
     give_up: &CancellationToken,
-) -> Option<(NewRow, DefRef)> {
-    let def = match retry_db(give_up, || notifier.alert_def()).await {
-        Ok(def) => def,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot read the alert definition; the alert is only logged");
-            return None;
-        }
-    };
+) -> Result<(NewRow, DefRef), crate::Error> {
+    let def = retry_db(give_up, || notifier.alert_def()).await?;
     let row = NewRow {
         def_id: def.id,
         param: mail.param().to_string(),
@@ -310,7 +321,7 @@ pub(crate) async fn alert_row(
         target_override: None,
         due: notifier.first_due(),
     };
-    Some((row, def))
+    Ok((row, def))
 }
 
 /// Runs the alert hook on its own task, bounded by [`ALERT_HOOK_TIMEOUT`].

@@ -163,7 +163,7 @@ impl DefCache {
             if let Err(e) = &entry {
                 if row.name == ALERT_DEF {
                     tracing::error!(error = %e, "the alert definition row is invalid; alerts use the built-in policy until it is fixed");
-                    entry = crate::alert::builtin_def(row.id).map(Arc::new);
+                    entry = crate::alert::builtin_def(row.id, &row.email).map(Arc::new);
                 } else {
                     tracing::warn!(def = %row.name, error = %e, "invalid notify_def row");
                 }

@@ -200,16 +200,21 @@ impl Notifier {
             kind,
             notifier: self.clone(),
             pending: Mutex::new(Vec::new()),
+            top_level: true,
         })
     }
 
     /// Wraps a transaction the caller already began (notices are inserted
-    /// as they are added, in a savepoint on PostgreSQL).
+    /// as they are added, in a savepoint on PostgreSQL). It may be nested in
+    /// an outer transaction, so after its commit each attempt first claims
+    /// its notice: a notice whose outer transaction rolled back is never
+    /// sent.
     pub fn wrap(&self, txn: DatabaseTransaction) -> NoticeTx {
         NoticeTx {
             kind: Kind::Sea(SeaTx::new(txn)),
             notifier: self.clone(),
             pending: Mutex::new(Vec::new()),
+            top_level: false,
         }
     }
 }
@@ -222,6 +227,8 @@ pub struct NoticeTx {
     kind: Kind,
     notifier: Notifier,
     pending: Mutex<Vec<PendingNotice>>,
+    /// Begun by [`Notifier::begin`]: its commit is the database's commit.
+    top_level: bool,
 }
 
 enum Kind {
@@ -250,15 +257,25 @@ impl SeaTx {
     }
 
     fn watch<T>(&self, result: std::result::Result<T, DbErr>) -> std::result::Result<T, DbErr> {
-        if result.is_err() {
-            self.failed.store(true, Ordering::Relaxed);
+        if let Err(e) = &result {
+            self.failed_with(e);
         }
         result
     }
 
+    /// Notes a failed statement (and a known rollback).
+    fn failed_with(&self, e: &DbErr) {
+        self.failed.store(true, Ordering::Relaxed);
+        if crate::db::rolled_back_transaction(e) {
+            lock(&self.aborted).get_or_insert_with(|| e.to_string());
+        }
+    }
+
     /// After a failed statement: whether the database has aborted the
     /// transaction (PostgreSQL refuses any further statement; MariaDB
-    /// reports no transaction after rolling one back on a deadlock).
+    /// reports no transaction after rolling one back on a deadlock; where
+    /// `@@in_transaction` does not exist, MySQL 8, the deadlock itself was
+    /// noted by [`watch`](Self::watch)).
     async fn probe(&self) -> Option<String> {
         let backend = self.txn.get_database_backend();
         let sql = match backend {
@@ -291,7 +308,15 @@ impl SeaTx {
             self.txn.rollback().await.ok();
             return Err(Error::TransactionAborted(why));
         }
-        Ok(self.txn.commit().await?)
+        self.txn.commit().await.map_err(|e| {
+            if crate::db::connection_lost(&e) {
+                Error::CommitOutcomeUnknown(e.to_string())
+            } else {
+                // A COMMIT the database refused rolled the transaction back
+                // (a transaction dropped uncommitted is rolled back too).
+                Error::TransactionAborted(format!("COMMIT failed: {e}"))
+            }
+        })
     }
 }
 
@@ -315,7 +340,7 @@ impl NoticeTx {
                 Err(e) => {
                     match &e {
                         Error::TransactionAborted(why) => *lock(&sea.aborted) = Some(why.clone()),
-                        Error::Db(_) => sea.failed.store(true, Ordering::Relaxed),
+                        Error::Db(e) => sea.failed_with(e),
                         _ => {}
                     }
                     Err(e)
@@ -363,16 +388,27 @@ impl NoticeTx {
             .pending
             .into_inner()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        match self.kind {
-            Kind::Sea(sea) => sea.commit().await?,
+        let committed = match self.kind {
+            Kind::Sea(sea) => sea.commit().await,
             Kind::Pg(pg) => {
                 let rows: Vec<_> = pending.iter().map(|p| (p.id, p.row.clone())).collect();
                 let written = std::time::Instant::now();
                 for p in &mut pending {
                     p.written = written;
                 }
-                pg.commit(&rows).await?;
+                pg.commit(&rows).await
             }
+        };
+        if let Err(e) = committed {
+            if matches!(e, Error::CommitOutcomeUnknown(_)) {
+                // If it did commit, its notices are due at once for any
+                // worker; if not, this changes nothing.
+                background::release_reservations(&self.notifier, pending);
+            }
+            return Err(e);
+        }
+        if self.top_level {
+            pending = pending.into_iter().map(PendingNotice::committed).collect();
         }
         Ok((self.notifier, pending))
     }

@@ -6,13 +6,22 @@
 //! buffered in memory (their ids taken from a block of the sequence), and
 //! the commit writes them all with one prepared statement before `COMMIT`.
 //! A transaction that carries only notices sends that one statement and
-//! nothing else: it commits by itself. A failing insert fails the commit,
-//! with nothing committed. A failed statement aborts a PostgreSQL
-//! transaction: the commit then answers
-//! [`Error::TransactionAborted`](crate::Error::TransactionAborted) and
-//! nothing is committed. A transaction dropped unfinished, or mid-statement,
-//! closes its connection (PostgreSQL rolls back) instead of handing it back
-//! to the pool in an unknown state.
+//! nothing else: it commits by itself. Buffered notices are not visible to
+//! the transaction's own queries before the commit.
+//!
+//! What the commit answers:
+//! - `Ok`: the business data and every notice committed together.
+//! - [`Error::TransactionAborted`](crate::Error::TransactionAborted): nothing
+//!   committed. A statement had aborted the transaction (a failed statement
+//!   does, on PostgreSQL, unless the caller rolled back to a savepoint of its
+//!   own: the commit asks the server), a statement was cancelled mid-way,
+//!   `BEGIN` failed, or the notices could not be written.
+//! - [`Error::CommitOutcomeUnknown`](crate::Error::CommitOutcomeUnknown): the
+//!   connection was lost while committing.
+//!
+//! A transaction dropped unfinished, or mid-statement, closes its connection
+//! (PostgreSQL rolls back) instead of handing it back to the pool in an
+//! unknown state.
 
 use std::sync::Arc;
 
@@ -33,10 +42,15 @@ use crate::{
 
 struct Link {
     conn: Option<PoolConnection<Postgres>>,
-    /// `BEGIN` was sent and the transaction has not ended.
+    /// `BEGIN` was sent (or may have been) and the transaction has not ended.
     begun: bool,
-    /// A statement failed: the transaction is aborted.
+    /// A statement failed inside the transaction. The commit asks the
+    /// server whether that aborted the transaction: the caller may have
+    /// rolled back to a savepoint of its own and gone on.
     failed: Option<String>,
+    /// The transaction's state is unknown (a statement's future was dropped
+    /// mid-way, or `BEGIN` failed): it can only be rolled back.
+    broken: Option<String>,
     /// A statement is under way (still set if its future was dropped).
     in_flight: bool,
 }
@@ -54,25 +68,42 @@ fn query_err(e: sqlx::Error) -> DbErr {
     DbErr::Query(RuntimeErr::SqlxError(Arc::new(e)))
 }
 
+fn ended() -> DbErr {
+    DbErr::Custom("the transaction has ended".into())
+}
+
 impl Link {
-    /// The connection, with the transaction begun when `begin`.
+    /// The connection for the next statement, with the transaction begun
+    /// when `begin`; the statement counts as in flight until [`note`](Self::note).
     async fn ready(
         &mut self,
         begin: bool,
     ) -> std::result::Result<&mut PoolConnection<Postgres>, DbErr> {
-        let conn = self
-            .conn
-            .as_mut()
-            .ok_or_else(|| DbErr::Custom("the transaction has ended".into()))?;
-        if begin && !self.begun {
-            self.in_flight = true;
-            conn.execute("BEGIN").await.map_err(exec_err)?;
-            self.in_flight = false;
-            self.begun = true;
+        if self.in_flight {
+            self.broken
+                .get_or_insert_with(|| "a statement was cancelled mid-way".into());
         }
-        Ok(conn)
+        if let Some(why) = &self.broken {
+            return Err(DbErr::Custom(format!(
+                "the transaction can only be rolled back: {why}"
+            )));
+        }
+        self.in_flight = true;
+        if begin && !self.begun {
+            // Begun from here on: a BEGIN whose outcome is unknown leaves a
+            // transaction that can only be rolled back.
+            self.begun = true;
+            let began = self.conn.as_mut().ok_or_else(ended)?.execute("BEGIN").await;
+            if let Err(e) = began {
+                self.in_flight = false;
+                self.broken = Some(format!("BEGIN failed: {e}"));
+                return Err(exec_err(e));
+            }
+        }
+        self.conn.as_mut().ok_or_else(ended)
     }
 
+    /// Ends the statement in flight, noting a failure inside the transaction.
     fn note<T>(&mut self, result: std::result::Result<T, DbErr>) -> std::result::Result<T, DbErr> {
         self.in_flight = false;
         if let Err(e) = &result
@@ -82,6 +113,13 @@ impl Link {
         }
         result
     }
+}
+
+/// Where a commit failed.
+#[derive(PartialEq, Eq)]
+enum Stage {
+    Insert,
+    Commit,
 }
 
 impl PgTx {
@@ -96,6 +134,7 @@ impl PgTx {
                 conn: Some(conn),
                 begun: false,
                 failed: None,
+                broken: None,
                 in_flight: false,
             }),
         })
@@ -159,7 +198,8 @@ impl PgTx {
         }
         let mut link = self.link.lock().await;
         let conn = link.ready(false).await?;
-        link_fetch(conn, blocks).await.map_err(query_err)?;
+        let fetched = link_fetch(conn, blocks).await.map_err(query_err);
+        link.note(fetched)?;
         blocks
             .take()
             .ok_or_else(|| DbErr::Custom("the id sequence returned no ids".into()))
@@ -167,70 +207,93 @@ impl PgTx {
 
     /// Writes `rows` and commits: one statement when nothing else ran,
     /// else the insert then `COMMIT`.
+    ///
+    /// - [`Error::TransactionAborted`]: nothing was committed (a statement
+    ///   had aborted the transaction, one was cancelled mid-way, or the
+    ///   notices could not be written).
+    /// - [`Error::CommitOutcomeUnknown`]: the connection was lost while
+    ///   committing.
     pub async fn commit(&self, rows: &[(i64, NewRow)]) -> Result<()> {
         let mut link = self.link.lock().await;
-        if let Some(why) = link.failed.take() {
+        if let Some(why) = link.broken.clone() {
             drop(link);
             self.rollback().await.ok();
             return Err(Error::TransactionAborted(why));
+        }
+        if let Some(why) = link.failed.take() {
+            // Aborted by the server, or recovered by the caller (a savepoint)?
+            let conn = link.ready(false).await?;
+            let alive = conn.execute("SELECT 1").await;
+            link.in_flight = false;
+            if alive.is_err() {
+                drop(link);
+                self.rollback().await.ok();
+                return Err(Error::TransactionAborted(why));
+            }
         }
         let begun = link.begun;
         if !begun && rows.is_empty() {
             return Ok(());
         }
-        link.ready(false).await?;
-        link.in_flight = true;
-        let Some(conn) = link.conn.as_mut() else {
-            return Err(Error::TransactionAborted(
-                "the transaction has ended".into(),
-            ));
-        };
+        let conn = link
+            .ready(false)
+            .await
+            .map_err(|e| Error::TransactionAborted(e.to_string()))?;
         let inserted = if rows.is_empty() {
             Ok(())
         } else {
             insert::pg_insert_rows(conn, rows).await
         };
-        // The error, and whether the transaction is still open (to roll back).
         let outcome = match inserted {
-            Err(e) => Err((e, begun)),
+            Err(e) => Err((e, Stage::Insert)),
             Ok(()) if begun => conn
                 .execute("COMMIT")
                 .await
                 .map(drop)
-                .map_err(|e| (e, false)),
+                .map_err(|e| (e, Stage::Commit)),
             Ok(()) => Ok(()),
         };
-        link.in_flight = false;
-        match outcome {
+        let (e, stage) = match outcome {
             Ok(()) => {
+                link.in_flight = false;
                 link.begun = false;
-                Ok(())
+                return Ok(());
             }
-            Err((e, true)) => {
-                // The insert failed inside the transaction: roll it back.
-                drop(link);
-                self.rollback().await.ok();
-                Err(Error::Db(exec_err(e)))
-            }
-            Err((e, false)) => {
-                // A failed COMMIT, or a lone insert, ends the transaction itself.
-                link.begun = false;
-                Err(Error::Db(exec_err(e)))
-            }
+            Err(failed) => failed,
+        };
+        let e = exec_err(e);
+        if crate::db::connection_lost(&e) && (stage == Stage::Commit || !begun) {
+            // Still marked in flight: the connection is closed, not pooled.
+            return Err(Error::CommitOutcomeUnknown(e.to_string()));
         }
+        link.in_flight = false;
+        if stage == Stage::Insert && begun {
+            // The failed insert aborted the open transaction: roll it back.
+            drop(link);
+            self.rollback().await.ok();
+        } else {
+            // A failed COMMIT, or a failed lone insert, ends the transaction.
+            link.begun = false;
+        }
+        let what = match stage {
+            Stage::Insert => "writing its notices at the commit failed",
+            Stage::Commit => "COMMIT failed",
+        };
+        Err(Error::TransactionAborted(format!("{what}: {e}")))
     }
 
-    /// Rolls back (nothing to do when nothing was sent).
+    /// Rolls back (nothing to do when nothing was sent). A connection that
+    /// cannot be rolled back is closed when the transaction is dropped.
     pub async fn rollback(&self) -> std::result::Result<(), DbErr> {
         let mut link = self.link.lock().await;
-        if !link.begun {
+        if !link.begun && !link.in_flight {
             return Ok(());
         }
-        let conn = link.ready(false).await?;
+        let conn = link.conn.as_mut().ok_or_else(ended)?;
         let done = conn.execute("ROLLBACK").await.map(drop).map_err(exec_err);
-        link.in_flight = false;
         if done.is_ok() {
             link.begun = false;
+            link.in_flight = false;
         }
         done
     }

@@ -218,6 +218,35 @@ pub(crate) async fn claim_one(
     Ok(Some(Lease::new(store.clone(), claimed, started)))
 }
 
+/// Claims the reservation of a new notice (version 0, written `leased` for
+/// its after-commit attempt) for an attempt that cannot know the row was
+/// committed: bumps the version and stamps `last_call_time`, keeping the
+/// reservation's end as the lease's end. `started` must be taken before the
+/// statement that wrote the row. `None`: no such committed reservation (the
+/// transaction rolled back or has not committed yet, or another attempt
+/// took it).
+pub(crate) async fn claim_reserved(
+    store: &Store,
+    row: &notify_msg::Model,
+    started: Instant,
+) -> Result<Option<Lease>, DbErr> {
+    let guard = columns::at_version(row.id, 0)
+        .add(Expr::col(Column::Leased).eq(true))
+        .add(Expr::col(Column::Status).eq(Status::NotSent as i16))
+        .add(Expr::col(Column::NextCallTime).gt(clock::now(store.backend())));
+    let sets = vec![(Column::LastCallTime, clock::now(store.backend()))];
+    if columns::update(&store.db, guard, sets).await? != 1 {
+        return Ok(None);
+    }
+    let claimed = notify_msg::Model {
+        version: 1,
+        leased: true,
+        last_call_time: Some(chrono::NaiveDateTime::MIN),
+        ..row.clone()
+    };
+    Ok(Some(Lease::new(store.clone(), claimed, started)))
+}
+
 /// Claims rows reserved for after-commit attempts that will not run here
 /// (no slot, shutting down, not deliverable in this process) and makes them
 /// due at once for any worker. Returns how many were released.

@@ -7,7 +7,9 @@
 //! PostgreSQL uses `statement_timestamp()` in UTC, MySQL/MariaDB
 //! `UTC_TIMESTAMP(6)`, SQLite `strftime('%Y-%m-%d %H:%M:%f', 'now')`
 //! (milliseconds; it compares correctly with the nanosecond text sqlx
-//! writes, as both are ISO text).
+//! writes, as both are ISO text). SQLite has no server: its clock is that of
+//! the process running the statement, which is the host's clock for every
+//! process sharing the file.
 //!
 //! The lease a claim grants is also tracked in-process with a monotonic
 //! [`Instant`](std::time::Instant) taken *before* the claiming statement is

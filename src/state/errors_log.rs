@@ -9,6 +9,17 @@ pub const MAX_REASON_BYTES: usize = 1_000;
 /// column must fit MySQL's TEXT and stay cheap to rewrite).
 pub const MAX_LOG_BYTES: usize = 32 * 1_024;
 
+/// Longest note a handler's success may append to `description`, in bytes;
+/// longer notes are cut.
+pub const MAX_NOTE_BYTES: usize = 8 * 1_024;
+
+/// A handler's success note as stored: NUL characters (which PostgreSQL
+/// text refuses) dropped, cut at [`MAX_NOTE_BYTES`]. Anything the database
+/// would refuse here would otherwise make a delivered success unrecordable.
+pub(crate) fn clean_note(note: &str) -> String {
+    truncate(&note.replace('\0', ""), MAX_NOTE_BYTES)
+}
+
 /// Appends `time attempt N: reason` to `log`, keeping it under [`MAX_LOG_BYTES`].
 pub(crate) fn append_error(log: &str, at: NaiveDateTime, attempt: u32, reason: &str) -> String {
     append_line(log, at, &format!("attempt {attempt}: {}", clean(reason)))
@@ -69,6 +80,13 @@ mod tests {
 
     fn at() -> NaiveDateTime {
         chrono::DateTime::from_timestamp(0, 0).unwrap().naive_utc()
+    }
+
+    #[test]
+    fn notes_lose_nul_and_are_capped() {
+        assert_eq!(clean_note("a\0b\nc"), "ab\nc");
+        let long = clean_note(&"x".repeat(MAX_NOTE_BYTES * 2));
+        assert!(long.len() <= MAX_NOTE_BYTES + '…'.len_utf8());
     }
 
     #[test]

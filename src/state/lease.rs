@@ -287,7 +287,7 @@ impl Lease {
         if !description.is_empty() {
             description.push('\n');
         }
-        description.push_str(note);
+        description.push_str(&super::errors_log::clean_note(note));
         description
     }
 

@@ -3,7 +3,10 @@
 //! notice's failure log.
 
 use chrono::NaiveDateTime;
-use sea_orm::{DbBackend, DbErr, sea_query::Expr};
+use sea_orm::{
+    DbBackend, DbErr, ExprTrait,
+    sea_query::{Condition, Expr},
+};
 
 use super::{
     Store, clock,
@@ -39,8 +42,10 @@ async fn move_guarded(
 
 /// Cancels `row`, a notice in flight as read: it moves to history with
 /// status 5 and `note` (dated `at`) in its log. An attempt running meanwhile
-/// loses its claim: its outcome is not recorded. `false`: the row changed
-/// since it was read (read it again and retry).
+/// loses its claim: its outcome is not recorded. Its lease (`leased`,
+/// `next_call_time`) is kept in history, so that a requeue cannot make the
+/// notice due while that attempt may still be sending. `false`: the row
+/// changed since it was read (read it again and retry).
 pub(crate) async fn cancel(
     store: &Store,
     row: &notify_msg::Model,
@@ -48,7 +53,6 @@ pub(crate) async fn cancel(
     at: NaiveDateTime,
 ) -> Result<bool, DbErr> {
     let sets = vec![
-        (Column::Leased, Expr::val(false)),
         (Column::Status, Expr::val(Status::Cancelled as i16)),
         (
             Column::Errors,
@@ -67,20 +71,35 @@ pub(crate) async fn cancel(
 }
 
 /// Puts `row`, a finished notice as read (final failure, cancelled or
-/// parked), back in flight: due now, a fresh retry budget, `note` (dated
-/// `at`) in its log, its id unchanged. `false`: the row changed since it was
-/// read.
+/// parked), back in flight: due now (or, for a notice cancelled while an
+/// attempt held it, when that attempt's lease ends), a fresh retry budget,
+/// `note` (dated `at`) in its log, its id unchanged. `false`: the row
+/// changed since it was read.
 pub(crate) async fn requeue(
     store: &Store,
     row: &notify_msg_history::Model,
     note: &str,
     at: NaiveDateTime,
 ) -> Result<bool, DbErr> {
+    let now = clock::now(store.backend());
+    let live_lease = || {
+        Condition::all()
+            .add(Expr::col(Column::Leased).eq(true))
+            .add(Expr::col(Column::NextCallTime).gt(now.clone()))
+    };
     let sets = vec![
-        (Column::Leased, Expr::val(false)),
+        (
+            Column::Leased,
+            Expr::case(live_lease(), true).finally(false).into(),
+        ),
         (Column::Status, Expr::val(Status::NotSent as i16)),
         (Column::RetryTimes, Expr::val(0)),
-        (Column::NextCallTime, clock::now(store.backend())),
+        (
+            Column::NextCallTime,
+            Expr::case(live_lease(), Expr::col(Column::NextCallTime))
+                .finally(now.clone())
+                .into(),
+        ),
         (
             Column::Errors,
             Expr::val(errors_log::append_note(&row.errors, at, note)),

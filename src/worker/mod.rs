@@ -119,6 +119,7 @@ impl Worker {
         warm_up(self.notifier.db()).await;
         let mut wakes = self.notifier.subscribe_wakes();
         wakes.mark_unchanged();
+        let mut hints = self.notifier.subscribe_due_hint();
         // With wake-ups on, a starting worker catches up at once.
         let mut next_due: Option<Instant> = self.config.wake.then(Instant::now);
         let mut next_due_asked: Option<Instant> = None;
@@ -136,7 +137,10 @@ impl Worker {
                 Mode::FixedDelay => Instant::now() + self.config.delay,
             };
             first = false;
-            match self.wait(tick, next_due, &mut wakes, shutdown).await {
+            match self
+                .wait(tick, next_due, &mut wakes, &mut hints, shutdown)
+                .await
+            {
                 None => return,
                 Some(true) => {
                     tracing::trace!("woken");
@@ -145,8 +149,10 @@ impl Worker {
                 Some(false) => tracing::trace!("tick"),
             }
             let before = self.stats.snapshot();
+            let swept_at = Instant::now();
             self.sweep_with(shutdown, self.config.wake.then_some(&mut wakes))
                 .await;
+            self.notifier.clear_due_hint(swept_at);
             if shutdown.is_cancelled() {
                 return;
             }
@@ -170,23 +176,40 @@ impl Worker {
         }
     }
 
-    /// Waits for the scheduled `tick`, the earliest known due time, or a
-    /// wake-up. `Some(true)`: woken early; `None`: shutdown.
+    /// Waits for the scheduled `tick`, the earliest known due time (what the
+    /// database said, or a due time recorded in this process meanwhile), or
+    /// a wake-up. `Some(true)`: woken early; `None`: shutdown.
     async fn wait(
         &self,
         tick: Instant,
         next_due: Option<Instant>,
         wakes: &mut tokio::sync::watch::Receiver<u64>,
+        hints: &mut tokio::sync::watch::Receiver<Option<Instant>>,
         shutdown: &CancellationToken,
     ) -> Option<bool> {
-        let (at, early) = match next_due {
-            Some(due) if due < tick => (due, true),
-            _ => (tick, false),
-        };
-        tokio::select! {
-            _ = tokio::time::sleep_until(at.into()) => Some(early),
-            changed = wakes.changed(), if self.config.wake => Some(changed.is_ok()),
-            _ = shutdown.cancelled() => None,
+        loop {
+            let hint = if self.config.wake {
+                *hints.borrow_and_update()
+            } else {
+                None
+            };
+            let due = match (next_due, hint) {
+                (Some(a), Some(b)) => Some(a.min(b.max(Instant::now() + MIN_DUE_WAIT))),
+                (a, b) => a.or(b.map(|b| b.max(Instant::now() + MIN_DUE_WAIT))),
+            };
+            let (at, early) = match due {
+                Some(due) if due < tick => (due, true),
+                _ => (tick, false),
+            };
+            return tokio::select! {
+                _ = tokio::time::sleep_until(at.into()) => Some(early),
+                changed = wakes.changed(), if self.config.wake => Some(changed.is_ok()),
+                changed = hints.changed(), if self.config.wake => match changed {
+                    Ok(()) => continue,
+                    Err(_) => Some(true),
+                },
+                _ = shutdown.cancelled() => None,
+            };
         }
     }
 
@@ -219,10 +242,17 @@ impl Worker {
         let filtered = !(self.config.defs.is_empty()
             && self.config.handlers.is_empty()
             && self.config.partitions.is_empty());
-        let always = if filtered {
-            vec![self.notifier.alert_def().await?.id]
-        } else {
-            Vec::new()
+        let always = match filtered {
+            false => Vec::new(),
+            true => match self.notifier.alert_def().await {
+                Ok(def) => vec![def.id],
+                Err(e) => {
+                    // The worker's own notices go on; alerts wait for the
+                    // next sweep that can read their definition.
+                    tracing::warn!(error = %e, "cannot read the alert definition; sweeping without alerts");
+                    Vec::new()
+                }
+            },
         };
         Ok(DueFilter {
             defs: DefSelect::Only(def_ids),

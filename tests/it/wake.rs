@@ -175,3 +175,85 @@ db_test!(a_burst_is_coalesced, |db: Arc<TestDb>| async move {
         "1,000 commits woke the worker {wakeups} times"
     );
 });
+
+db_test!(a_retry_scheduled_after_commit_is_on_time, |db: Arc<
+    TestDb,
+>| async move {
+    // The defaults: the producer attempts after commit, and a worker of
+    // the same process polls only every 30 s.
+    db.def("ship", "ship", |s| s.retry_interval = "1s".into())
+        .await;
+    let rec = Recorder::default();
+    let notifier = db
+        .notifier()
+        .handler(
+            "ship",
+            rec.handler(|n| {
+                if n.attempt == 1 {
+                    Outcome::retry("not yet")
+                } else {
+                    Outcome::success()
+                }
+            }),
+        )
+        .build()
+        .unwrap();
+    let running = start(notifier.clone(), slow_poll());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let tx = notifier.begin().await.unwrap();
+    let id = tx.add_notice("ship", &json!({}), "").await.unwrap();
+    let reports = tx.commit_and_wait().await.unwrap();
+    assert!(
+        matches!(
+            reports[0].result,
+            solid_notify::AttemptResult::WillRetry { .. }
+        ),
+        "{reports:?}"
+    );
+    let done = eventually(3, "the retry delivered about 1 s later", || async {
+        db.history_of(id).await
+    })
+    .await;
+    assert_eq!((done.status, done.retry_times), (Status::Succeeded, 1));
+    running.stop().await;
+});
+
+pg_test!(a_lost_notification_costs_at_most_one_poll, |db: Arc<
+    TestDb,
+>| async move {
+    db.def("ship", "ship", |_| {}).await;
+    let rec = Recorder::default();
+    let notifier = db
+        .notifier()
+        .config(quiet())
+        .handler("ship", rec.handler(|_| Outcome::success()))
+        .build()
+        .unwrap();
+    let running = start(
+        notifier,
+        WorkerConfig {
+            delay: Duration::from_secs(2),
+            ..slow_poll()
+        },
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Triggers do not fire in this session: no NOTIFY is ever sent.
+    let other = TestDb::connect_to(&db.url).await;
+    let started = std::time::Instant::now();
+    other
+            .execute_unprepared(
+                "SET session_replication_role = replica; \
+                 INSERT INTO notify_msg (def_id, param) SELECT id, '{}' FROM notify_def WHERE name = 'ship'",
+            )
+            .await
+            .unwrap();
+    eventually(4, "delivered by the next poll", || async {
+        (rec.count() == 1).then_some(())
+    })
+    .await;
+    assert!(
+        started.elapsed() > Duration::from_millis(200),
+        "no wake-up was expected: the poll delivered it"
+    );
+    running.stop().await;
+});

@@ -80,3 +80,62 @@ db_test!(overflow_and_shutdown_notices_are_due_at_once, |db: Arc<
     );
     assert_eq!(db.history_of(late).await.unwrap().retry_times, 0);
 });
+
+db_test!(
+    an_alert_without_a_slot_is_due_at_once,
+    |db: Arc<TestDb>| async move {
+        db.def("ship", "ship", |s| {
+            s.max_retry_times = 0;
+            s.alert_trigger_type = 0;
+            s.email = "ops@example.com".into();
+        })
+        .await;
+        let handler = |n: Notice| async move {
+            if n.param["slow"] == true {
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                Ok(Outcome::success())
+            } else {
+                Ok(Outcome::permanent("refused"))
+            }
+        };
+        let notifier = db
+            .notifier()
+            .config(Config {
+                max_background_attempts: 1,
+                ..test_config()
+            })
+            .handler("ship", handler)
+            .build()
+            .unwrap();
+        // A slow notice holds the only background slot.
+        let tx = notifier.begin().await.unwrap();
+        tx.add_notice("ship", &json!({"slow": true}), "")
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        // Another fails for good in the foreground: its alert finds no slot.
+        let tx = notifier.begin().await.unwrap();
+        let failed = tx.add_notice("ship", &json!({}), "").await.unwrap();
+        let reports = tx.commit_and_wait().await.unwrap();
+        assert!(
+            matches!(
+                reports[0].result,
+                solid_notify::AttemptResult::FinalFailure { .. }
+            ),
+            "{reports:?}"
+        );
+        assert_eq!(
+            db.history_of(failed).await.unwrap().status,
+            Status::FinalFailure
+        );
+        // The alert is due now for a sweeper (the lease is 10 s), not reserved.
+        let alert = eventually(2, "the alert due at once", || async {
+            let rows = db.live().await;
+            let alert = rows.into_iter().find(|r| r.description == "alert e-mail")?;
+            (!alert.leased && db.due_now().await == 1).then_some(alert)
+        })
+        .await;
+        assert!(alert.param.contains("ops@example.com"), "{}", alert.param);
+        notifier.shutdown(Duration::from_secs(10)).await.unwrap();
+    }
+);

@@ -198,3 +198,59 @@ db_test!(
         assert_eq!(receiver.seen().len(), 2, "one request per notice");
     }
 );
+
+db_test!(
+    cancel_then_requeue_never_overlaps_the_running_attempt,
+    |db: Arc<TestDb>| async move {
+        // The first request hangs for 3 s (under the 4 s attempt timeout).
+        let receiver = Receiver::start(|r| {
+            if r.attempt == 1 {
+                Reply::ok().after(Duration::from_secs(3))
+            } else {
+                Reply::ok()
+            }
+        })
+        .await;
+        http_def(&db, "hook", &receiver.url, |_| {}).await;
+        let config = Config {
+            lease: Duration::from_secs(8),
+            attempt_timeout: Duration::from_secs(4),
+            ..crate::support::test_config()
+        };
+        let producer = db.notifier().config(config.clone()).build().unwrap();
+        let tx = producer.begin().await.unwrap();
+        let id = tx.add_notice("hook", &json!({}), "").await.unwrap();
+        tx.commit().await.unwrap();
+        eventually(10, "the first request running", || async {
+            (receiver.running() == 1).then_some(())
+        })
+        .await;
+        let worker = start(
+            db.notifier()
+                .config(Config {
+                    immediate_attempt: false,
+                    ..config
+                })
+                .build()
+                .unwrap(),
+            fast(WorkerConfig::default()),
+        );
+        // An operator cancels the notice and, at once, requeues it.
+        let operator = db.notifier().config(quiet()).build().unwrap();
+        operator.cancel(id).await.unwrap();
+        operator.requeue(id).await.unwrap();
+        let requeued = db.live().await.pop().expect("back in flight");
+        assert!(requeued.leased, "still held by the running attempt's lease");
+        eventually(20, "delivered after the first attempt's lease", || async {
+            db.history_of(id).await
+        })
+        .await;
+        worker.stop().await;
+        assert_eq!(
+            receiver.overlaps(),
+            Vec::<i64>::new(),
+            "two requests at once"
+        );
+        assert_eq!(receiver.count_for(id), 2);
+    }
+);

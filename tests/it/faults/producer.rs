@@ -4,13 +4,13 @@
 
 use std::sync::Arc;
 
-use sea_orm::ConnectionTrait;
+use sea_orm::{ConnectionTrait, TransactionTrait};
 use serde_json::json;
 use solid_notify::{AttemptResult, Error, NewNotice, Outcome};
 
 use crate::{
-    db_test,
-    support::{Backend, Recorder, TestDb},
+    db_test, pg_test,
+    support::{Backend, Recorder, TestDb, eventually},
 };
 
 db_test!(bad_input_keeps_the_business_transaction, |db: Arc<
@@ -136,7 +136,10 @@ db_test!(a_database_error_rolls_back_only_the_notice, |db: Arc<
     if db.backend == Backend::Postgres {
         added.unwrap();
         let committed = tx.commit().await;
-        assert!(matches!(committed, Err(Error::Db(_))), "{committed:?}");
+        assert!(
+            matches!(committed, Err(Error::TransactionAborted(_))),
+            "{committed:?}"
+        );
         assert_eq!(db.count_orders().await, 2, "order 3 was not committed");
         assert_eq!(db.counts().await, (0, 1));
     } else {
@@ -179,5 +182,154 @@ db_test!(
             committed.unwrap();
             assert_eq!(db.count_orders().await, 1);
         }
+    }
+);
+
+db_test!(
+    a_savepoint_the_caller_rolled_back_to_still_commits,
+    |db: Arc<TestDb>| async move {
+        db.def("ship", "ship", |_| {}).await;
+        let rec = Recorder::default();
+        let notifier = db
+            .notifier()
+            .handler("ship", rec.handler(|_| Outcome::success()))
+            .build()
+            .unwrap();
+        let tx = notifier.begin().await.unwrap();
+        db.insert_order(&tx, 1).await;
+        let id = tx.add_notice("ship", &json!({}), "").await.unwrap();
+        // The caller's own recovery: a failed statement inside a savepoint.
+        tx.execute_unprepared("SAVEPOINT mine").await.unwrap();
+        assert!(
+            tx.execute_unprepared("SELECT * FROM no_such_table")
+                .await
+                .is_err()
+        );
+        tx.execute_unprepared("ROLLBACK TO SAVEPOINT mine")
+            .await
+            .unwrap();
+        db.insert_order(&tx, 2).await;
+        let reports = tx.commit_and_wait().await.unwrap();
+        assert_eq!(reports[0].notice_id, id);
+        assert_eq!(reports[0].result, AttemptResult::Succeeded);
+        assert_eq!(db.count_orders().await, 2);
+        assert_eq!(db.counts().await, (0, 1));
+        assert_eq!(rec.count(), 1);
+    }
+);
+
+pg_test!(
+    a_cancelled_statement_fails_the_commit,
+    |db: Arc<TestDb>| async move {
+        db.def("ship", "ship", |_| {}).await;
+        let rec = Recorder::default();
+        let notifier = db
+            .notifier()
+            .handler("ship", rec.handler(|_| Outcome::success()))
+            .build()
+            .unwrap();
+        let tx = notifier.begin().await.unwrap();
+        db.insert_order(&tx, 1).await;
+        tx.add_notice("ship", &json!({}), "").await.unwrap();
+        // The caller gives up on a statement mid-way (a timeout around it).
+        let slow = tx.execute_unprepared("SELECT pg_sleep(5)");
+        assert!(
+            tokio::time::timeout(std::time::Duration::from_millis(200), slow)
+                .await
+                .is_err()
+        );
+        let committed = tx.commit().await;
+        assert!(
+            matches!(committed, Err(Error::TransactionAborted(_))),
+            "{committed:?}"
+        );
+        assert_eq!(db.count_orders().await, 0);
+        assert_eq!(db.counts().await, (0, 0));
+        assert_eq!(rec.count(), 0);
+        // No connection is left open inside that transaction.
+        eventually(10, "no session idle in a transaction", || async {
+            let n = db
+                .scalar(
+                    "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() \
+                     AND state LIKE 'idle in transaction%'",
+                )
+                .await;
+            (n == 0).then_some(())
+        })
+        .await;
+    }
+);
+
+db_test!(
+    a_notice_whose_transaction_did_not_commit_is_never_sent,
+    |db: Arc<TestDb>| async move {
+        db.def("ship", "ship", |_| {}).await;
+        let rec = Recorder::default();
+        let notifier = db
+            .notifier()
+            .handler("ship", rec.handler(|_| Outcome::success()))
+            .build()
+            .unwrap();
+        // `add` in the caller's transaction, which rolls back; the caller
+        // dispatches anyway.
+        let txn = db.db.begin().await.unwrap();
+        let pending = notifier
+            .add(&txn, NewNotice::new("ship", &json!({"n": 1})))
+            .await
+            .unwrap();
+        txn.rollback().await.unwrap();
+        let reports = notifier.dispatch(vec![pending], true).await;
+        assert_eq!(reports[0].result, AttemptResult::LostClaim);
+
+        // A wrapped transaction nested in an outer one: its commit is only a
+        // savepoint's release, and the outer transaction rolls back.
+        let outer = db.db.begin().await.unwrap();
+        let tx = notifier.wrap(outer.begin().await.unwrap());
+        tx.add_notice("ship", &json!({"n": 2}), "").await.unwrap();
+        let waiting = tokio::spawn(tx.commit_and_wait());
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        outer.rollback().await.unwrap();
+        let reports = waiting.await.unwrap().unwrap();
+        assert_eq!(reports[0].result, AttemptResult::LostClaim);
+
+        // The same, committed: sent once.
+        let txn = db.db.begin().await.unwrap();
+        let pending = notifier
+            .add(&txn, NewNotice::new("ship", &json!({"n": 3})))
+            .await
+            .unwrap();
+        txn.commit().await.unwrap();
+        let reports = notifier.dispatch(vec![pending], true).await;
+        assert_eq!(reports[0].result, AttemptResult::Succeeded);
+        assert_eq!(rec.count(), 1, "only the committed notice was sent");
+        assert_eq!(db.counts().await, (0, 1));
+    }
+);
+
+db_test!(
+    a_success_note_the_database_would_refuse_is_cleaned,
+    |db: Arc<TestDb>| async move {
+        db.def("ship", "ship", |_| {}).await;
+        let rec = Recorder::default();
+        let note = format!("shipped\0{}", "x".repeat(100_000));
+        let notifier = db
+            .notifier()
+            .handler(
+                "ship",
+                rec.handler(move |_| Outcome::Success {
+                    note: Some(note.clone()),
+                }),
+            )
+            .build()
+            .unwrap();
+        let tx = notifier.begin().await.unwrap();
+        let id = tx.add_notice("ship", &json!({}), "order 1").await.unwrap();
+        let reports = tx.commit_and_wait().await.unwrap();
+        assert_eq!(reports[0].result, AttemptResult::Succeeded);
+        let done = db.history_of(id).await.expect("recorded once, in history");
+        assert!(done.description.starts_with("order 1\nshippedxxx"));
+        assert!(!done.description.contains('\0'));
+        assert!(done.description.len() < 10_000, "the note is cut");
+        assert_eq!(rec.count(), 1);
     }
 );
