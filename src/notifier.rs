@@ -199,10 +199,16 @@ impl Notifier {
         self.inner.defs.alert_def(&self.inner.store.db).await
     }
 
+    /// Whether this notifier attempts notices right after their commit:
+    /// [`Config::immediate_attempt`], and not shutting down.
+    pub(crate) fn attempts_after_commit(&self) -> bool {
+        self.inner.config.immediate_attempt && !self.inner.tasks.is_closed()
+    }
+
     /// When a new notice is first due: reserved for the after-commit attempt
-    /// when this notifier makes them and is not shutting down.
+    /// when this notifier makes them.
     pub(crate) fn first_due(&self) -> Due {
-        if self.inner.config.immediate_attempt && !self.inner.tasks.is_closed() {
+        if self.attempts_after_commit() {
             Due::Reserved(self.inner.config.lease)
         } else {
             Due::Now

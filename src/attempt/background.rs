@@ -18,7 +18,7 @@ use crate::{
     Notifier, Status,
     def::DefRef,
     entity::notify_msg,
-    state::{Lease, claim, insert::NewRow},
+    state::{Lease, claim, clock::Due, insert::NewRow},
 };
 
 /// A notice written in a transaction, to be attempted after its commit.
@@ -32,34 +32,67 @@ pub struct PendingNotice {
     /// Taken before the statement that wrote the row: its reservation
     /// (lease) cannot have begun earlier.
     pub(crate) written: Instant,
-    /// The library itself saw the transaction that wrote the row commit
-    /// ([`NoticeTx`](crate::NoticeTx), alert notices): the reservation is
-    /// this attempt's claim as it stands. Otherwise (a caller's own
-    /// transaction, [`Notifier::add`]) the attempt first claims the
-    /// reservation, so that a transaction that did not commit, or a second
-    /// dispatch, sends nothing.
-    pub(crate) committed: bool,
+    /// How its after-commit attempt gets hold of the row.
+    start: Start,
+}
+
+/// How an after-commit attempt gets hold of its row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Start {
+    /// The row was written reserved for this attempt and the library itself
+    /// saw its transaction commit ([`NoticeTx`](crate::NoticeTx) from
+    /// [`Notifier::begin`]): the reservation is the attempt's lease.
+    Held,
+    /// Written reserved, in a transaction whose commit the library did not
+    /// see ([`Notifier::add`], a wrapped transaction that may be nested):
+    /// the attempt first claims the reservation, so that a transaction that
+    /// did not commit, or a second dispatch, sends nothing.
+    ClaimReservation,
+    /// Written due now (an alert): claimed like any due row, so a sweeper
+    /// may take it first, and an ambiguous commit never leaves it waiting.
+    ClaimDue,
+    /// Not attempted after commit (after-commit attempts are off, or the
+    /// notifier is shutting down): due now for a sweeper.
+    Sweeper,
 }
 
 impl PendingNotice {
     /// A notice whose row was written by a statement sent after `written`,
     /// in a transaction whose commit the library has not seen.
     pub(crate) fn new(id: i64, row: NewRow, def: DefRef, written: Instant) -> Self {
+        let start = match row.due {
+            Due::Reserved(_) => Start::ClaimReservation,
+            Due::Now => Start::Sweeper,
+        };
         PendingNotice {
             id,
             row,
             def,
             written,
-            committed: false,
+            start,
         }
     }
 
-    /// The same notice, known to be committed.
-    pub(crate) fn committed(self) -> Self {
+    /// An alert notice written due now; attempted after its commit when
+    /// `attempt_here`, else left to sweepers.
+    pub(crate) fn alert(id: i64, row: NewRow, def: DefRef, attempt_here: bool) -> Self {
         PendingNotice {
-            committed: true,
-            ..self
+            start: if attempt_here {
+                Start::ClaimDue
+            } else {
+                Start::Sweeper
+            },
+            ..PendingNotice::new(id, row, def, Instant::now())
         }
+    }
+
+    /// The same notice, its transaction seen to commit by the library.
+    pub(crate) fn committed(self) -> Self {
+        let start = match self.start {
+            Start::ClaimReservation => Start::Held,
+            other => other,
+        };
+        PendingNotice { start, ..self }
     }
 
     /// The new notice's id.
@@ -69,7 +102,12 @@ impl PendingNotice {
 
     /// Whether the row was reserved for an after-commit attempt.
     pub(crate) fn reserved(&self) -> bool {
-        matches!(self.row.due, crate::state::clock::Due::Reserved(_))
+        self.row.due.reserved()
+    }
+
+    /// Whether an after-commit attempt may run in this process.
+    fn attempted_here(&self) -> bool {
+        self.start != Start::Sweeper
     }
 
     /// The row as inserted (times are not known here and are not used).
@@ -100,7 +138,7 @@ impl PendingNotice {
 pub(crate) fn after_commit(notifier: &Notifier, pending: Vec<PendingNotice>) {
     let inner = &notifier.inner;
     let mut left = Vec::new();
-    for p in pending.into_iter().filter(PendingNotice::reserved) {
+    for p in pending.into_iter().filter(PendingNotice::attempted_here) {
         if inner.tasks.is_closed() {
             left.push(p);
             continue;
@@ -158,56 +196,44 @@ pub(crate) async fn wait_for(
     futures::future::join_all(attempts).await
 }
 
-/// One after-commit attempt: claim the reserved row, then the one path.
+/// One after-commit attempt: get hold of the row, then the one path.
 async fn attempt(notifier: &Notifier, p: PendingNotice) -> AttemptReport {
     let inner = &notifier.inner;
     let notice_id = p.id;
-    if !p.reserved() {
+    let report = |result| AttemptReport { notice_id, result };
+    if !p.attempted_here() {
         let reason = if inner.config.immediate_attempt {
             "committed during shutdown: due now for a sweeper"
         } else {
             "after-commit attempts are off (Config::immediate_attempt): due now for a sweeper"
         };
-        return AttemptReport {
-            notice_id,
-            result: AttemptResult::Skipped {
-                reason: reason.into(),
-            },
-        };
+        return report(AttemptResult::Skipped {
+            reason: reason.into(),
+        });
     }
     if let Err(reason) = available(inner, &p.def) {
         release_reservations(notifier, vec![p]);
-        return AttemptReport {
-            notice_id,
-            result: AttemptResult::Skipped { reason },
-        };
+        return report(AttemptResult::Skipped { reason });
     }
-    let lease = if p.committed {
+    let claimed = match p.start {
         // The reservation is this attempt's lease (version 0, from the insert).
-        Lease::new(inner.store.clone(), p.model(), p.written)
-    } else {
-        match claim::claim_reserved(&inner.store, &p.model(), p.written).await {
-            Ok(Some(lease)) => lease,
-            Ok(None) => {
-                return AttemptReport {
-                    notice_id,
-                    result: AttemptResult::LostClaim,
-                };
-            }
-            Err(e) => {
-                return AttemptReport {
-                    notice_id,
-                    result: AttemptResult::Error {
-                        error: format!("{e}; due when its reservation ends"),
-                    },
-                };
-            }
+        Start::Held => Ok(Some(Lease::new(inner.store.clone(), p.model(), p.written))),
+        Start::ClaimReservation => claim::claim_reserved(&inner.store, &p.model(), p.written).await,
+        Start::ClaimDue | Start::Sweeper => claim::claim_one(&inner.store, &p.model()).await,
+    };
+    let lease = match claimed {
+        Ok(Some(lease)) => lease,
+        Ok(None) => return report(AttemptResult::LostClaim),
+        Err(e) => {
+            return report(AttemptResult::Error {
+                error: format!("{e}; due when its reservation ends"),
+            });
         }
     };
     let result = super::run(notifier, p.def, lease, &Recorder::Inline, &inner.stop, None)
         .await
         .result();
-    AttemptReport { notice_id, result }
+    report(result)
 }
 
 /// Makes reserved rows due at once (retrying while the database is away,

@@ -22,7 +22,8 @@ use crate::{
     def::{Confirm, DefRef},
     handler::Outcome,
     state::{
-        Deadline, Final, Held, Lease, Retry, Scheduled, errors_log::append_error, insert::NewRow,
+        Deadline, Final, Held, Lease, Retry, Scheduled, clock::Due, errors_log::append_error,
+        insert::NewRow,
     },
 };
 
@@ -248,8 +249,6 @@ async fn fail(
     } else {
         (None, None)
     };
-    // The alert row's reservation cannot begin before this.
-    let written = std::time::Instant::now();
     let (result, alert_id) = if is_final {
         let fail = Final {
             errors,
@@ -292,9 +291,11 @@ async fn fail(
         }
     };
     if let (Some(id), Some(row), Some(def)) = (alert_id, alert, alert_def) {
+        notifier.wake_workers();
+        let here = notifier.attempts_after_commit();
         background::after_commit(
             notifier,
-            vec![background::PendingNotice::new(id, row, def, written).committed()],
+            vec![background::PendingNotice::alert(id, row, def, here)],
         );
     }
     if alerts {
@@ -303,9 +304,10 @@ async fn fail(
     result
 }
 
-/// The alert notice of a failure (reserved for this process's after-commit
-/// attempt when it makes those) and the alert definition (read again while
-/// the database is away, until `give_up`).
+/// The alert notice of a failure, due at once (attempted right after its
+/// commit by this process when it makes after-commit attempts, else by a
+/// sweeper), and the alert definition (read again while the database is
+/// away, until `give_up`).
 pub(crate) async fn alert_row(
     notifier: &Notifier,
     mail: &AlertMail,
@@ -319,7 +321,7 @@ pub(crate) async fn alert_row(
         load_balance_num: 0,
         idempotency_key: None,
         target_override: None,
-        due: notifier.first_due(),
+        due: Due::Now,
     };
     Ok((row, def))
 }
