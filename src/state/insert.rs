@@ -11,7 +11,7 @@
 //! their own.
 
 use sea_orm::{
-    ConnectionTrait, DbBackend, DbErr, TransactionSession, TransactionTrait,
+    ConnectionTrait, DbBackend, DbErr, IdenStatic, TransactionSession, TransactionTrait,
     sea_query::{Expr, InsertStatement, Query},
 };
 
@@ -93,40 +93,66 @@ pub(crate) struct InsertError {
     pub aborted: bool,
 }
 
+/// Where a new row's column gets its value.
+#[derive(Debug, Clone, Copy)]
+enum Init {
+    DefId,
+    Param,
+    Description,
+    LoadBalanceNum,
+    IdempotencyKey,
+    TargetOverride,
+    /// `next_call_time`: now, or one lease ahead for a reservation.
+    Due,
+    /// Whether it is reserved for its after-commit attempt.
+    Reserved,
+    /// The database's time.
+    Now,
+    /// `errors`: empty.
+    Empty,
+    /// `status`, `retry_times`, `version`: 0.
+    Zero,
+}
+
+/// The one layout of a new notice row: every column written at insert (all
+/// but `id`, given by the database or the caller, and `last_call_time`,
+/// NULL until a first call).
+const NEW_ROW: [(Column, Init); 13] = [
+    (Column::DefId, Init::DefId),
+    (Column::Param, Init::Param),
+    (Column::Description, Init::Description),
+    (Column::Errors, Init::Empty),
+    (Column::Status, Init::Zero),
+    (Column::RetryTimes, Init::Zero),
+    (Column::NextCallTime, Init::Due),
+    (Column::CreateTime, Init::Now),
+    (Column::Version, Init::Zero),
+    (Column::LoadBalanceNum, Init::LoadBalanceNum),
+    (Column::IdempotencyKey, Init::IdempotencyKey),
+    (Column::TargetOverride, Init::TargetOverride),
+    (Column::Leased, Init::Reserved),
+];
+
 fn statement(backend: DbBackend, row: &NewRow) -> InsertStatement {
-    let now = clock::now(backend);
+    let value = |init: Init| -> Expr {
+        match init {
+            Init::DefId => row.def_id.into(),
+            Init::Param => row.param.clone().into(),
+            Init::Description => row.description.clone().into(),
+            Init::LoadBalanceNum => row.load_balance_num.into(),
+            Init::IdempotencyKey => row.idempotency_key.clone().into(),
+            Init::TargetOverride => row.target_override.clone().into(),
+            Init::Due => row.due.expr(backend),
+            Init::Reserved => row.due.reserved().into(),
+            Init::Now => clock::now(backend),
+            Init::Empty => "".into(),
+            Init::Zero => 0.into(),
+        }
+    };
     Query::insert()
         .into_table(notify_msg::Entity)
-        .columns([
-            Column::DefId,
-            Column::Param,
-            Column::Description,
-            Column::Errors,
-            Column::Status,
-            Column::RetryTimes,
-            Column::NextCallTime,
-            Column::CreateTime,
-            Column::Version,
-            Column::LoadBalanceNum,
-            Column::IdempotencyKey,
-            Column::TargetOverride,
-            Column::Leased,
-        ])
-        .values_panic([
-            row.def_id.into(),
-            row.param.clone().into(),
-            row.description.clone().into(),
-            "".into(),
-            Expr::val(crate::Status::NotSent as i16),
-            0.into(),
-            row.due.expr(backend),
-            now,
-            0.into(),
-            row.load_balance_num.into(),
-            row.idempotency_key.clone().into(),
-            row.target_override.clone().into(),
-            row.due.reserved().into(),
-        ])
+        .columns(NEW_ROW.map(|(c, _)| c))
+        .values_panic(NEW_ROW.map(|(_, init)| value(init)))
         .to_owned()
 }
 
@@ -195,19 +221,36 @@ pub(crate) async fn pg_insert_rows(
     conn: &mut sea_orm::sqlx::PgConnection,
     rows: &[(i64, NewRow)],
 ) -> Result<(), sea_orm::sqlx::Error> {
-    const SQL: &str = "INSERT INTO notify_msg (id, def_id, param, description, errors, status, \
-        retry_times, next_call_time, create_time, version, load_balance_num, idempotency_key, \
-        target_override, leased) \
-        SELECT r.id, r.def_id, r.param, r.description, '', 0, 0, \
-        (statement_timestamp() AT TIME ZONE 'UTC') + make_interval(secs => r.due), \
-        (statement_timestamp() AT TIME ZONE 'UTC'), 0, r.lb, r.key, r.over, r.due > 0 \
-        FROM UNNEST($1::bigint[], $2::bigint[], $3::text[], $4::text[], $5::int[], \
-        $6::text[], $7::text[], $8::float8[]) AS r(id, def_id, param, description, lb, key, over, due)";
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let sql = SQL.get_or_init(|| {
+        let now = "(statement_timestamp() AT TIME ZONE 'UTC')";
+        let values = NEW_ROW.map(|(_, init)| match init {
+            Init::DefId => "r.def_id".to_string(),
+            Init::Param => "r.param".into(),
+            Init::Description => "r.description".into(),
+            Init::LoadBalanceNum => "r.lb".into(),
+            Init::IdempotencyKey => "r.key".into(),
+            Init::TargetOverride => "r.over".into(),
+            Init::Due => format!("{now} + make_interval(secs => r.due)"),
+            Init::Reserved => "r.due > 0".into(),
+            Init::Now => now.into(),
+            Init::Empty => "''".into(),
+            Init::Zero => "0".into(),
+        });
+        format!(
+            "INSERT INTO notify_msg (id, {}) SELECT r.id, {} \
+             FROM UNNEST($1::bigint[], $2::bigint[], $3::text[], $4::text[], $5::int[], \
+             $6::text[], $7::text[], $8::float8[]) \
+             AS r(id, def_id, param, description, lb, key, over, due)",
+            NEW_ROW.map(|(c, _)| c.as_str()).join(", "),
+            values.join(", ")
+        )
+    });
     let due = |row: &NewRow| match row.due {
         Due::Now => 0.0,
         Due::Reserved(d) => d.as_secs_f64(),
     };
-    sea_orm::sqlx::query(SQL)
+    sea_orm::sqlx::query(sea_orm::sqlx::AssertSqlSafe(sql.as_str()))
         .bind(rows.iter().map(|(id, _)| *id).collect::<Vec<i64>>())
         .bind(rows.iter().map(|(_, r)| r.def_id).collect::<Vec<i64>>())
         .bind(
@@ -254,6 +297,16 @@ mod tests {
             idempotency_key: None,
             target_override: None,
             due: Due::Now,
+        }
+    }
+
+    #[test]
+    fn new_rows_write_every_column_but_id_and_last_call_time() {
+        use sea_orm::Iterable;
+        let written: Vec<_> = NEW_ROW.iter().map(|(c, _)| c.as_str()).collect();
+        for c in Column::iter() {
+            let expected = !matches!(c, Column::Id | Column::LastCallTime);
+            assert_eq!(written.contains(&c.as_str()), expected, "{}", c.as_str());
         }
     }
 
