@@ -4,9 +4,11 @@
 //! It holds a connection of the pool and speaks to it directly: `BEGIN` is
 //! sent with the first statement that needs it, notices are checked and
 //! buffered in memory (their ids taken from a block of the sequence), and
-//! the commit writes them all with one prepared statement before `COMMIT`.
-//! A transaction that carries only notices sends that one statement and
-//! nothing else: it commits by itself. Buffered notices are not visible to
+//! the commit sends them all as one `INSERT` in the same message as the
+//! `COMMIT` (one round trip: a notice costs the business transaction no
+//! round trip; notices over 1 MiB in all go as a prepared statement before
+//! the `COMMIT`). A transaction that carries only notices sends one prepared
+//! insert and nothing else: it commits by itself. Buffered notices are not visible to
 //! the transaction's own queries before the commit.
 //!
 //! What the commit answers:
@@ -120,6 +122,8 @@ impl Link {
 enum Stage {
     Insert,
     Commit,
+    /// The insert or the `COMMIT` sent with it in one message.
+    Either,
 }
 
 impl PgTx {
@@ -239,19 +243,30 @@ impl PgTx {
             .ready(false)
             .await
             .map_err(|e| Error::TransactionAborted(e.to_string()))?;
-        let inserted = if rows.is_empty() {
-            Ok(())
-        } else {
-            insert::pg_insert_rows(conn, rows).await
-        };
-        let outcome = match inserted {
-            Err(e) => Err((e, Stage::Insert)),
-            Ok(()) if begun => conn
-                .execute("COMMIT")
+        let literal = begun.then(|| insert::pg_insert_literal(rows)).flatten();
+        let outcome = if let Some(insert) = literal {
+            // One round trip: the notices and the COMMIT in one
+            // simple-protocol message (the server skips the COMMIT when the
+            // insert fails).
+            conn.execute(sqlx::AssertSqlSafe(format!("{insert}; COMMIT")))
                 .await
                 .map(drop)
-                .map_err(|e| (e, Stage::Commit)),
-            Ok(()) => Ok(()),
+                .map_err(|e| (e, Stage::Either))
+        } else {
+            let inserted = if rows.is_empty() {
+                Ok(())
+            } else {
+                insert::pg_insert_rows(conn, rows).await
+            };
+            match inserted {
+                Err(e) => Err((e, Stage::Insert)),
+                Ok(()) if begun => conn
+                    .execute("COMMIT")
+                    .await
+                    .map(drop)
+                    .map_err(|e| (e, Stage::Commit)),
+                Ok(()) => Ok(()),
+            }
         };
         let (e, stage) = match outcome {
             Ok(()) => {
@@ -262,13 +277,14 @@ impl PgTx {
             Err(failed) => failed,
         };
         let e = exec_err(e);
-        if crate::db::connection_lost(&e) && (stage == Stage::Commit || !begun) {
+        if crate::db::connection_lost(&e) && (stage != Stage::Insert || !begun) {
             // Still marked in flight: the connection is closed, not pooled.
             return Err(Error::CommitOutcomeUnknown(e.to_string()));
         }
         link.in_flight = false;
-        if stage == Stage::Insert && begun {
-            // The failed insert aborted the open transaction: roll it back.
+        if begun && stage != Stage::Commit {
+            // A failed insert aborted the open transaction: roll it back (a
+            // no-op when it was the COMMIT that failed and ended it).
             drop(link);
             self.rollback().await.ok();
         } else {
@@ -278,6 +294,7 @@ impl PgTx {
         let what = match stage {
             Stage::Insert => "writing its notices at the commit failed",
             Stage::Commit => "COMMIT failed",
+            Stage::Either => "writing its notices or the COMMIT failed",
         };
         Err(Error::TransactionAborted(format!("{what}: {e}")))
     }

@@ -134,6 +134,16 @@ const NEW_ROW: [(Column, Init); 13] = [
 ];
 
 fn statement(backend: DbBackend, row: &NewRow) -> InsertStatement {
+    let mut insert = Query::insert();
+    insert
+        .into_table(notify_msg::Entity)
+        .columns(NEW_ROW.map(|(c, _)| c))
+        .values_panic(values(backend, row));
+    insert
+}
+
+/// The values of `row`, in the order of [`NEW_ROW`].
+fn values(backend: DbBackend, row: &NewRow) -> [Expr; 13] {
     let value = |init: Init| -> Expr {
         match init {
             Init::DefId => row.def_id.into(),
@@ -149,11 +159,42 @@ fn statement(backend: DbBackend, row: &NewRow) -> InsertStatement {
             Init::Zero => 0.into(),
         }
     };
-    Query::insert()
+    NEW_ROW.map(|(_, init)| value(init))
+}
+
+/// Largest total size of buffered notices sent as SQL literals with their
+/// `COMMIT` ([`pg_insert_literal`]); larger batches go as a prepared
+/// statement ([`pg_insert_rows`]) before it: 1 MiB.
+pub(crate) const LITERAL_INSERT_MAX_BYTES: usize = 1024 * 1024;
+
+/// PostgreSQL: buffered rows (ids handed out beforehand) as one `INSERT`
+/// whose values are SQL literals, for a simple-protocol message that also
+/// carries the `COMMIT`. `None` when they are larger than
+/// [`LITERAL_INSERT_MAX_BYTES`]. Strings are quoted by sea-query's
+/// PostgreSQL escaping (`E'…'` with every quote, backslash and control
+/// character escaped), and the rows passed [`check`] (no NUL).
+pub(crate) fn pg_insert_literal(rows: &[(i64, NewRow)]) -> Option<String> {
+    let size: usize = rows
+        .iter()
+        .map(|(_, r)| {
+            r.param.len()
+                + r.description.len()
+                + r.target_override.as_ref().map_or(0, String::len)
+                + r.idempotency_key.as_ref().map_or(0, String::len)
+        })
+        .sum();
+    if rows.is_empty() || size > LITERAL_INSERT_MAX_BYTES {
+        return None;
+    }
+    let mut insert = Query::insert();
+    insert
         .into_table(notify_msg::Entity)
-        .columns(NEW_ROW.map(|(c, _)| c))
-        .values_panic(NEW_ROW.map(|(_, init)| value(init)))
-        .to_owned()
+        .columns(std::iter::once(Column::Id).chain(NEW_ROW.map(|(c, _)| c)));
+    for (id, row) in rows {
+        insert
+            .values_panic(std::iter::once(Expr::val(*id)).chain(values(DbBackend::Postgres, row)));
+    }
+    Some(insert.to_string(sea_orm::sea_query::PostgresQueryBuilder))
 }
 
 /// Inserts `row` inside one of solid-notify's own transactions (no
@@ -308,6 +349,34 @@ mod tests {
             let expected = !matches!(c, Column::Id | Column::LastCallTime);
             assert_eq!(written.contains(&c.as_str()), expected, "{}", c.as_str());
         }
+    }
+
+    #[test]
+    fn literal_inserts_escape_every_string() {
+        let nasty = NewRow {
+            param: r#"{"a":"it's \ done"}"#.into(),
+            description: "line\nnext'; DROP TABLE notify_msg; --".into(),
+            idempotency_key: Some("k'\\".into()),
+            due: Due::Reserved(std::time::Duration::from_millis(1500)),
+            ..row()
+        };
+        let sql = pg_insert_literal(&[(7, nasty), (8, row())]).unwrap();
+        assert!(
+            sql.starts_with(r#"INSERT INTO "notify_msg" ("id", "def_id""#),
+            "{sql}"
+        );
+        assert!(sql.contains(r#"E'{"a":"it\'s \\ done"}'"#), "{sql}");
+        assert!(
+            sql.contains(r"E'line\nnext\'; DROP TABLE notify_msg; --'"),
+            "{sql}"
+        );
+        assert!(sql.contains("make_interval(secs => 1.5)"), "{sql}");
+        assert!(sql.contains("TRUE), (8, 1, "), "two rows: {sql}");
+        let big = NewRow {
+            param: "x".repeat(LITERAL_INSERT_MAX_BYTES + 1),
+            ..row()
+        };
+        assert!(pg_insert_literal(&[(1, big)]).is_none());
     }
 
     #[test]
