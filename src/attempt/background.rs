@@ -226,7 +226,7 @@ async fn attempt(notifier: &Notifier, p: PendingNotice) -> AttemptReport {
         Ok(None) => return report(AttemptResult::LostClaim),
         Err(e) => {
             return report(AttemptResult::Error {
-                error: format!("{e}; due when its reservation ends"),
+                error: format!("{e}; left for a sweeper (due when its reservation, if any, ends)"),
             });
         }
     };

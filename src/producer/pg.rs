@@ -5,11 +5,12 @@
 //! sent with the first statement that needs it, notices are checked and
 //! buffered in memory (their ids taken from a block of the sequence), and
 //! the commit sends them all as one `INSERT` in the same message as the
-//! `COMMIT` (one round trip: a notice costs the business transaction no
-//! round trip; notices over 1 MiB in all go as a prepared statement before
-//! the `COMMIT`). A transaction that carries only notices sends one prepared
-//! insert and nothing else: it commits by itself. Buffered notices are not visible to
-//! the transaction's own queries before the commit.
+//! `COMMIT` (a notice costs the business transaction no round trip; a
+//! statement over 1 MiB goes as a prepared insert before the `COMMIT`). Its
+//! strings are dollar-quoted literals, so sqlx's statement log (when on)
+//! shows them. A transaction that carries only notices sends one prepared
+//! insert and nothing else: it commits by itself. Buffered notices are not
+//! visible to the transaction's own queries before the commit.
 //!
 //! What the commit answers:
 //! - `Ok`: the business data and every notice committed together.
@@ -209,8 +210,10 @@ impl PgTx {
             .ok_or_else(|| DbErr::Custom("the id sequence returned no ids".into()))
     }
 
-    /// Writes `rows` and commits: one statement when nothing else ran,
-    /// else the insert then `COMMIT`.
+    /// Writes `rows` and commits: one prepared insert when nothing else ran
+    /// (it commits by itself); else the insert and `COMMIT` in one message
+    /// ([`insert::pg_insert_literal`]), or, over its size limit, a prepared
+    /// insert then `COMMIT`.
     ///
     /// - [`Error::TransactionAborted`]: nothing was committed (a statement
     ///   had aborted the transaction, one was cancelled mid-way, or the
@@ -226,7 +229,14 @@ impl PgTx {
         }
         if let Some(why) = link.failed.take() {
             // Aborted by the server, or recovered by the caller (a savepoint)?
-            let conn = link.ready(false).await?;
+            let conn = match link.ready(false).await {
+                Ok(conn) => conn,
+                Err(e) => {
+                    drop(link);
+                    self.rollback().await.ok();
+                    return Err(Error::TransactionAborted(format!("{why}; then: {e}")));
+                }
+            };
             let alive = conn.execute("SELECT 1").await;
             link.in_flight = false;
             if alive.is_err() {

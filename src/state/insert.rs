@@ -5,10 +5,16 @@
 //! The row is checked before any SQL ([`check`]): text the database would
 //! refuse (a NUL character, an over-long key, a param over the size limit)
 //! is a typed error that leaves the caller's transaction untouched. On
-//! PostgreSQL, where any failed statement aborts the whole transaction, the
-//! insert also runs inside a `SAVEPOINT`, so a database error rolls back
-//! only the notice; MySQL/MariaDB and SQLite roll back a failed statement on
-//! their own.
+//! PostgreSQL, where any failed statement aborts the whole transaction, an
+//! insert into a transaction the caller began ([`Notifier::wrap`]) runs
+//! inside a `SAVEPOINT`, so a database error rolls back only the notice;
+//! MySQL/MariaDB and SQLite roll back a failed statement on their own. A
+//! [`Notifier::begin`] transaction on PostgreSQL buffers its notices and
+//! writes them with the `COMMIT`: a database error there fails the commit
+//! (`Error::TransactionAborted`), and nothing is committed.
+//!
+//! [`Notifier::wrap`]: crate::Notifier::wrap
+//! [`Notifier::begin`]: crate::Notifier::begin
 
 use sea_orm::{
     ConnectionTrait, DbBackend, DbErr, IdenStatic, TransactionSession, TransactionTrait,
@@ -162,39 +168,78 @@ fn values(backend: DbBackend, row: &NewRow) -> [Expr; 13] {
     NEW_ROW.map(|(_, init)| value(init))
 }
 
-/// Largest total size of buffered notices sent as SQL literals with their
-/// `COMMIT` ([`pg_insert_literal`]); larger batches go as a prepared
-/// statement ([`pg_insert_rows`]) before it: 1 MiB.
+/// Largest statement of buffered notices sent as SQL literals with their
+/// `COMMIT` ([`pg_insert_literal`]), estimated from the text's size plus
+/// [`LITERAL_ROW_BYTES`] a row; larger batches go as a prepared statement
+/// ([`pg_insert_rows`]) before it: 1 MiB.
 pub(crate) const LITERAL_INSERT_MAX_BYTES: usize = 1024 * 1024;
+
+/// SQL text of one literal row besides its strings (an upper bound).
+const LITERAL_ROW_BYTES: usize = 320;
 
 /// PostgreSQL: buffered rows (ids handed out beforehand) as one `INSERT`
 /// whose values are SQL literals, for a simple-protocol message that also
-/// carries the `COMMIT`. `None` when they are larger than
-/// [`LITERAL_INSERT_MAX_BYTES`]. Strings are quoted by sea-query's
-/// PostgreSQL escaping (`E'…'` with every quote, backslash and control
-/// character escaped), and the rows passed [`check`] (no NUL).
+/// carries the `COMMIT`. `None` when the statement would be larger than
+/// [`LITERAL_INSERT_MAX_BYTES`].
+///
+/// Strings are dollar-quoted with a tag they do not contain
+/// ([`dollar_quote`]): the server's lexer takes everything up to that tag
+/// verbatim, whatever `standard_conforming_strings`, `backslash_quote` or a
+/// multibyte `client_encoding` say (no escaping is involved). The rows passed
+/// [`check`] (no NUL).
 pub(crate) fn pg_insert_literal(rows: &[(i64, NewRow)]) -> Option<String> {
-    let size: usize = rows
-        .iter()
-        .map(|(_, r)| {
-            r.param.len()
-                + r.description.len()
-                + r.target_override.as_ref().map_or(0, String::len)
-                + r.idempotency_key.as_ref().map_or(0, String::len)
-        })
-        .sum();
+    let text = |r: &NewRow| {
+        r.param.len()
+            + r.description.len()
+            + r.target_override.as_ref().map_or(0, String::len)
+            + r.idempotency_key.as_ref().map_or(0, String::len)
+    };
+    let size: usize = rows.iter().map(|(_, r)| text(r) + LITERAL_ROW_BYTES).sum();
     if rows.is_empty() || size > LITERAL_INSERT_MAX_BYTES {
         return None;
     }
+    let quoted = |s: &str| Expr::cust(dollar_quote(s));
     let mut insert = Query::insert();
     insert
         .into_table(notify_msg::Entity)
         .columns(std::iter::once(Column::Id).chain(NEW_ROW.map(|(c, _)| c)));
     for (id, row) in rows {
-        insert
-            .values_panic(std::iter::once(Expr::val(*id)).chain(values(DbBackend::Postgres, row)));
+        let mut values = values(DbBackend::Postgres, row);
+        for ((_, init), value) in NEW_ROW.iter().zip(values.iter_mut()) {
+            let text = match init {
+                Init::Param => Some(row.param.as_str()),
+                Init::Description => Some(row.description.as_str()),
+                Init::IdempotencyKey => row.idempotency_key.as_deref(),
+                Init::TargetOverride => row.target_override.as_deref(),
+                _ => continue,
+            };
+            if let Some(text) = text {
+                *value = quoted(text);
+            }
+        }
+        insert.values_panic(std::iter::once(Expr::val(*id)).chain(values));
     }
     Some(insert.to_string(sea_orm::sea_query::PostgresQueryBuilder))
+}
+
+/// `s` as a PostgreSQL dollar-quoted string, `$sn$…$sn$` with a tag whose
+/// first occurrence after the opening one is the closing one (`$sn1$`,
+/// `$sn2$`, … when `s` holds the tag, or ends with a part of it). `$` is
+/// never the trail byte of a multibyte character in any encoding PostgreSQL
+/// accepts from a client, so the tag cannot hide inside a character.
+fn dollar_quote(s: &str) -> String {
+    let mut n = 0u32;
+    loop {
+        let tag = match n {
+            0 => "$sn$".to_string(),
+            n => format!("$sn{n}$"),
+        };
+        let quoted = format!("{tag}{s}{tag}");
+        if quoted[tag.len()..].find(tag.as_str()) == Some(s.len()) {
+            return quoted;
+        }
+        n += 1;
+    }
 }
 
 /// Inserts `row` inside one of solid-notify's own transactions (no
@@ -273,7 +318,7 @@ pub(crate) async fn pg_insert_rows(
             Init::IdempotencyKey => "r.key".into(),
             Init::TargetOverride => "r.over".into(),
             Init::Due => format!("{now} + make_interval(secs => r.due)"),
-            Init::Reserved => "r.due > 0".into(),
+            Init::Reserved => "r.reserved".into(),
             Init::Now => now.into(),
             Init::Empty => "''".into(),
             Init::Zero => "0".into(),
@@ -281,8 +326,8 @@ pub(crate) async fn pg_insert_rows(
         format!(
             "INSERT INTO notify_msg (id, {}) SELECT r.id, {} \
              FROM UNNEST($1::bigint[], $2::bigint[], $3::text[], $4::text[], $5::int[], \
-             $6::text[], $7::text[], $8::float8[]) \
-             AS r(id, def_id, param, description, lb, key, over, due)",
+             $6::text[], $7::text[], $8::float8[], $9::bool[]) \
+             AS r(id, def_id, param, description, lb, key, over, due, reserved)",
             NEW_ROW.map(|(c, _)| c.as_str()).join(", "),
             values.join(", ")
         )
@@ -320,6 +365,11 @@ pub(crate) async fn pg_insert_rows(
                 .collect::<Vec<Option<String>>>(),
         )
         .bind(rows.iter().map(|(_, r)| due(r)).collect::<Vec<f64>>())
+        .bind(
+            rows.iter()
+                .map(|(_, r)| r.due.reserved())
+                .collect::<Vec<bool>>(),
+        )
         .execute(conn)
         .await
         .map(drop)
@@ -352,11 +402,11 @@ mod tests {
     }
 
     #[test]
-    fn literal_inserts_escape_every_string() {
+    fn literal_inserts_quote_every_string_verbatim() {
         let nasty = NewRow {
             param: r#"{"a":"it's \ done"}"#.into(),
             description: "line\nnext'; DROP TABLE notify_msg; --".into(),
-            idempotency_key: Some("k'\\".into()),
+            idempotency_key: Some("k'\\$sn$".into()),
             due: Due::Reserved(std::time::Duration::from_millis(1500)),
             ..row()
         };
@@ -365,18 +415,36 @@ mod tests {
             sql.starts_with(r#"INSERT INTO "notify_msg" ("id", "def_id""#),
             "{sql}"
         );
-        assert!(sql.contains(r#"E'{"a":"it\'s \\ done"}'"#), "{sql}");
+        assert!(sql.contains(r#"$sn${"a":"it's \ done"}$sn$"#), "{sql}");
         assert!(
-            sql.contains(r"E'line\nnext\'; DROP TABLE notify_msg; --'"),
+            sql.contains("$sn$line\nnext'; DROP TABLE notify_msg; --$sn$"),
             "{sql}"
         );
+        assert!(sql.contains(r"$sn1$k'\$sn$$sn1$"), "{sql}");
         assert!(sql.contains("make_interval(secs => 1.5)"), "{sql}");
         assert!(sql.contains("TRUE), (8, 1, "), "two rows: {sql}");
+        // Many small rows count their SQL, not only their text.
+        let many: Vec<_> = (0..10_000).map(|id| (id, row())).collect();
+        assert!(pg_insert_literal(&many).is_none());
         let big = NewRow {
             param: "x".repeat(LITERAL_INSERT_MAX_BYTES + 1),
             ..row()
         };
         assert!(pg_insert_literal(&[(1, big)]).is_none());
+    }
+
+    #[test]
+    fn dollar_quotes_end_only_at_their_end() {
+        for s in ["", "$", "$sn", "a$sn", "$sn$", "x$sn$y$sn1$", "$sn1", "s$"] {
+            let quoted = dollar_quote(s);
+            let tag_len = quoted
+                .find('$')
+                .map(|i| quoted[i + 1..].find('$').unwrap() + 2)
+                .unwrap();
+            let (tag, rest) = quoted.split_at(tag_len);
+            assert_eq!(rest.find(tag), Some(s.len()), "{s:?} as {quoted}");
+            assert_eq!(&rest[..s.len()], s);
+        }
     }
 
     #[test]

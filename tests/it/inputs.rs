@@ -10,7 +10,7 @@ use solid_notify::{
 };
 
 use crate::{
-    db_test,
+    db_test, pg_test,
     support::{Recorder, TestDb},
 };
 
@@ -155,3 +155,92 @@ db_test!(definitions_edited_in_the_table_take_effect, |db: Arc<
     tx.rollback().await.unwrap();
     assert_eq!(db.counts().await, (1, 1));
 });
+
+db_test!(
+    every_string_arrives_as_written,
+    |db: Arc<TestDb>| async move {
+        let notifier = db.notifier();
+        strings_round_trip(&db, notifier).await;
+    }
+);
+
+pg_test!(
+    every_string_arrives_as_written_whatever_the_string_settings,
+    |db: Arc<TestDb>| async move {
+        // Settings a hardened or legacy server may have, for every new
+        // session of this database.
+        for setting in ["backslash_quote = off", "standard_conforming_strings = off"] {
+            db.db
+                .execute_unprepared(&format!(
+                    "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET {setting}', current_database()); END $$"
+                ))
+                .await
+                .unwrap();
+        }
+        let pool = TestDb::connect_to(&db.url).await;
+        let off = pool
+            .query_one_raw(sea_orm::Statement::from_string(
+                sea_orm::DbBackend::Postgres,
+                "SELECT current_setting('backslash_quote') || current_setting('standard_conforming_strings')",
+            ))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(off.try_get_by_index::<String>(0).unwrap(), "offoff");
+        let notifier = solid_notify::Notifier::builder(pool).config(crate::support::test_config());
+        strings_round_trip(&db, notifier).await;
+    }
+);
+
+/// Awkward strings in small and large batches of one transaction each, on
+/// `notifier`: each is delivered and kept exactly as written.
+async fn strings_round_trip(db: &TestDb, notifier: solid_notify::NotifierBuilder) {
+    db.def("ship", "ship", |_| {}).await;
+    let rec = Recorder::default();
+    let notifier = notifier
+        .handler("ship", rec.handler(|_| Outcome::success()))
+        .build()
+        .unwrap();
+    let awkward = [
+        "it's",
+        r"back\slash \' \\'",
+        "line\nbreak\ttab\r",
+        "$$ $tag$ E'x' ''",
+        "'; DELETE FROM notify_msg; --",
+        "ünïcødé 通知 🚀",
+        "",
+    ];
+    // One transaction whose notices are small (on PostgreSQL: sent as SQL
+    // literals with the COMMIT), one whose notices are large in all (sent
+    // as a prepared statement before it).
+    let big = "x".repeat(600 * 1024);
+    let mut sent = Vec::new();
+    for pad in ["", big.as_str()] {
+        let tx = notifier.begin().await.unwrap();
+        for (i, s) in awkward.iter().enumerate() {
+            let param = json!({ "s": s, "pad": pad });
+            let id = tx
+                .add(
+                    NewNotice::new("ship", &param)
+                        .description(*s)
+                        .idempotency_key(format!("{pad_len}-{i}-{s}", pad_len = pad.len())),
+                )
+                .await
+                .unwrap();
+            sent.push((id, param, s.to_string()));
+        }
+        let reports = tx.commit_and_wait().await.unwrap();
+        assert_eq!(reports.len(), awkward.len());
+    }
+    let calls = rec.calls();
+    assert_eq!(calls.len(), sent.len());
+    for (id, param, s) in &sent {
+        let call = calls.iter().find(|c| c.id == *id).expect("delivered");
+        assert_eq!(&call.param, param, "param of {id}");
+        assert_eq!(&call.description, s, "description of {id}");
+        assert!(call.idempotency_key.ends_with(s.as_str()), "key of {id}");
+        let kept = db.history_of(*id).await.expect("in history");
+        assert_eq!(&kept.description, s);
+    }
+    assert_eq!(db.counts().await, (0, sent.len() as u64));
+}
