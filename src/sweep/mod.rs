@@ -216,7 +216,12 @@ impl<'a> Sweep<'a> {
                 let leases = waiting.drain(..).map(|(lease, _)| lease).collect();
                 self.release(leases, "shutting down", &stop.give_up).await;
             }
-            if waiting.is_empty() && running.is_empty() && (!more || shutdown.is_cancelled()) {
+            // Done once nothing is held; a woken sweep also stays while its
+            // last successes are written, so a wake-up meanwhile claims at
+            // once instead of after that write.
+            let writing = wakes.is_some() && batch.pending() > 0;
+            let idle = waiting.is_empty() && running.is_empty();
+            if idle && (!more || shutdown.is_cancelled()) && (!writing || shutdown.is_cancelled()) {
                 break;
             }
             tokio::select! {
@@ -239,8 +244,9 @@ impl<'a> Sweep<'a> {
                     });
                 }
                 _ = shutdown.cancelled(), if !waiting.is_empty() => {}
-                // Holding a full batch of successes being written: wait for them.
-                _ = batch.flushed(), if !room => {}
+                // Holding a full batch of successes being written, or only
+                // the last ones (woken sweep): wait for them.
+                _ = batch.flushed(), if !room || (idle && writing) => {}
                 // Notices made due meanwhile: claim again.
                 changed = async { match wakes.as_mut() {
                     Some(w) => w.changed().await.is_ok(),
