@@ -120,12 +120,31 @@ impl Out {
     }
 }
 
+/// Whatever ends the batch task (a panic included): nothing is pending any
+/// more, and a sweep waiting for a flush is woken. Rows it still held stay
+/// leased and are due again when their leases end.
+struct OnExit {
+    pending: Arc<AtomicUsize>,
+    flushed: Arc<tokio::sync::Notify>,
+}
+
+impl Drop for OnExit {
+    fn drop(&mut self) {
+        self.pending.store(0, Ordering::Relaxed);
+        self.flushed.notify_one();
+    }
+}
+
 async fn run(
     store: Store,
     mut receiver: mpsc::UnboundedReceiver<Lease>,
     give_up: CancellationToken,
     out: Out,
 ) {
+    let _exit = OnExit {
+        pending: out.pending.clone(),
+        flushed: out.flushed.clone(),
+    };
     while let Some(first) = receiver.recv().await {
         let mut leases = vec![first];
         while leases.len() < MAX_BATCH {

@@ -223,20 +223,44 @@ pub(crate) fn pg_insert_literal(rows: &[(i64, NewRow)]) -> Option<String> {
 }
 
 /// `s` as a PostgreSQL dollar-quoted string, `$sn$…$sn$` with a tag whose
-/// first occurrence after the opening one is the closing one (`$sn1$`,
-/// `$sn2$`, … when `s` holds the tag, or ends with a part of it). `$` is
-/// never the trail byte of a multibyte character in any encoding PostgreSQL
-/// accepts from a client, so the tag cannot hide inside a character.
+/// first occurrence after the opening one is the closing one: `$snN$` with
+/// the smallest `N` (none for 0) that `s` does not hold and whose closing
+/// tag does not run into the end of `s` (`…$sn` + `$sn$`). One pass over
+/// `s` finds the numbers it holds, so the cost is linear whatever `s` is.
+/// `$` is never the trail byte of a multibyte character in any encoding
+/// PostgreSQL accepts from a client, so a tag cannot hide inside one.
 fn dollar_quote(s: &str) -> String {
-    let mut n = 0u32;
+    let held: std::collections::HashSet<u64> = s
+        .match_indices("$sn")
+        .filter_map(|(at, _)| {
+            let rest = &s[at + 3..];
+            let digits = rest.find(|c: char| !c.is_ascii_digit())?;
+            if !rest[digits..].starts_with('$') {
+                return None;
+            }
+            match &rest[..digits] {
+                "" => Some(0),
+                n => n.parse().ok(),
+            }
+        })
+        .collect();
+    let mut n = 0u64;
     loop {
-        let tag = match n {
-            0 => "$sn$".to_string(),
-            n => format!("$sn{n}$"),
-        };
-        let quoted = format!("{tag}{s}{tag}");
-        if quoted[tag.len()..].find(tag.as_str()) == Some(s.len()) {
-            return quoted;
+        if !held.contains(&n) {
+            let tag = match n {
+                0 => "$sn$".to_string(),
+                n => format!("$sn{n}$"),
+            };
+            // The closing tag is the first one unless it runs into the end
+            // of `s`, which only the last few bytes can do.
+            let tail_from = s.len().saturating_sub(tag.len());
+            let tail_from = (tail_from..=s.len())
+                .find(|&i| s.is_char_boundary(i))
+                .unwrap_or(s.len());
+            let joined = format!("{}{tag}", &s[tail_from..]);
+            if joined.find(tag.as_str()) == Some(s.len() - tail_from) {
+                return format!("{tag}{s}{tag}");
+            }
         }
         n += 1;
     }
@@ -435,7 +459,21 @@ mod tests {
 
     #[test]
     fn dollar_quotes_end_only_at_their_end() {
-        for s in ["", "$", "$sn", "a$sn", "$sn$", "x$sn$y$sn1$", "$sn1", "s$"] {
+        let many: String = (0..2000).rev().map(|n| format!("$sn{n}$")).collect();
+        let many = many.replacen("$sn0$", "$sn$", 1);
+        for s in [
+            "",
+            "$",
+            "$sn",
+            "a$sn",
+            "$sn$",
+            "x$sn$y$sn1$",
+            "$sn1",
+            "s$",
+            "$sn$$sn1$$sn",
+            "ü$sn",
+            many.as_str(),
+        ] {
             let quoted = dollar_quote(s);
             let tag_len = quoted
                 .find('$')
