@@ -204,7 +204,10 @@ async fn fill(url: &str, n: u64) -> BoxResult<()> {
 }
 
 async fn worker(url: &str, config: WorkerConfig, pool: u32, latency: bool) -> BoxResult<()> {
-    let db = connect(url, pool).await?;
+    // The pool `solid-notify worker` opens.
+    let mut opts = solid_notify::worker::pool_options(url);
+    opts.max_connections(pool).sqlx_logging(false);
+    let db = Database::connect(opts).await?;
     let notifier = notifier(db, false, latency, Arc::default())?;
     let worker = Worker::new(notifier, config)?;
     let stop = CancellationToken::new();

@@ -253,10 +253,6 @@ async fn main() -> ExitCode {
     }
 }
 
-/// The CLI's pool pings a connection before use only after it was idle
-/// this long: 30 seconds.
-const POOL_PING_IF_IDLE_FOR: std::time::Duration = std::time::Duration::from_secs(30);
-
 async fn run(cli: Cli) -> solid_notify::Result<()> {
     if let Command::Defs {
         command: DefsCommand::Sync { dir, check: true },
@@ -266,13 +262,8 @@ async fn run(cli: Cli) -> solid_notify::Result<()> {
         println!("{} definitions in {} are valid", defs.len(), dir.display());
         return Ok(());
     }
-    let mut options = sea_orm::ConnectOptions::new(cli.database_url.clone());
-    // A connection idle this long is pinged before use; a busier one is
-    // not (sea-orm's default pings every one: a round trip per
-    // transaction). A connection that died meanwhile fails its statement,
-    // which is retried like any lost connection.
-    options.test_before_acquire_if_idle_for(POOL_PING_IF_IDLE_FOR);
-    let db = sea_orm::Database::connect(options).await?;
+    let db =
+        sea_orm::Database::connect(solid_notify::worker::pool_options(&cli.database_url)).await?;
     match cli.command {
         Command::Worker(args) => {
             let (config, worker_config) = args.resolve()?;

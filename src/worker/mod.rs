@@ -48,6 +48,22 @@ pub const MIN_DUE_WAIT: Duration = Duration::from_millis(5);
 /// somebody's latency.
 pub const WARM_CONNECTIONS: u32 = 6;
 
+/// A pooled connection idle this long is pinged before use by
+/// [`pool_options`]: 30 seconds.
+pub const POOL_PING_IF_IDLE_FOR: Duration = Duration::from_secs(30);
+
+/// Connection options of a worker's pool, as `solid-notify worker` opens
+/// it: sea-orm's defaults, except that a connection is pinged before use
+/// only after it was idle for [`POOL_PING_IF_IDLE_FOR`]. (sea-orm pings
+/// every connection it hands out: a round trip in front of each claim and
+/// each write. A connection that died meanwhile fails its statement, which
+/// the worker retries like any lost connection.)
+pub fn pool_options(url: impl Into<String>) -> sea_orm::ConnectOptions {
+    let mut options = sea_orm::ConnectOptions::new(url.into());
+    options.test_before_acquire_if_idle_for(POOL_PING_IF_IDLE_FOR);
+    options
+}
+
 /// How often a worker asks the database what is due next when its sweeps
 /// scheduled nothing for later: every 250 ms at most.
 pub const NEXT_DUE_EVERY: Duration = Duration::from_millis(250);
