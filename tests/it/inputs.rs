@@ -17,13 +17,7 @@ use crate::{
 db_test!(bad_notices_are_typed_errors_and_write_nothing, |db: Arc<
     TestDb,
 >| async move {
-    db.def("ship", "ship", |_| {}).await;
-    let rec = Recorder::default();
-    let notifier = db
-        .notifier()
-        .handler("ship", rec.handler(|_| Outcome::success()))
-        .build()
-        .unwrap();
+    let (notifier, rec) = db.shipping().await;
 
     let tx = notifier.begin().await.unwrap();
     db.insert_order(&tx, 1).await;

@@ -290,6 +290,19 @@ impl TestDb {
         (live, done)
     }
 
+    /// The definition `ship` and a notifier whose handler `ship` records
+    /// every notice and succeeds.
+    pub async fn shipping(&self) -> (Notifier, Recorder) {
+        self.def("ship", "ship", |_| {}).await;
+        let rec = Recorder::default();
+        let notifier = self
+            .notifier()
+            .handler("ship", rec.handler(|_| Outcome::success()))
+            .build()
+            .unwrap();
+        (notifier, rec)
+    }
+
     /// Adds a `handler` definition named `name` delivered by handler `handler`.
     pub async fn def(&self, name: &str, handler: &str, edit: impl FnOnce(&mut DefSpec)) {
         let mut spec = DefSpec::new(name, Channel::Handler, json!({ "handler": handler }));

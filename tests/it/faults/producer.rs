@@ -16,13 +16,7 @@ use crate::{
 db_test!(bad_input_keeps_the_business_transaction, |db: Arc<
     TestDb,
 >| async move {
-    db.def("ship", "ship", |_| {}).await;
-    let rec = Recorder::default();
-    let notifier = db
-        .notifier()
-        .handler("ship", rec.handler(|_| Outcome::success()))
-        .build()
-        .unwrap();
+    let (notifier, rec) = db.shipping().await;
     let tx = notifier.begin().await.unwrap();
     db.insert_order(&tx, 1).await;
     let invalid = |e: Error| assert!(matches!(e, Error::InvalidNotice { .. }), "{e}");
@@ -152,13 +146,7 @@ db_test!(a_database_error_rolls_back_only_the_notice, |db: Arc<
 db_test!(
     commit_never_reports_ok_for_an_aborted_transaction,
     |db: Arc<TestDb>| async move {
-        db.def("ship", "ship", |_| {}).await;
-        let rec = Recorder::default();
-        let notifier = db
-            .notifier()
-            .handler("ship", rec.handler(|_| Outcome::success()))
-            .build()
-            .unwrap();
+        let (notifier, rec) = db.shipping().await;
         let tx = notifier.begin().await.unwrap();
         db.insert_order(&tx, 1).await;
         tx.add_notice("ship", &json!({}), "").await.unwrap();
@@ -188,13 +176,7 @@ db_test!(
 db_test!(
     a_savepoint_the_caller_rolled_back_to_still_commits,
     |db: Arc<TestDb>| async move {
-        db.def("ship", "ship", |_| {}).await;
-        let rec = Recorder::default();
-        let notifier = db
-            .notifier()
-            .handler("ship", rec.handler(|_| Outcome::success()))
-            .build()
-            .unwrap();
+        let (notifier, rec) = db.shipping().await;
         let tx = notifier.begin().await.unwrap();
         db.insert_order(&tx, 1).await;
         let id = tx.add_notice("ship", &json!({}), "").await.unwrap();
@@ -221,13 +203,7 @@ db_test!(
 pg_test!(
     a_cancelled_statement_fails_the_commit,
     |db: Arc<TestDb>| async move {
-        db.def("ship", "ship", |_| {}).await;
-        let rec = Recorder::default();
-        let notifier = db
-            .notifier()
-            .handler("ship", rec.handler(|_| Outcome::success()))
-            .build()
-            .unwrap();
+        let (notifier, rec) = db.shipping().await;
         let tx = notifier.begin().await.unwrap();
         db.insert_order(&tx, 1).await;
         tx.add_notice("ship", &json!({}), "").await.unwrap();
@@ -263,13 +239,7 @@ pg_test!(
 db_test!(
     a_notice_whose_transaction_did_not_commit_is_never_sent,
     |db: Arc<TestDb>| async move {
-        db.def("ship", "ship", |_| {}).await;
-        let rec = Recorder::default();
-        let notifier = db
-            .notifier()
-            .handler("ship", rec.handler(|_| Outcome::success()))
-            .build()
-            .unwrap();
+        let (notifier, rec) = db.shipping().await;
         // `add` in the caller's transaction, which rolls back; the caller
         // dispatches anyway.
         let txn = db.db.begin().await.unwrap();
