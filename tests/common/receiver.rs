@@ -160,6 +160,18 @@ async fn handle(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Str
 }
 
 impl Receiver {
+    /// A receiver that answers each notice's first request after `delay`
+    /// and every later one at once.
+    pub async fn first_slow(delay: Duration) -> Receiver {
+        Receiver::start(move |r| {
+            if r.attempt == 1 {
+                Reply::ok().after(delay)
+            } else {
+                Reply::ok()
+            }
+        })
+        .await
+    }
     /// Starts a receiver answering each request with `script(request)`.
     pub async fn start(script: impl Fn(&Request) -> Reply + Send + Sync + 'static) -> Receiver {
         let shared = Arc::new(Shared {

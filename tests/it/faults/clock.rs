@@ -16,7 +16,7 @@ use std::{
 };
 
 use crate::{
-    receiver::{Receiver, Reply},
+    receiver::Receiver,
     server_test,
     support::{KillOnDrop, TestDb, eventually},
 };
@@ -61,14 +61,7 @@ fn skewed_worker(db: &TestDb, offset: &str) -> KillOnDrop {
 
 server_test!(skewed_clocks_never_overlap, |db: Arc<TestDb>| async move {
     // Every first request takes 1.5 s, a quarter of the 6 s lease.
-    let receiver = Receiver::start(|r| {
-        if r.attempt == 1 {
-            Reply::ok().after(Duration::from_millis(1500))
-        } else {
-            Reply::ok()
-        }
-    })
-    .await;
+    let receiver = Receiver::first_slow(Duration::from_millis(1500)).await;
     http_def(&db, "hook", &receiver.url, |_| {}).await;
     // Two notices not due for two minutes by the database's clock: a worker
     // ten minutes ahead that trusted its own clock would send them now.

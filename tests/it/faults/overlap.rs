@@ -18,14 +18,7 @@ db_test!(shutdown_during_commit_and_wait_never_overlaps, |db: Arc<
     TestDb,
 >| async move {
     // The first request hangs for 3 s; later ones answer at once.
-    let receiver = Receiver::start(|r| {
-        if r.attempt == 1 {
-            Reply::ok().after(Duration::from_secs(3))
-        } else {
-            Reply::ok()
-        }
-    })
-    .await;
+    let receiver = Receiver::first_slow(Duration::from_secs(3)).await;
     http_def(&db, "hook", &receiver.url, |_| {}).await;
     let producer = db.notifier().build().unwrap();
     let tx = producer.begin().await.unwrap();
@@ -146,14 +139,7 @@ db_test!(
     attempt_never_takes_a_live_lease,
     |db: Arc<TestDb>| async move {
         // Every first request hangs for 3 s (under the 4 s attempt timeout).
-        let receiver = Receiver::start(|r| {
-            if r.attempt == 1 {
-                Reply::ok().after(Duration::from_secs(3))
-            } else {
-                Reply::ok()
-            }
-        })
-        .await;
+        let receiver = Receiver::first_slow(Duration::from_secs(3)).await;
         http_def(&db, "hook", &receiver.url, |_| {}).await;
         // One notice held by its producer's after-commit attempt, one by a
         // worker's claim.
@@ -203,14 +189,7 @@ db_test!(
     cancel_then_requeue_never_overlaps_the_running_attempt,
     |db: Arc<TestDb>| async move {
         // The first request hangs for 3 s (under the 4 s attempt timeout).
-        let receiver = Receiver::start(|r| {
-            if r.attempt == 1 {
-                Reply::ok().after(Duration::from_secs(3))
-            } else {
-                Reply::ok()
-            }
-        })
-        .await;
+        let receiver = Receiver::first_slow(Duration::from_secs(3)).await;
         http_def(&db, "hook", &receiver.url, |_| {}).await;
         let config = Config {
             lease: Duration::from_secs(8),
