@@ -9,7 +9,9 @@
 //! - `fill N`: insert N due notices with one plain-SQL statement (the documented
 //!   polyglot-producer path; the backlog for the drain);
 //! - `worker`: run one `Worker` until SIGTERM/SIGINT; with `--latency` the handler
-//!   prints `LAT <i> <µs>` (now minus the producer's timestamp `t`);
+//!   prints `LAT <i> <µs>` (now minus the producer's timestamp `t`); with
+//!   `SN_BENCH_METRICS=1` it also serves Prometheus metrics and refreshes the
+//!   gauges, as `solid-notify worker --metrics-addr` does;
 //! - `produce`: one producer committing one notice per transaction at a steady
 //!   rate; with `--immediate` the after-commit attempt runs here and this
 //!   process prints the `LAT` lines;
@@ -209,8 +211,20 @@ async fn worker(url: &str, config: WorkerConfig, pool: u32, latency: bool) -> Bo
     opts.max_connections(pool).sqlx_logging(false);
     let db = Database::connect(opts).await?;
     let notifier = notifier(db, false, latency, Arc::default())?;
-    let worker = Worker::new(notifier, config)?;
     let stop = CancellationToken::new();
+    // SN_BENCH_METRICS=1: the worker as `solid-notify worker --metrics-addr`
+    // runs it (Prometheus recorder, gauges every 5 s), to measure their cost.
+    if std::env::var("SN_BENCH_METRICS").is_ok_and(|v| v == "1") {
+        let addr = solid_notify::telemetry::serve_metrics(([127, 0, 0, 1], 0).into(), stop.clone())
+            .await?;
+        eprintln!("metrics: http://{addr}/metrics");
+        solid_notify::telemetry::spawn_gauges(
+            notifier.clone(),
+            solid_notify::telemetry::DEFAULT_GAUGE_EVERY,
+            stop.clone(),
+        );
+    }
+    let worker = Worker::new(notifier, config)?;
     let signal_stop = stop.clone();
     tokio::spawn(async move {
         let mut term =

@@ -161,13 +161,13 @@ impl AlertMail {
         };
         let todo = if event.is_final {
             format!(
-                "- fix the receiver, then requeue it: solid-notify history requeue {id}\n\
-                 - inspect it: solid-notify history show {id}"
+                "- fix the receiver, then requeue it: solid-notify requeue {id}\n\
+                 - inspect it: solid-notify show {id}"
             )
         } else {
             format!(
                 "- fix the receiver; the retries will then succeed on their own\n\
-                 - inspect it: SELECT * FROM notify_msg WHERE id = {id}"
+                 - inspect it: solid-notify show {id}"
             )
         };
         let body = format!(
@@ -198,6 +198,29 @@ impl AlertMail {
         json!({"to": self.to, "subject": self.subject, "body": self.body})
     }
 
+    /// The alert that the circuit of `def` opened after `failures` failed
+    /// attempts: it is paused for `hold`, then probed once.
+    pub fn circuit(def: &Def, failures: u32, hold: Duration) -> AlertMail {
+        let name = &def.name;
+        AlertMail {
+            to: def.alert_emails.clone(),
+            subject: format!("[solid-notify] {name}: paused after {failures} consecutive failures"),
+            body: format!(
+                "The circuit of definition `{name}` opened: its last {failures} attempts failed \
+                 with no success among them.\n\n\
+                 No worker attempts its notices now; they wait in flight, uncharged. After the \
+                 cool-down one probe attempt is made: a success resumes the definition, a \
+                 failure pauses it again (without another alert). The pause ends by itself \
+                 within {} at the latest if no probe runs.\n\n\
+                 What you can do:\n\
+                 - look at the failures: solid-notify list --def {name} --failing\n\
+                 - fix the receiver, then resume at once: solid-notify resume {name}\n\
+                 - or keep it paused: solid-notify pause {name} --reason \"…\"\n",
+                humantime::format_duration(hold)
+            ),
+        }
+    }
+
     /// The alert about notices parked because their definition `def_id` is
     /// unknown or invalid.
     pub fn parked(to: Vec<String>, def_id: i64, reason: &str, ids: &[i64]) -> AlertMail {
@@ -214,7 +237,7 @@ impl AlertMail {
                  They are in notify_msg_history with status 6 (parked): {list}{more}\n\n\
                  What you can do:\n\
                  - fix or restore the definition (solid-notify defs sync), then requeue them:\n\
-                 \x20 solid-notify history requeue <id>\n",
+                 \x20 solid-notify requeue --status parked --since 1d --reason \"definition fixed\"\n",
                 n = ids.len(),
                 list = shown.join(", "),
                 more = if more > 0 {

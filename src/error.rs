@@ -68,6 +68,26 @@ pub enum Error {
         problem: String,
     },
 
+    /// The database could not be reached in time.
+    #[error("cannot reach the database at {target} within {}: {problem}", humantime::format_duration(*.timeout))]
+    Unreachable {
+        /// Host, port and database (no credentials).
+        target: String,
+        /// The connect timeout.
+        timeout: std::time::Duration,
+        /// What failed.
+        problem: String,
+    },
+
+    /// A purge could not write its archive.
+    #[error("cannot write the purge archive {path}: {problem}; the batch was not deleted")]
+    Archive {
+        /// The archive file.
+        path: String,
+        /// The I/O error.
+        problem: String,
+    },
+
     /// The notifier configuration is inconsistent.
     #[error("invalid configuration: {0}")]
     Config(String),

@@ -36,6 +36,7 @@
 pub mod alert;
 pub mod attempt;
 pub mod channel;
+pub mod circuit;
 pub mod config;
 pub mod confirm;
 mod db;
@@ -43,15 +44,16 @@ pub mod def;
 pub mod entity;
 pub mod error;
 pub mod handler;
-pub mod history;
 pub mod load_balance;
 mod notifier;
+pub mod ops;
 pub mod producer;
 pub mod schedule;
 pub mod state;
 pub mod stats;
 mod status;
 pub mod sweep;
+pub mod telemetry;
 pub mod worker;
 
 pub use alert::{AlertHook, FailureEvent};

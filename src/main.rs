@@ -1,12 +1,18 @@
-//! The `solid-notify` command: migrations, definitions and the worker.
+//! The `solid-notify` command: migrations, definitions, the worker, and the
+//! operator's commands (a thin face on [`solid_notify::ops`]).
 
 use std::{path::PathBuf, process::ExitCode, time::Duration};
 
+use chrono::NaiveDateTime;
 use clap::{Parser, Subcommand};
 use solid_notify::{
     Config, Notifier, Status, Worker, WorkerConfig,
     def::{file, store},
-    history,
+    ops::{
+        Audit, BulkAction, NoticeFilter, NoticeView, Page, PauseEnd, Place, Purge, find,
+        purge::{Retention, spawn_retention},
+    },
+    telemetry,
     worker::Mode,
 };
 use tokio_util::sync::CancellationToken;
@@ -23,6 +29,15 @@ struct Cli {
         default_value = "sqlite://solid-notify.db?mode=rwc"
     )]
     database_url: String,
+    /// Give up connecting after this long (e.g. 5s, 500ms).
+    #[arg(
+        long,
+        env = "SOLID_NOTIFY_CONNECT_TIMEOUT",
+        global = true,
+        default_value = "5s",
+        value_parser = humantime::parse_duration
+    )]
+    connect_timeout: Duration,
     #[command(subcommand)]
     command: Command,
 }
@@ -38,15 +53,81 @@ enum Command {
     },
     /// Sweep due notices on a schedule until SIGINT or SIGTERM.
     Worker(Box<WorkerArgs>),
-    /// Finished notices: find, inspect, requeue.
+    /// One notice, in flight or in history: definition, status, attempts,
+    /// next call, failure log, param, description, whether a claim is live.
+    Show {
+        /// Notice id.
+        id: Option<i64>,
+        /// Find by idempotency key instead (every match).
+        #[arg(long, conflicts_with = "id", required_unless_present = "id")]
+        key: Option<String>,
+        /// With --key: only this definition.
+        #[arg(long, requires = "key")]
+        def: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Notices in flight, newest first.
+    List {
+        #[command(flatten)]
+        filter: FilterArgs,
+        #[command(flatten)]
+        page: PageArgs,
+    },
+    /// Finished notices.
     History {
         #[command(subcommand)]
         command: HistoryCommand,
     },
-    /// Cancel a notice in flight (it moves to history with status 5).
-    Cancel {
-        /// Notice id.
-        id: i64,
+    /// Put finished notices (final failure, cancelled, parked) back in
+    /// flight: one id, or every one a filter finds (then --reason is
+    /// required). Each gets an audit line.
+    Requeue(Box<BulkArgs>),
+    /// Cancel notices in flight: one id, or every one a filter finds (then
+    /// --reason is required). Each moves to history with an audit line.
+    Cancel(Box<BulkArgs>),
+    /// Delete old succeeded and cancelled history in batches.
+    Purge {
+        /// Finished more than this long ago, e.g. 30d, 12h.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        older_than: Duration,
+        /// Also delete final failures and parked notices.
+        #[arg(long)]
+        include_failures: bool,
+        /// Append every deleted row to this JSON Lines file first (flushed
+        /// to disk before its batch is deleted).
+        #[arg(long)]
+        archive: Option<PathBuf>,
+        /// Count what would go; delete nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Rows per batch.
+        #[arg(long, default_value_t = solid_notify::ops::purge::DEFAULT_PURGE_BATCH)]
+        batch_size: u64,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Pause a definition: no worker claims its notices until it resumes.
+    Pause {
+        /// Definition name.
+        def: String,
+        /// Until this UTC time (2026-11-23T18:00:00Z) or for this long (2h);
+        /// default: until `resume`.
+        #[arg(long, value_parser = parse_time)]
+        until: Option<TimeArg>,
+        /// Why (kept in notify_def.pause_reason).
+        #[arg(long, default_value = "")]
+        reason: String,
+        /// Who (default: $USER).
+        #[arg(long)]
+        actor: Option<String>,
+    },
+    /// End the pause of a definition; its due notices go at once.
+    Resume {
+        /// Definition name.
+        def: String,
     },
 }
 
@@ -54,35 +135,161 @@ enum Command {
 enum HistoryCommand {
     /// Finished notices, newest first.
     List {
-        /// Only this definition.
-        #[arg(long)]
-        def: Option<String>,
-        /// Only this outcome: succeeded, final_failure, cancelled or parked.
-        #[arg(long, value_parser = parse_status)]
-        status: Option<Status>,
-        /// At most this many rows.
-        #[arg(long, default_value_t = 50)]
-        limit: u64,
-    },
-    /// One finished notice with its param and failure log.
-    Show {
-        /// Notice id.
-        id: i64,
-    },
-    /// Put a final failure, cancelled or parked notice back in flight, due at
-    /// once, with a fresh retry budget.
-    Requeue {
-        /// Notice id.
-        id: i64,
+        #[command(flatten)]
+        filter: FilterArgs,
+        #[command(flatten)]
+        range: RangeArgs,
+        #[command(flatten)]
+        page: PageArgs,
     },
 }
 
+/// Filters shared by list, history list, requeue and cancel.
+#[derive(clap::Args, Clone, Default)]
+struct FilterArgs {
+    /// Only this definition.
+    #[arg(long)]
+    def: Option<String>,
+    /// Only this status (not_sent, failed, awaiting_confirm in flight;
+    /// succeeded, final_failure, cancelled, parked in history).
+    #[arg(long, value_parser = parse_status)]
+    status: Option<Status>,
+    /// Only notices with at least one failed attempt.
+    #[arg(long)]
+    failing: bool,
+    /// Only notices due before this time (UTC, or a duration meaning that
+    /// long ago).
+    #[arg(long, value_parser = parse_time)]
+    due_before: Option<TimeArg>,
+    /// Only notices created more than this long ago (e.g. 1h).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    older_than: Option<Duration>,
+    /// Only this load_balance_num partition.
+    #[arg(long)]
+    partition: Option<i32>,
+    /// Only notices whose param contains this text.
+    #[arg(long)]
+    param_contains: Option<String>,
+}
+
+/// History's time range (also accepted by requeue).
+#[derive(clap::Args, Clone, Default)]
+struct RangeArgs {
+    /// Finished at or after this time (UTC, or a duration meaning that long ago).
+    #[arg(long, value_parser = parse_time)]
+    since: Option<TimeArg>,
+    /// Finished before this time (UTC, or a duration meaning that long ago).
+    #[arg(long, value_parser = parse_time)]
+    until: Option<TimeArg>,
+}
+
+#[derive(clap::Args, Clone)]
+struct PageArgs {
+    /// At most this many rows.
+    #[arg(long, default_value_t = 50)]
+    limit: u64,
+    /// Only ids below this one (the last id of the previous page).
+    #[arg(long)]
+    before_id: Option<i64>,
+    /// Print JSON (one array).
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+struct BulkArgs {
+    /// One notice id (no filter needed).
+    id: Option<i64>,
+    #[command(flatten)]
+    filter: FilterArgs,
+    #[command(flatten)]
+    range: RangeArgs,
+    /// A file of notice ids, one per line.
+    #[arg(long)]
+    ids: Option<PathBuf>,
+    /// Why: written into each notice's log (required unless one id is given).
+    #[arg(long)]
+    reason: Option<String>,
+    /// Who: written into each notice's log (default: $USER).
+    #[arg(long)]
+    actor: Option<String>,
+    /// Count and list the first ids; change nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Rows per batch.
+    #[arg(long, default_value_t = solid_notify::ops::bulk::DEFAULT_BATCH_SIZE)]
+    batch_size: u64,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// A time given on the command line: absolute (UTC) or relative to now.
+#[derive(Clone, Copy)]
+enum TimeArg {
+    At(NaiveDateTime),
+    Offset(Duration),
+}
+
+impl TimeArg {
+    /// As a point in the past (a duration means that long ago).
+    fn ago(self) -> NaiveDateTime {
+        match self {
+            TimeArg::At(t) => t,
+            TimeArg::Offset(d) => {
+                chrono::Utc::now().naive_utc()
+                    - chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
+            }
+        }
+    }
+}
+
+fn parse_time(text: &str) -> Result<TimeArg, String> {
+    if let Ok(d) = humantime::parse_duration(text) {
+        return Ok(TimeArg::Offset(d));
+    }
+    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(text) {
+        return Ok(TimeArg::At(t.naive_utc()));
+    }
+    for format in [
+        "%Y-%m-%d %H:%M:%S%.f",
+        "%Y-%m-%dT%H:%M:%S%.f",
+        "%Y-%m-%d %H:%M",
+    ] {
+        if let Ok(t) = NaiveDateTime::parse_from_str(text, format) {
+            return Ok(TimeArg::At(t));
+        }
+    }
+    if let Ok(d) = chrono::NaiveDate::parse_from_str(text, "%Y-%m-%d") {
+        return Ok(TimeArg::At(d.and_time(chrono::NaiveTime::MIN)));
+    }
+    Err(format!(
+        "`{text}` is neither a UTC time (2026-11-23T18:00:00Z, 2026-11-23 18:00) nor a duration (2h, 30m)"
+    ))
+}
+
 fn parse_status(text: &str) -> Result<Status, String> {
-    match Status::parse(text) {
-        Some(status) if status.is_terminal() => Ok(status),
-        _ => Err(format!(
-            "`{text}` is not succeeded, final_failure, cancelled or parked"
-        )),
+    Status::parse(text).ok_or_else(|| {
+        format!(
+            "`{text}` is not not_sent, failed, awaiting_confirm, succeeded, final_failure, cancelled or parked"
+        )
+    })
+}
+
+impl FilterArgs {
+    fn filter(&self, range: Option<&RangeArgs>) -> NoticeFilter {
+        NoticeFilter {
+            def: self.def.clone(),
+            status: self.status,
+            failing: self.failing,
+            due_before: self.due_before.map(TimeArg::ago),
+            older_than: self.older_than,
+            partition: self.partition,
+            param_contains: self.param_contains.clone(),
+            since: range.and_then(|r| r.since).map(TimeArg::ago),
+            until: range.and_then(|r| r.until).map(TimeArg::ago),
+            ids: None,
+        }
     }
 }
 
@@ -129,6 +336,13 @@ struct WorkerArgs {
     /// How long in-flight deliveries may finish at shutdown (default 30s).
     #[arg(long, env = "SOLID_NOTIFY_SHUTDOWN_TIMEOUT", value_parser = humantime::parse_duration)]
     shutdown_timeout: Option<Duration>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464;
+    /// port 0 picks a free port, printed on stderr). Default: off.
+    #[arg(long, env = "SOLID_NOTIFY_METRICS_ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
+    /// How often the database gauges are refreshed (default 5s).
+    #[arg(long, env = "SOLID_NOTIFY_GAUGE_EVERY", value_parser = humantime::parse_duration)]
+    gauge_every: Option<Duration>,
 }
 
 /// The TOML file of `worker --config`.
@@ -137,6 +351,8 @@ struct WorkerArgs {
 struct WorkerFile {
     worker: WorkerConfig,
     notifier: NotifierFile,
+    /// Scheduled purge of old history; off when absent.
+    retention: Option<Retention>,
 }
 
 #[derive(Default, serde::Deserialize)]
@@ -160,7 +376,7 @@ fn parse_mode(text: &str) -> Result<Mode, String> {
 
 impl WorkerArgs {
     /// Merges file, environment and flags (later wins) into the two configs.
-    fn resolve(self) -> solid_notify::Result<(Config, WorkerConfig)> {
+    fn resolve(&self) -> solid_notify::Result<(Config, WorkerConfig, Option<Retention>)> {
         let file: WorkerFile = match &self.config {
             Some(path) => {
                 let text = std::fs::read_to_string(path)
@@ -185,16 +401,16 @@ impl WorkerArgs {
         set!(n.lease, self.lease);
         set!(n.attempt_timeout, self.attempt_timeout);
         set!(w.mode, self.mode);
-        set!(w.cron, self.cron);
+        set!(w.cron, self.cron.clone());
         set!(w.delay, self.delay);
         set!(w.initial_delay, self.initial_delay);
         set!(w.batch_size, self.batch_size);
         set!(w.concurrency, self.concurrency);
-        set!(w.defs, self.defs);
-        set!(w.handlers, self.handlers);
-        set!(w.partitions, self.partitions);
+        set!(w.defs, self.defs.clone());
+        set!(w.handlers, self.handlers.clone());
+        set!(w.partitions, self.partitions.clone());
         set!(w.shutdown_timeout, self.shutdown_timeout);
-        Ok((n, w))
+        Ok((n, w, file.retention))
     }
 }
 
@@ -231,8 +447,12 @@ enum DefsCommand {
         #[arg(long)]
         check: bool,
     },
-    /// List the definitions in notify_def, flagging invalid rows.
-    List,
+    /// List the definitions in notify_def, flagging invalid and paused rows.
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[tokio::main]
@@ -258,72 +478,117 @@ async fn run(cli: Cli) -> solid_notify::Result<()> {
         command: DefsCommand::Sync { dir, check: true },
     } = &cli.command
     {
-        let defs = file::load_dir(dir)?;
+        let (defs, errors) = file::check_dir(dir);
+        for e in &errors {
+            eprintln!("error: {e}");
+        }
+        if !errors.is_empty() {
+            return Err(solid_notify::Error::Config(format!(
+                "{} error(s) in {}",
+                errors.len(),
+                dir.display()
+            )));
+        }
         println!("{} definitions in {} are valid", defs.len(), dir.display());
         return Ok(());
     }
-    let db =
-        sea_orm::Database::connect(solid_notify::worker::pool_options(&cli.database_url)).await?;
+    let db = solid_notify::worker::connect(&cli.database_url, cli.connect_timeout).await?;
     match cli.command {
-        Command::Worker(args) => {
-            let (config, worker_config) = args.resolve()?;
-            let notifier = Notifier::builder(db).config(config).build()?;
-            let notifier_for_shutdown = notifier.clone();
-            let worker_timeout = worker_config.shutdown_timeout;
-            let worker = Worker::new(notifier, worker_config)?;
-            let shutdown = CancellationToken::new();
-            let stop = shutdown.clone();
-            tokio::spawn(async move {
-                stop_signal().await;
-                tracing::info!("stopping: finishing in-flight deliveries");
-                stop.cancel();
-            });
-            worker.run(shutdown).await;
-            notifier_for_shutdown.shutdown(worker_timeout).await?;
-            let stats = worker.stats().snapshot();
-            eprintln!(
-                "worker stopped: {} claimed, {} succeeded, {} failed, {} lost claims, {} released",
-                stats.claimed,
-                stats.succeeded,
-                stats.failed(),
-                stats.lost_claims,
-                stats.released
-            );
-        }
-        Command::History { command } => match command {
-            HistoryCommand::List { def, status, limit } => {
-                println!(
-                    "{:<10} {:<8} {:<14} {:>7}  {:<26} last error",
-                    "id", "def_id", "status", "retries", "last call (UTC)"
-                );
-                for row in history::list(&db, def.as_deref(), status, limit).await? {
-                    let last = row.errors.lines().last().unwrap_or("");
-                    let when = row
-                        .last_call_time
-                        .map(|t| t.to_string())
-                        .unwrap_or_default();
-                    println!(
-                        "{:<10} {:<8} {:<14} {:>7}  {:<26} {last}",
-                        row.id,
-                        row.def_id,
-                        row.status.to_string(),
-                        row.retry_times,
-                        when
-                    );
+        Command::Worker(args) => run_worker(db, *args).await?,
+        Command::Show { id, key, def, json } => {
+            let views = match (id, key) {
+                (Some(id), _) => vec![find::show(&db, id).await?],
+                (None, Some(key)) => find::by_key(&db, &key, def.as_deref()).await?,
+                (None, None) => Vec::new(),
+            };
+            if json {
+                print_json(&if views.len() == 1 && id.is_some() {
+                    serde_json::to_value(&views[0])
+                } else {
+                    serde_json::to_value(&views)
+                });
+            } else if views.is_empty() {
+                println!("no notice has that key");
+            } else {
+                for (n, view) in views.iter().enumerate() {
+                    if n > 0 {
+                        println!();
+                    }
+                    print_view(view);
                 }
             }
-            HistoryCommand::Show { id } => {
-                let row = history::show(&db, id).await?;
-                println!("{}", serde_json::to_string_pretty(&row).unwrap_or_default());
+        }
+        Command::List { filter, page } => {
+            let views = find::list(&db, Place::InFlight, &filter.filter(None), page.page()).await?;
+            print_list(&views, page.json);
+        }
+        Command::History {
+            command:
+                HistoryCommand::List {
+                    filter,
+                    range,
+                    page,
+                },
+        } => {
+            let views = find::list(
+                &db,
+                Place::History,
+                &filter.filter(Some(&range)),
+                page.page(),
+            )
+            .await?;
+            print_list(&views, page.json);
+        }
+        Command::Requeue(args) => bulk(db, *args, true).await?,
+        Command::Cancel(args) => bulk(db, *args, false).await?,
+        Command::Purge {
+            older_than,
+            include_failures,
+            archive,
+            dry_run,
+            batch_size,
+            json,
+        } => {
+            let purge = Purge {
+                older_than,
+                include_failures,
+                archive,
+                dry_run,
+                batch_size,
+            };
+            let report = solid_notify::ops::purge::purge(&db, &purge)
+                .await
+                .map_err(|e| {
+                    eprintln!("{}", e.done);
+                    e.error
+                })?;
+            if json {
+                print_json(&serde_json::to_value(&report));
+            } else {
+                println!("{report}");
             }
-            HistoryCommand::Requeue { id } => {
-                Notifier::builder(db).build()?.requeue(id).await?;
-                println!("notice {id} requeued: due now");
-            }
-        },
-        Command::Cancel { id } => {
-            Notifier::builder(db).build()?.cancel(id).await?;
-            println!("notice {id} cancelled");
+        }
+        Command::Pause {
+            def,
+            until,
+            reason,
+            actor,
+        } => {
+            let end = match until {
+                None => PauseEnd::OnResume,
+                Some(TimeArg::At(t)) => PauseEnd::At(t),
+                Some(TimeArg::Offset(d)) => PauseEnd::After(d),
+            };
+            let audit = Audit::new(actor.unwrap_or_else(default_actor), reason);
+            Notifier::builder(db)
+                .build()?
+                .pause(&def, end, &audit)
+                .await?;
+            println!("{def} paused");
+        }
+        Command::Resume { def } => {
+            Notifier::builder(db).build()?.resume(&def).await?;
+            println!("{def} resumed");
         }
         Command::Migrate => {
             solid_notify::migrate(&db).await?;
@@ -344,15 +609,36 @@ async fn run(cli: Cli) -> solid_notify::Result<()> {
                     }
                 }
             }
-            DefsCommand::List => {
+            DefsCommand::List { json } => {
+                let rows = store::list(&db).await?;
+                if json {
+                    let list: Vec<_> = rows
+                        .iter()
+                        .map(|(row, def)| {
+                            serde_json::json!({
+                                "def": row,
+                                "valid": def.is_ok(),
+                                "problem": def.as_ref().err().map(|e| e.to_string()),
+                            })
+                        })
+                        .collect();
+                    print_json(&Ok(serde_json::Value::Array(list)));
+                    return Ok(());
+                }
                 println!(
                     "{:<6} {:<28} {:<8} {:<18} {:>5} {:>5}  status",
                     "id", "name", "channel", "retry_interval", "max", "alert"
                 );
-                for (row, def) in store::list(&db).await? {
-                    let status = match def {
-                        Ok(_) => "ok".to_string(),
-                        Err(e) => format!("INVALID: {e}"),
+                let now = chrono::Utc::now().naive_utc();
+                for (row, def) in rows {
+                    let status = match (def, row.paused_until) {
+                        (Err(e), _) => format!("INVALID: {e}"),
+                        (Ok(_), Some(until)) if until > now => format!(
+                            "PAUSED until {} ({})",
+                            until,
+                            row.pause_reason.as_deref().unwrap_or("")
+                        ),
+                        (Ok(_), _) => "ok".to_string(),
                     };
                     println!(
                         "{:<6} {:<28} {:<8} {:<18} {:>5} {:>5}  {status}",
@@ -368,4 +654,216 @@ async fn run(cli: Cli) -> solid_notify::Result<()> {
         },
     }
     Ok(())
+}
+
+async fn run_worker(db: sea_orm::DatabaseConnection, args: WorkerArgs) -> solid_notify::Result<()> {
+    let (config, worker_config, retention) = args.resolve()?;
+    let notifier = Notifier::builder(db.clone()).config(config).build()?;
+    let notifier_for_shutdown = notifier.clone();
+    let worker_timeout = worker_config.shutdown_timeout;
+    let shutdown = CancellationToken::new();
+    if let Some(addr) = args.metrics_addr {
+        let bound = telemetry::serve_metrics(addr, shutdown.clone()).await?;
+        eprintln!("metrics: http://{bound}/metrics");
+        let every = args.gauge_every.unwrap_or(telemetry::DEFAULT_GAUGE_EVERY);
+        telemetry::spawn_gauges(notifier.clone(), every, shutdown.clone());
+    }
+    if let Some(retention) = retention {
+        spawn_retention(db, retention, shutdown.clone());
+    }
+    let worker = Worker::new(notifier, worker_config)?;
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        stop_signal().await;
+        tracing::info!("stopping: finishing in-flight deliveries");
+        stop.cancel();
+    });
+    worker.run(shutdown).await;
+    notifier_for_shutdown.shutdown(worker_timeout).await?;
+    let stats = worker.stats().snapshot();
+    eprintln!(
+        "worker stopped: {} claimed, {} succeeded, {} failed, {} lost claims, {} released",
+        stats.claimed,
+        stats.succeeded,
+        stats.failed(),
+        stats.lost_claims,
+        stats.released
+    );
+    Ok(())
+}
+
+/// `$USER`, else `unknown`.
+fn default_actor() -> String {
+    std::env::var("USER")
+        .ok()
+        .filter(|u| !u.is_empty())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+async fn bulk(
+    db: sea_orm::DatabaseConnection,
+    args: BulkArgs,
+    requeue: bool,
+) -> solid_notify::Result<()> {
+    let mut filter = args.filter.filter(Some(&args.range));
+    let mut ids = Vec::new();
+    if let Some(id) = args.id {
+        ids.push(id);
+    }
+    if let Some(path) = &args.ids {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| solid_notify::Error::Config(format!("{}: {e}", path.display())))?;
+        for (n, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            ids.push(line.parse().map_err(|_| {
+                solid_notify::Error::Config(format!(
+                    "{} line {}: `{line}` is not a notice id",
+                    path.display(),
+                    n + 1
+                ))
+            })?);
+        }
+    }
+    let one = args.id.is_some() && args.ids.is_none() && filter == NoticeFilter::default();
+    if !one {
+        if filter == NoticeFilter::default() && args.ids.is_none() {
+            return Err(solid_notify::Error::Config(
+                "give one notice id, --ids FILE, or at least one filter".into(),
+            ));
+        }
+        if args.reason.as_deref().is_none_or(|r| r.trim().is_empty()) {
+            return Err(solid_notify::Error::Config(
+                "--reason is required for a bulk action".into(),
+            ));
+        }
+    }
+    if args.id.is_some() || args.ids.is_some() {
+        filter.ids = Some(ids);
+    }
+    let audit = Audit::new(
+        args.actor.unwrap_or_else(default_actor),
+        args.reason.unwrap_or_default(),
+    );
+    let notifier = Notifier::builder(db.clone()).build()?;
+    if one && !args.dry_run {
+        let id = args.id.unwrap_or_default();
+        if requeue {
+            notifier.requeue_audited(id, &audit).await?;
+            println!("notice {id} requeued: due now");
+        } else {
+            notifier.cancel_audited(id, &audit).await?;
+            println!("notice {id} cancelled");
+        }
+        return Ok(());
+    }
+    let action = BulkAction {
+        filter,
+        audit,
+        dry_run: args.dry_run,
+        batch_size: args.batch_size,
+    };
+    let report = if requeue {
+        notifier.requeue_where(&action).await
+    } else {
+        notifier.cancel_where(&action).await
+    }
+    .map_err(|e| {
+        eprintln!("{}", e.done);
+        e.error
+    })?;
+    if args.json {
+        print_json(&serde_json::to_value(&report));
+    } else {
+        println!("{report}");
+        if !report.first_ids.is_empty() {
+            let ids: Vec<String> = report.first_ids.iter().map(i64::to_string).collect();
+            println!("first ids: {}", ids.join(", "));
+        }
+    }
+    Ok(())
+}
+
+impl PageArgs {
+    fn page(&self) -> Page {
+        Page {
+            before_id: self.before_id,
+            limit: self.limit,
+        }
+    }
+}
+
+fn print_json(value: &serde_json::Result<serde_json::Value>) {
+    match value.as_ref().map(serde_json::to_string_pretty) {
+        Ok(Ok(text)) => println!("{text}"),
+        Ok(Err(e)) => eprintln!("error: cannot print JSON: {e}"),
+        Err(e) => eprintln!("error: cannot print JSON: {e}"),
+    }
+}
+
+fn print_list(views: &[NoticeView], json: bool) {
+    if json {
+        print_json(&serde_json::to_value(views));
+        return;
+    }
+    println!(
+        "{:<10} {:<20} {:<16} {:>7}  {:<26} last log line",
+        "id", "def", "status", "retries", "next call (UTC)"
+    );
+    for v in views {
+        println!(
+            "{:<10} {:<20} {:<16} {:>7}  {:<26} {}",
+            v.id,
+            v.def.as_deref().unwrap_or("?"),
+            v.status.to_string(),
+            v.retry_times,
+            v.next_call_time.to_string(),
+            v.errors.last().map(String::as_str).unwrap_or("")
+        );
+    }
+}
+
+fn print_view(v: &NoticeView) {
+    let place = match v.place {
+        Place::InFlight => "in flight",
+        Place::History => "history",
+    };
+    println!("notice        {}", v.id);
+    println!(
+        "definition    {} (id {})",
+        v.def.as_deref().unwrap_or("? (deleted)"),
+        v.def_id
+    );
+    println!("status        {} ({place})", v.status);
+    println!("attempts      {} failed", v.retry_times);
+    println!("created       {} UTC", v.create_time);
+    if let Some(t) = v.last_call_time {
+        println!("last call     {t} UTC");
+    }
+    println!(
+        "next call     {} UTC{}",
+        v.next_call_time,
+        if v.claim_live {
+            " (an attempt holds it until then)"
+        } else {
+            ""
+        }
+    );
+    println!("claim live    {}", if v.claim_live { "yes" } else { "no" });
+    println!("partition     {}", v.partition);
+    if let Some(k) = &v.idempotency_key {
+        println!("key           {k}");
+    }
+    println!("version       {}", v.version);
+    println!(
+        "param         {}",
+        serde_json::to_string_pretty(&v.param).unwrap_or_default()
+    );
+    println!("description   {}", v.description);
+    println!("log           {} line(s)", v.errors.len());
+    for line in &v.errors {
+        println!("  {line}");
+    }
 }

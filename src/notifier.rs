@@ -57,6 +57,8 @@ pub(crate) struct Inner {
     pub stop: Stop,
     /// Notice ids taken from the sequence, not handed out yet (PostgreSQL).
     pub ids: crate::state::ids::IdBlocks,
+    /// Circuit breakers as this process sees them.
+    pub circuits: crate::circuit::Circuits,
     /// Rows released (due again at once) so far.
     released: AtomicU64,
     /// Bumped whenever notices become due through this notifier; workers
@@ -264,6 +266,7 @@ impl NotifierBuilder {
                 channels: Channels::new(&self.config)?,
                 tasks: TaskTracker::new(),
                 stop: Stop::default(),
+                circuits: crate::circuit::Circuits::default(),
                 ids: Default::default(),
                 released: AtomicU64::new(0),
                 wakes: tokio::sync::watch::channel(0).0,

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use chrono::NaiveDateTime;
 
-use super::{AttemptReport, AttemptResult, Recorder, available, record};
+use super::{AttemptReport, AttemptResult, Recorder, available, deliver, record};
 use crate::{
     Notifier, Status,
     def::DefRef,
@@ -211,13 +211,16 @@ async fn attempt(notifier: &Notifier, p: PendingNotice) -> AttemptReport {
             reason: reason.into(),
         });
     }
-    if let Err(reason) = available(inner, &p.def) {
+    if let Err(reason) = available(inner, &p.def).and_then(|()| deliver::paused(&p.def)) {
         release_reservations(notifier, vec![p]);
         return report(AttemptResult::Skipped { reason });
     }
     let claimed = match p.start {
         // The reservation is this attempt's lease (version 0, from the insert).
-        Start::Held => Ok(Some(Lease::new(inner.store.clone(), p.model(), p.written))),
+        Start::Held => {
+            crate::telemetry::claimed(1);
+            Ok(Some(Lease::new(inner.store.clone(), p.model(), p.written)))
+        }
         Start::ClaimReservation => claim::claim_reserved(&inner.store, &p.model(), p.written).await,
         Start::ClaimDue | Start::Sweeper => claim::claim_one(&inner.store, &p.model()).await,
     };

@@ -164,6 +164,7 @@ async fn flush(store: &Store, mut leases: Vec<Lease>, give_up: &CancellationToke
     loop {
         match succeed_many(store, leases).await {
             Ok(moved) => {
+                crate::telemetry::lost_claims(moved.iter().filter(|(_, m)| !*m).count() as u64);
                 for (id, moved) in moved {
                     let result = if moved {
                         AttemptResult::Succeeded

@@ -33,6 +33,20 @@ pub(crate) fn available(inner: &Inner, def: &DefRef) -> Result<(), String> {
     }
 }
 
+/// Whether an after-commit attempt of `def` must be left to a sweeper
+/// because the definition is paused, as this process last read it (within
+/// [`Config::def_cache_ttl`](crate::Config::def_cache_ttl); sweeps check the
+/// pause in the claiming statement itself).
+pub(crate) fn paused(def: &DefRef) -> Result<(), String> {
+    match def.paused_until {
+        Some(until) if def.is_paused_at(chrono::Utc::now().naive_utc()) => Err(format!(
+            "definition `{}` is paused until {until} UTC: left for a sweeper after it resumes",
+            def.name
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Merges `over` into the definition's target (top-level keys replace).
 pub(crate) fn merged_target(
     def: &DefRef,

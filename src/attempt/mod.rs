@@ -20,7 +20,7 @@
 
 pub(crate) mod background;
 pub(crate) mod batch;
-mod deliver;
+pub(crate) mod deliver;
 pub(crate) mod park;
 pub(crate) mod record;
 
@@ -167,9 +167,12 @@ pub(crate) async fn run(
     let result = async {
         let timeout = inner.config.attempt_timeout;
         let needed = timeout + inner.config.lease_margin();
-        if lease.remaining() < needed || stop.abort.is_cancelled() {
+        let circuit_open = inner.circuits.is_open(def.id);
+        if lease.remaining() < needed || stop.abort.is_cancelled() || circuit_open {
             let reason = if stop.abort.is_cancelled() {
                 "shutting down".to_string()
+            } else if circuit_open {
+                format!("the circuit of `{}` is open", def.name)
             } else {
                 format!(
                     "only {:?} of the lease left; an attempt needs {needed:?}",
@@ -187,6 +190,12 @@ pub(crate) async fn run(
             outcome = delivery => Some(outcome),
             _ = stop.abort.cancelled() => None,
         };
+        if let Some(outcome) = &outcome {
+            // Right at delivery, before the slot frees: deliveries may run
+            // ahead of their recording, and the next one must see a circuit
+            // this one opened.
+            crate::circuit::observe(notifier, &def, outcome);
+        }
         drop(permit);
         match outcome {
             Some(outcome) => match record::batchable(&def, outcome, recorder) {
@@ -217,6 +226,11 @@ pub(crate) async fn run(
     .await;
     span.record("outcome", tracing::field::debug(&result));
     span.record("ms", started.elapsed().as_millis() as u64);
+    let counted = match &result {
+        Ran::Done(result) => result,
+        Ran::Batched => &AttemptResult::Succeeded,
+    };
+    crate::telemetry::attempt_finished(&def.name, counted, started.elapsed());
     tracing::debug!(parent: &span, "attempt finished");
     result
 }

@@ -1,7 +1,7 @@
 //! Park: notices whose definition is unknown, deleted or invalid are moved
 //! to history with status 6 and the reason in their failure log, and one
 //! alert per definition goes to the alert definition's recipients. Once the
-//! definition is fixed, `solid-notify history requeue` brings them back.
+//! definition is fixed, `solid-notify requeue --status parked` brings them back.
 
 use std::collections::BTreeMap;
 

@@ -38,65 +38,124 @@ pub struct FileDef {
 
 /// Reads every `*.toml` file in `dir` (sorted by name) and validates each
 /// definition. Fails on the first problem; a name defined twice is a problem.
+/// [`check_dir`] reports every problem instead.
 pub fn load_dir(dir: &Path) -> Result<Vec<FileDef>> {
+    let (defs, mut errors) = check_dir(dir);
+    if errors.is_empty() {
+        Ok(defs)
+    } else {
+        Err(errors.remove(0))
+    }
+}
+
+/// Reads every `*.toml` file in `dir` (sorted by name) and validates every
+/// definition, going on past problems: the valid definitions, and every
+/// problem found (an unreadable file, TOML that does not parse, the first
+/// invalid field of each definition, a name defined twice).
+pub fn check_dir(dir: &Path) -> (Vec<FileDef>, Vec<Error>) {
     let io_err = |e: std::io::Error| Error::DefinitionFile {
         path: dir.display().to_string(),
         problem: e.to_string(),
     };
     let mut paths = Vec::new();
-    for entry in std::fs::read_dir(dir).map_err(io_err)? {
-        let path = entry.map_err(io_err)?.path();
-        if path.extension().is_some_and(|e| e == "toml") {
-            paths.push(path);
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) => return (Vec::new(), vec![io_err(e)]),
+    };
+    for entry in entries {
+        match entry {
+            Ok(entry) if entry.path().extension().is_some_and(|e| e == "toml") => {
+                paths.push(entry.path())
+            }
+            Ok(_) => {}
+            Err(e) => return (Vec::new(), vec![io_err(e)]),
         }
     }
     paths.sort();
     let mut defs: Vec<FileDef> = Vec::new();
+    let mut errors = Vec::new();
     for path in paths {
-        for def in load_file(&path)? {
+        let (found, problems) = check_file(&path);
+        errors.extend(problems);
+        for def in found {
             if let Some(first) = defs.iter().find(|d| d.spec.name == def.spec.name) {
-                return Err(DefinitionError {
-                    origin: path.display().to_string(),
-                    def: def.spec.name,
-                    field: "name".into(),
-                    problem: format!("already defined in {}", first.path.display()),
-                }
-                .into());
+                errors.push(
+                    DefinitionError {
+                        origin: path.display().to_string(),
+                        def: def.spec.name,
+                        field: "name".into(),
+                        problem: format!("already defined in {}", first.path.display()),
+                    }
+                    .into(),
+                );
+            } else {
+                defs.push(def);
             }
-            defs.push(def);
         }
     }
-    Ok(defs)
+    (defs, errors)
 }
 
 /// Reads and validates the definitions of one TOML file.
 pub fn load_file(path: &Path) -> Result<Vec<FileDef>> {
+    let (defs, mut errors) = check_file(path);
+    if errors.is_empty() {
+        Ok(defs)
+    } else {
+        Err(errors.remove(0))
+    }
+}
+
+/// The valid definitions of one TOML file, and a problem per invalid one.
+fn check_file(path: &Path) -> (Vec<FileDef>, Vec<Error>) {
     let source = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| Error::DefinitionFile {
-        path: source.clone(),
-        problem: e.to_string(),
-    })?;
-    parse(&text, &source)?
-        .into_iter()
-        .map(|spec| {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) => {
+            return (
+                Vec::new(),
+                vec![Error::DefinitionFile {
+                    path: source,
+                    problem: e.to_string(),
+                }],
+            );
+        }
+    };
+    let specs = match parse_each(&text, &source) {
+        Ok(specs) => specs,
+        Err(e) => return (Vec::new(), vec![e]),
+    };
+    let mut defs = Vec::new();
+    let mut errors = Vec::new();
+    for spec in specs {
+        match spec.and_then(|spec| {
             spec.validate(0, &source)?;
-            Ok(FileDef {
+            Ok(spec)
+        }) {
+            Ok(spec) => defs.push(FileDef {
                 path: path.to_path_buf(),
                 spec,
-            })
-        })
-        .collect()
+            }),
+            Err(e) => errors.push(e),
+        }
+    }
+    (defs, errors)
 }
 
 /// Parses TOML text into specs (not yet validated); `source` names it in errors.
 pub fn parse(text: &str, source: &str) -> Result<Vec<DefSpec>> {
+    parse_each(text, source)?.into_iter().collect()
+}
+
+/// Parses TOML text into one spec, or one problem, per definition.
+fn parse_each(text: &str, source: &str) -> Result<Vec<Result<DefSpec>>> {
     let table: Table = text
         .parse()
         .map_err(|e: toml::de::Error| Error::DefinitionFile {
             path: source.to_string(),
             problem: e.to_string(),
         })?;
-    table
+    Ok(table
         .into_iter()
         .map(|(name, value)| {
             let fail = |field: &str, problem: String| DefinitionError {
@@ -110,10 +169,11 @@ pub fn parse(text: &str, source: &str) -> Result<Vec<DefSpec>> {
             };
             spec_from_table(&name, fields).map_err(|(f, p)| fail(&f, p).into())
         })
-        .collect()
+        .collect())
 }
 
-const KNOWN: [&str; 12] = [
+const KNOWN: [&str; 13] = [
+    "circuit",
     "channel",
     "target",
     "retry_interval",
@@ -181,7 +241,44 @@ fn spec_from_table(name: &str, mut t: Table) -> FieldResult<DefSpec> {
     if let Some(v) = take_str(&mut t, "description")? {
         spec.description = v;
     }
+    if let Some(v) = t.remove("circuit") {
+        circuit_from_toml(&mut spec, v)?;
+    }
     Ok(spec)
+}
+
+/// `circuit = { failures = 20, window = "1m", cool_down = "5m" }`.
+fn circuit_from_toml(spec: &mut DefSpec, value: toml::Value) -> FieldResult<()> {
+    let toml::Value::Table(mut t) = value else {
+        return Err((
+            "circuit".into(),
+            "must be a table { failures = N, window = \"1m\", cool_down = \"5m\" }".into(),
+        ));
+    };
+    if let Some(unknown) = t
+        .keys()
+        .find(|k| !["failures", "window", "cool_down"].contains(&k.as_str()))
+    {
+        return Err((format!("circuit.{unknown}"), "unknown field".into()));
+    }
+    let failures = t
+        .remove("failures")
+        .ok_or(("circuit.failures".to_string(), "missing".to_string()))?;
+    spec.circuit_failures = failures.as_integer().ok_or((
+        "circuit.failures".to_string(),
+        format!("must be an integer, got {failures}"),
+    ))?;
+    for (key, slot) in [
+        ("window", &mut spec.circuit_window),
+        ("cool_down", &mut spec.circuit_cool_down),
+    ] {
+        if let Some(text) = take_str(&mut t, key).map_err(|(_, p)| (format!("circuit.{key}"), p))? {
+            let d = humantime::parse_duration(&text)
+                .map_err(|e| (format!("circuit.{key}"), format!("`{text}`: {e}")))?;
+            *slot = i64::try_from(d.as_secs()).unwrap_or(i64::MAX);
+        }
+    }
+    Ok(())
 }
 
 fn take_str(t: &mut Table, key: &str) -> FieldResult<Option<String>> {

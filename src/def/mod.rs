@@ -99,6 +99,20 @@ pub struct Def {
     pub confirm: Confirm,
     /// Free text.
     pub description: String,
+    /// While this lies ahead (UTC), the definition is paused: no worker
+    /// claims its notices and after-commit attempts leave them to a sweeper.
+    /// Read from `notify_def.paused_until`; `None` for a definition built
+    /// from a spec.
+    pub paused_until: Option<chrono::NaiveDateTime>,
+    /// Circuit breaker; `None`: off.
+    pub circuit: Option<Circuit>,
+}
+
+impl Def {
+    /// Whether the definition is paused at `now` (UTC).
+    pub fn is_paused_at(&self, now: chrono::NaiveDateTime) -> bool {
+        self.paused_until.is_some_and(|until| until > now)
+    }
 }
 
 /// The column values of a definition, unvalidated: what a TOML file or a
@@ -129,6 +143,43 @@ pub struct DefSpec {
     pub max_confirm_delay: i64,
     /// Free text. Default empty.
     pub description: String,
+    /// Circuit breaker: pause the definition after this many failed
+    /// attempts within `circuit_window` with no success among them; 0 = off.
+    /// Default 0. (TOML: `circuit = { failures = 20, window = "1m",
+    /// cool_down = "5m" }`.)
+    #[serde(default)]
+    pub circuit_failures: i64,
+    /// The circuit's window in seconds. Default [`DEFAULT_CIRCUIT_WINDOW`].
+    #[serde(default = "default_circuit_window")]
+    pub circuit_window: i64,
+    /// Seconds the circuit stays open before one probe attempt. Default
+    /// [`DEFAULT_CIRCUIT_COOL_DOWN`].
+    #[serde(default = "default_circuit_cool_down")]
+    pub circuit_cool_down: i64,
+}
+
+/// Default circuit window: 60 seconds.
+pub const DEFAULT_CIRCUIT_WINDOW: i64 = 60;
+/// Default circuit cool-down: 300 seconds.
+pub const DEFAULT_CIRCUIT_COOL_DOWN: i64 = 300;
+
+fn default_circuit_window() -> i64 {
+    DEFAULT_CIRCUIT_WINDOW
+}
+
+fn default_circuit_cool_down() -> i64 {
+    DEFAULT_CIRCUIT_COOL_DOWN
+}
+
+/// A definition's circuit breaker ([`crate::circuit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Circuit {
+    /// Failed attempts, with no success among them, that open it.
+    pub failures: u32,
+    /// Within this long.
+    pub window: Duration,
+    /// How long it stays open before one probe attempt.
+    pub cool_down: Duration,
 }
 
 impl DefSpec {
@@ -147,6 +198,9 @@ impl DefSpec {
             need_confirm: false,
             max_confirm_delay: 0,
             description: String::new(),
+            circuit_failures: 0,
+            circuit_window: DEFAULT_CIRCUIT_WINDOW,
+            circuit_cool_down: DEFAULT_CIRCUIT_COOL_DOWN,
         }
     }
 
@@ -171,6 +225,9 @@ impl DefSpec {
             need_confirm: row.need_confirm,
             max_confirm_delay: row.max_confirm_delay.into(),
             description: row.description.clone(),
+            circuit_failures: row.circuit_failures.into(),
+            circuit_window: row.circuit_window.into(),
+            circuit_cool_down: row.circuit_cool_down.into(),
         })
     }
 
@@ -260,6 +317,30 @@ impl DefSpec {
             (true, 0) => Confirm::Forever,
             (true, secs) => Confirm::Within(Duration::from_secs(secs.into())),
         };
+        let circuit = match non_negative(self.circuit_failures) {
+            None => {
+                return Err(fail(
+                    "circuit_failures",
+                    "must be 0 (off) or a count".into(),
+                ));
+            }
+            Some(0) => None,
+            Some(failures) => {
+                let secs = |field: &str, n: i64| {
+                    non_negative(n)
+                        .filter(|n| *n > 0)
+                        .map(|n| Duration::from_secs(n.into()))
+                        .ok_or_else(|| {
+                            fail(field, format!("{n} is not a positive number of seconds"))
+                        })
+                };
+                Some(Circuit {
+                    failures,
+                    window: secs("circuit_window", self.circuit_window)?,
+                    cool_down: secs("circuit_cool_down", self.circuit_cool_down)?,
+                })
+            }
+        };
         Ok(Def {
             id,
             name: self.name.clone(),
@@ -274,6 +355,8 @@ impl DefSpec {
             alert_emails,
             confirm,
             description: self.description.clone(),
+            paused_until: None,
+            circuit,
         })
     }
 }

@@ -91,11 +91,16 @@ fn write_spec(active: &mut notify_def::ActiveModel, spec: &DefSpec) {
     active.need_confirm = Set(spec.need_confirm);
     active.max_confirm_delay = Set(int(spec.max_confirm_delay));
     active.description = Set(spec.description.clone());
+    active.circuit_failures = Set(int(spec.circuit_failures));
+    active.circuit_window = Set(int(spec.circuit_window));
+    active.circuit_cool_down = Set(int(spec.circuit_cool_down));
 }
 
 /// Validates a stored row.
 pub fn validate_row(row: &notify_def::Model) -> Result<Def, DefinitionError> {
-    DefSpec::from_row(row)?.validate(row.id, &format!("notify_def#{}", row.id))
+    let mut def = DefSpec::from_row(row)?.validate(row.id, &format!("notify_def#{}", row.id))?;
+    def.paused_until = row.paused_until;
+    Ok(def)
 }
 
 /// Every row of `notify_def` by name, each with its validation result.

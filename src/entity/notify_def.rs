@@ -42,6 +42,18 @@ pub struct Model {
     pub create_time: DateTime,
     /// When the row was last changed by `defs sync`.
     pub update_time: DateTime,
+    /// While this lies ahead (UTC, the database's clock), no worker claims
+    /// the definition's notices. `NULL`: not paused.
+    pub paused_until: Option<DateTime>,
+    /// Why it was paused, and by whom (or why its circuit opened).
+    #[sea_orm(column_type = "Text", nullable)]
+    pub pause_reason: Option<String>,
+    /// Circuit breaker: failures that open it (0: off).
+    pub circuit_failures: i32,
+    /// Circuit window, seconds.
+    pub circuit_window: i32,
+    /// Circuit cool-down, seconds.
+    pub circuit_cool_down: i32,
 }
 
 /// No relations are declared: `notify_msg.def_id` is a plain column so that

@@ -70,8 +70,14 @@ fn claim_sets(store: &Store) -> Vec<Set> {
     ]
 }
 
-/// Rows in flight matching `filter` (due or not).
-fn wanted(filter: &DueFilter) -> Condition {
+/// Rows in flight matching `filter` (due or not), of definitions not paused
+/// right now by the database's clock ([`pause`](super::pause)).
+fn wanted(filter: &DueFilter, backend: DbBackend) -> Condition {
+    wanted_paused_too(filter).add(Column::DefId.not_in_subquery(super::pause::paused_now(backend)))
+}
+
+/// Rows in flight matching `filter` (due or not), paused or not.
+fn wanted_paused_too(filter: &DueFilter) -> Condition {
     let mut wanted = Condition::all();
     match &filter.defs {
         DefSelect::Any => {}
@@ -96,7 +102,7 @@ fn wanted(filter: &DueFilter) -> Condition {
 fn due_rows(store: &Store, filter: &DueFilter, limit: u64) -> Select<notify_msg::Entity> {
     notify_msg::Entity::find()
         .filter(Expr::col(Column::NextCallTime).lte(clock::now(store.backend())))
-        .filter(wanted(filter))
+        .filter(wanted(filter, store.backend()))
         .order_by_asc(Column::NextCallTime)
         .limit(limit)
 }
@@ -123,7 +129,7 @@ pub(crate) async fn next_due(
     let secs: Option<Option<f64>> = notify_msg::Entity::find()
         .select_only()
         .expr(until)
-        .filter(wanted(filter))
+        .filter(wanted(filter, store.backend()))
         .into_tuple()
         .one(&store.db)
         .await?;
@@ -186,10 +192,27 @@ pub(crate) async fn claim_due(
             rows
         }
     };
+    crate::telemetry::claimed(rows.len() as u64);
     Ok(rows
         .drain(..)
         .map(|row| Lease::new(store.clone(), row, started))
         .collect())
+}
+
+/// Claims the oldest due notice of definition `def_id` even though the
+/// definition is paused: the circuit breaker's probe
+/// ([`crate::circuit`]). `None`: nothing of it is due.
+pub(crate) async fn claim_probe(store: &Store, def_id: i64) -> Result<Option<Lease>, DbErr> {
+    let oldest = notify_msg::Entity::find()
+        .filter(Expr::col(Column::NextCallTime).lte(clock::now(store.backend())))
+        .filter(wanted_paused_too(&DueFilter::defs(vec![def_id])))
+        .order_by_asc(Column::NextCallTime)
+        .one(&store.db)
+        .await?;
+    match oldest {
+        Some(row) => claim_one(store, &row).await,
+        None => Ok(None),
+    }
 }
 
 /// Claims `row` if it is still at the version read, in flight, and not held
@@ -210,6 +233,7 @@ pub(crate) async fn claim_one(
     if columns::update(&store.db, guard, claim_sets(store)).await? != 1 {
         return Ok(None);
     }
+    crate::telemetry::claimed(1);
     let claimed = notify_msg::Model {
         version: row.version.wrapping_add(1),
         leased: true,
@@ -238,6 +262,7 @@ pub(crate) async fn claim_reserved(
     if columns::update(&store.db, guard, sets).await? != 1 {
         return Ok(None);
     }
+    crate::telemetry::claimed(1);
     let claimed = notify_msg::Model {
         version: 1,
         leased: true,

@@ -19,6 +19,10 @@
 //! | any in flight | cancel | history 5 | [`operator::cancel`] |
 //! | leased, definition unusable | park (reason in errors, + one alert) | history 6 | [`batch::park_many`] |
 //! | history 3 / 5 / 6 | requeue (audit line) | 0, due now, fresh retry budget | [`operator::requeue`] |
+//! | history 1 / 5 (3 when asked) | purge, after archiving | deleted | [`retention::delete_history`] |
+//!
+//! A definition paused in `notify_def` ([`pause`]) is skipped by every claim
+//! of due rows until it resumes: its notices stay as they are.
 //!
 //! A claimed row is a [`Lease`]: the only way to change it is to call one of
 //! its transitions, each of which consumes it (and hands it back, with the
@@ -36,6 +40,8 @@ pub mod ids;
 pub mod insert;
 mod lease;
 pub mod operator;
+pub mod pause;
+pub(crate) mod retention;
 
 use std::time::Duration;
 

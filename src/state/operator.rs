@@ -1,11 +1,12 @@
-//! Operator: transitions an operator makes by hand, each guarded by the
-//! version the operator's tool read, each leaving an audit line in the
-//! notice's failure log.
+//! Operator: transitions an operator makes by hand, one notice or a batch
+//! at a time, each row guarded by the version the operator's tool read, each
+//! leaving an audit line in the notice's failure log. A row that changed
+//! since it was read is skipped, never overwritten.
 
 use chrono::NaiveDateTime;
 use sea_orm::{
     DbBackend, DbErr, ExprTrait,
-    sea_query::{Condition, Expr},
+    sea_query::{CaseStatement, Condition, Expr},
 };
 
 use super::{
@@ -13,21 +14,25 @@ use super::{
     columns::{self, Column, Set, Table},
     errors_log,
 };
-use crate::{
-    Status, db,
-    entity::{notify_msg, notify_msg_history},
-};
+use crate::{Status, db};
+
+/// A notice as an operator's tool read it: what a guarded write needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Seen {
+    pub id: i64,
+    pub version: i32,
+    /// Its failure log as read; the audit line is appended to it.
+    pub errors: String,
+}
 
 async fn move_guarded(
     store: &Store,
     from: Table,
     to: Table,
-    id: i64,
-    version: i32,
+    guard: Condition,
     sets: Vec<Set>,
-) -> Result<bool, DbErr> {
-    let guard = columns::at_version(id, version);
-    let moved = db::on_conflict_retry(|| async {
+) -> Result<Vec<i64>, DbErr> {
+    db::on_conflict_retry(|| async {
         if store.backend() == DbBackend::Postgres {
             return columns::move_rows(&store.db, from, to, guard.clone(), sets.clone()).await;
         }
@@ -36,51 +41,69 @@ async fn move_guarded(
         txn.commit().await?;
         Ok(moved)
     })
-    .await?;
-    Ok(!moved.is_empty())
-}
-
-/// Cancels `row`, a notice in flight as read: it moves to history with
-/// status 5 and `note` (dated `at`) in its log. An attempt running meanwhile
-/// loses its claim: its outcome is not recorded. Its lease (`leased`,
-/// `next_call_time`) is kept in history, so that a requeue cannot make the
-/// notice due while that attempt may still be sending. `false`: the row
-/// changed since it was read (read it again and retry).
-pub(crate) async fn cancel(
-    store: &Store,
-    row: &notify_msg::Model,
-    note: &str,
-    at: NaiveDateTime,
-) -> Result<bool, DbErr> {
-    let sets = vec![
-        (Column::Status, Expr::val(Status::Cancelled as i16)),
-        (
-            Column::Errors,
-            Expr::val(errors_log::append_note(&row.errors, at, note)),
-        ),
-    ];
-    move_guarded(
-        store,
-        Table::Live,
-        Table::History,
-        row.id,
-        row.version,
-        sets,
-    )
     .await
 }
 
-/// Puts `row`, a finished notice as read (final failure, cancelled or
-/// parked), back in flight: due now (or, for a notice cancelled while an
-/// attempt held it, when that attempt's lease ends), a fresh retry budget,
-/// `note` (dated `at`) in its log, its id unchanged. `false`: the row
-/// changed since it was read.
-pub(crate) async fn requeue(
+/// Each row's log with `note` (dated `at`) appended: one value for one row,
+/// a `CASE id WHEN …` for a batch.
+fn audited(rows: &[Seen], note: &str, at: NaiveDateTime) -> Expr {
+    let line = |row: &Seen| errors_log::append_note(&row.errors, at, note);
+    match rows {
+        [row] => Expr::val(line(row)),
+        _ => {
+            let mut case = CaseStatement::new();
+            for row in rows {
+                case = case.case(
+                    Condition::all().add(Expr::col(Column::Id).eq(row.id)),
+                    Expr::val(line(row)),
+                );
+            }
+            case.finally(Expr::col(Column::Errors)).into()
+        }
+    }
+}
+
+fn guard(rows: &[Seen]) -> Condition {
+    let pairs: Vec<(i64, i32)> = rows.iter().map(|r| (r.id, r.version)).collect();
+    columns::at_versions(&pairs)
+}
+
+/// Cancels `rows`, notices in flight as read: they move to history with
+/// status 5 and `note` (dated `at`) in their log. An attempt running
+/// meanwhile loses its claim: its outcome is not recorded. Its lease
+/// (`leased`, `next_call_time`) is kept in history, so that a requeue cannot
+/// make the notice due while that attempt may still be sending. Returns the
+/// ids cancelled; the others changed since they were read.
+pub(crate) async fn cancel(
     store: &Store,
-    row: &notify_msg_history::Model,
+    rows: &[Seen],
     note: &str,
     at: NaiveDateTime,
-) -> Result<bool, DbErr> {
+) -> Result<Vec<i64>, DbErr> {
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    let sets = vec![
+        (Column::Status, Expr::val(Status::Cancelled as i16)),
+        (Column::Errors, audited(rows, note, at)),
+    ];
+    move_guarded(store, Table::Live, Table::History, guard(rows), sets).await
+}
+
+/// Puts `rows`, finished notices as read (final failures, cancelled or
+/// parked), back in flight: due now (or, for a notice cancelled while an
+/// attempt held it, when that attempt's lease ends), a fresh retry budget,
+/// `note` (dated `at`) in the log, ids unchanged. Returns the ids requeued;
+/// the others changed since they were read.
+pub(crate) async fn requeue(
+    store: &Store,
+    rows: &[Seen],
+    note: &str,
+    at: NaiveDateTime,
+) -> Result<Vec<i64>, DbErr> {
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
     let now = clock::now(store.backend());
     let live_lease = || {
         Condition::all()
@@ -100,18 +123,12 @@ pub(crate) async fn requeue(
                 .finally(now.clone())
                 .into(),
         ),
-        (
-            Column::Errors,
-            Expr::val(errors_log::append_note(&row.errors, at, note)),
-        ),
+        (Column::Errors, audited(rows, note, at)),
     ];
-    move_guarded(
-        store,
-        Table::History,
-        Table::Live,
-        row.id,
-        row.version,
-        sets,
-    )
-    .await
+    let guard =
+        guard(rows)
+            .add(Expr::col(Column::Status).is_in(
+                [Status::FinalFailure, Status::Cancelled, Status::Parked].map(|s| s as i16),
+            ));
+    move_guarded(store, Table::History, Table::Live, guard, sets).await
 }

@@ -161,6 +161,7 @@ impl<'a> Sweep<'a> {
         mut wakes: Option<&mut tokio::sync::watch::Receiver<u64>>,
     ) -> Result<SweepSummary> {
         let inner = &self.notifier.inner;
+        let sweep_started = std::time::Instant::now();
         let stop = inner.stop.child();
         let watcher = tokio::spawn(stop_after(
             shutdown.clone(),
@@ -270,6 +271,7 @@ impl<'a> Sweep<'a> {
         if let Some(e) = first_error {
             return Err(e.into());
         }
+        crate::telemetry::sweep_finished(sweep_started.elapsed());
         Ok(SweepSummary {
             claimed: claimed_total,
             reports: std::mem::take(&mut self.reports),

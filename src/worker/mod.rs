@@ -64,6 +64,45 @@ pub fn pool_options(url: impl Into<String>) -> sea_orm::ConnectOptions {
     options
 }
 
+/// How long [`connect`] waits for the database: 5 seconds.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Opens a pool with [`pool_options`], giving up after `timeout` with
+/// [`Error::Unreachable`](crate::Error::Unreachable), which names the host
+/// (never the password).
+pub async fn connect(url: &str, timeout: Duration) -> crate::Result<sea_orm::DatabaseConnection> {
+    let mut options = pool_options(url);
+    options.connect_timeout(timeout);
+    let unreachable = |problem: String| crate::Error::Unreachable {
+        target: describe_url(url),
+        timeout,
+        problem,
+    };
+    match tokio::time::timeout(timeout, sea_orm::Database::connect(options)).await {
+        Ok(Ok(db)) => Ok(db),
+        Ok(Err(e)) => Err(unreachable(e.to_string())),
+        Err(_) => Err(unreachable("timed out".into())),
+    }
+}
+
+/// `host:port/database` of a database URL (the file for SQLite), without
+/// user or password.
+fn describe_url(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(u) if u.scheme() == "sqlite" => {
+            format!("{}{}", u.host_str().unwrap_or(""), u.path())
+        }
+        Ok(u) => format!(
+            "{}:{}{}",
+            u.host_str().unwrap_or("localhost"),
+            u.port()
+                .map_or_else(|| "default port".into(), |p| p.to_string()),
+            u.path()
+        ),
+        Err(_) => "(unparsable database URL)".into(),
+    }
+}
+
 /// How often a worker asks the database what is due next when its sweeps
 /// scheduled nothing for later: every 250 ms at most.
 pub const NEXT_DUE_EVERY: Duration = Duration::from_millis(250);

@@ -90,6 +90,52 @@ db_test!(cli_migrates_syncs_and_lists, |db: Arc<TestDb>| async move {
     std::fs::remove_dir_all(dir).ok();
 });
 
+#[test]
+fn check_reports_every_problem_in_every_file() {
+    let dir = tempdir();
+    std::fs::write(
+        dir.join("a.toml"),
+        "[good]\nchannel = \"handler\"\ntarget = { handler = \"h\" }\n\n\
+         [bad_interval]\nchannel = \"handler\"\ntarget = { handler = \"h\" }\nretry_interval = \"soon\"\n\n\
+         [bad_channel]\nchannel = \"pigeon\"\ntarget = {}\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("b.toml"), "[broken\n").unwrap();
+    std::fs::write(
+        dir.join("c.toml"),
+        "[good]\nchannel = \"handler\"\ntarget = { handler = \"h\" }\n",
+    )
+    .unwrap();
+    let (defs, errors) = file::check_dir(&dir);
+    assert_eq!(defs.len(), 1);
+    let text: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+    assert_eq!(errors.len(), 4, "{text:#?}");
+    for needle in [
+        "bad_interval",
+        "bad_channel",
+        "b.toml",
+        "already defined in",
+    ] {
+        assert!(
+            text.iter().any(|t| t.contains(needle)),
+            "{needle}: {text:#?}"
+        );
+    }
+    let out = bin()
+        .args(["defs", "sync", "--check", dir.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(
+        err.matches("error:").count(),
+        5,
+        "four problems and the summary: {err}"
+    );
+    assert!(err.contains("4 error(s)"), "{err}");
+    std::fs::remove_dir_all(dir).ok();
+}
+
 fn tempdir() -> std::path::PathBuf {
     let dir =
         std::env::temp_dir().join(format!("sn_defs_{}_{}", std::process::id(), rand_suffix()));

@@ -6,7 +6,10 @@ use std::sync::{
 };
 
 use serde_json::json;
-use solid_notify::{AttemptResult, Config, Error, Outcome, Status, history};
+use solid_notify::{
+    AttemptResult, Config, Error, Outcome, Status,
+    ops::{NoticeFilter, Page, Place, find},
+};
 
 use crate::{
     db_test,
@@ -47,11 +50,16 @@ db_test!(
         ));
 
         // Find it, as an operator would.
-        let failed = history::list(&db.db, Some("crm"), Some(Status::FinalFailure), 10)
+        let filter = NoticeFilter {
+            def: Some("crm".into()),
+            status: Some(Status::FinalFailure),
+            ..NoticeFilter::default()
+        };
+        let failed = find::list(&db.db, Place::History, &filter, Page::default())
             .await
             .unwrap();
         assert_eq!(failed.iter().map(|h| h.id).collect::<Vec<_>>(), [id]);
-        assert_eq!(history::show(&db.db, id).await.unwrap().retry_times, 1);
+        assert_eq!(find::show(&db.db, id).await.unwrap().retry_times, 1);
 
         // The receiver is fixed; requeue replays the same notice id.
         fixed.store(true, Ordering::SeqCst);

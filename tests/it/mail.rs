@@ -146,7 +146,7 @@ db_test!(each_alert_type_sends_the_expected_mails, |db: Arc<
         "attempt 5: receiver down (5)",
         "attempt 1: receiver down (1)",
         "{\"order\":0}",
-        &format!("solid-notify history requeue {}", ids[0]),
+        &format!("solid-notify requeue {}", ids[0]),
     ] {
         assert!(
             final_alert.body.contains(needle),

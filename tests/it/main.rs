@@ -15,6 +15,7 @@ mod history;
 mod http;
 mod inputs;
 mod mail;
+mod ops;
 mod producer;
 mod retry;
 mod smtp;

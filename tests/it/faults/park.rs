@@ -5,7 +5,11 @@
 use std::sync::Arc;
 
 use sea_orm::ConnectionTrait;
-use solid_notify::{Config, Outcome, Status, WorkerConfig, alert::ALERT_DEF, history};
+use solid_notify::{
+    Config, Outcome, Status, WorkerConfig,
+    alert::ALERT_DEF,
+    ops::{NoticeFilter, Page, Place, find},
+};
 
 use super::{fast, start};
 use crate::{
@@ -46,17 +50,33 @@ db_test!(unusable_definitions_park_their_notices, |db: Arc<
         .unwrap();
     let running = start(notifier.clone(), fast(WorkerConfig::default()));
     let parked = eventually(20, "five notices parked", || async {
-        let parked = history::list(&db.db, None, Some(Status::Parked), 10)
+        let filter = NoticeFilter {
+            status: Some(Status::Parked),
+            ..NoticeFilter::default()
+        };
+        let parked = find::list(&db.db, Place::History, &filter, Page::default())
             .await
             .unwrap();
         (parked.len() == 5).then_some(parked)
     })
     .await;
     for row in &parked {
-        assert!(row.errors.contains("parked:"), "{}", row.errors);
+        assert!(
+            row.errors.join("\n").contains("parked:"),
+            "{:?}",
+            row.errors
+        );
     }
-    assert!(parked.iter().any(|r| r.errors.contains("does not exist")));
-    assert!(parked.iter().any(|r| r.errors.contains("retry_interval")));
+    assert!(
+        parked
+            .iter()
+            .any(|r| r.errors.join("\n").contains("does not exist"))
+    );
+    assert!(
+        parked
+            .iter()
+            .any(|r| r.errors.join("\n").contains("retry_interval"))
+    );
     let mails = eventually(20, "one alert per definition", || async {
         let mails = smtp.to("oncall@example.com");
         (mails.len() == 2).then_some(mails)
@@ -73,7 +93,7 @@ db_test!(unusable_definitions_park_their_notices, |db: Arc<
     notifier.reload_defs();
     let broken: Vec<i64> = parked
         .iter()
-        .filter(|r| r.errors.contains("retry_interval"))
+        .filter(|r| r.errors.join("\n").contains("retry_interval"))
         .map(|r| r.id)
         .collect();
     for id in &broken {

@@ -1,0 +1,274 @@
+//! Circuit breaker: a definition whose receiver keeps failing pauses itself.
+//!
+//! Each process counts the failed deliveries of each definition that has a
+//! circuit (`circuit = { failures = 20, window = "1m", cool_down = "5m" }`):
+//! retryable failures (errors, panics and timeouts included), counted as
+//! each delivery ends; a permanent failure refuses one notice and says
+//! nothing about the receiver, so it does not count. When `failures`
+//! deliveries have failed within `window` with no success among them, the
+//! circuit opens: in one transaction the definition is
+//! paused in `notify_def` until cool-down plus one lease from now (only if
+//! it is not paused already, so of all the processes seeing the same storm
+//! exactly one opens it) and one alert notice is queued to the definition's
+//! `email` ("paused after N consecutive failures"). Every worker then stops
+//! claiming its notices (the pause is in the claiming statement), and
+//! attempts already claimed in the opening process are released, uncharged.
+//!
+//! After the cool-down the opening process makes one probe attempt: it
+//! claims the oldest due notice of the definition (the pause still holds
+//! for everyone else) and attempts it on the one path. A success (or nothing
+//! left to probe) closes the circuit: the pause is lifted and the workers
+//! are woken. A failure re-opens it for another cool-down, without another
+//! alert. If the opening process dies, the pause simply ends a lease after
+//! the cool-down and the definition goes on as if closed. An operator's own
+//! pause or resume always wins: the circuit only lifts or extends a pause
+//! whose reason is its own.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    sync::Mutex,
+    time::Instant,
+};
+
+use sea_orm::TransactionTrait;
+
+use crate::{
+    AttemptResult, Notifier, Outcome,
+    alert::{ALERT_DESCRIPTION, AlertMail},
+    attempt::{self, Recorder},
+    def::DefRef,
+    state::{
+        claim,
+        clock::Due,
+        insert::{NewRow, insert_plain},
+        pause,
+    },
+};
+
+/// The start of `pause_reason` while a circuit holds the pause.
+pub const CIRCUIT_REASON: &str = "circuit open";
+
+#[derive(Debug)]
+enum Local {
+    /// Counting failures since the last success (their times).
+    Closed(VecDeque<Instant>),
+    /// Open here: attempts already claimed are released, not delivered.
+    Open,
+    /// The probe is running (or another process holds the circuit).
+    Probing,
+}
+
+/// The circuits as this process sees them, by definition id.
+#[derive(Debug, Default)]
+pub(crate) struct Circuits {
+    state: Mutex<HashMap<i64, Local>>,
+}
+
+impl Circuits {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i64, Local>> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Whether attempts of `def_id` must be released rather than delivered.
+    pub fn is_open(&self, def_id: i64) -> bool {
+        matches!(self.lock().get(&def_id), Some(Local::Open))
+    }
+
+    /// Counts one delivery's outcome. `true`: this failure trips the
+    /// circuit (the caller opens it).
+    fn observe(&self, def: &DefRef, outcome: &Outcome) -> bool {
+        let Some(circuit) = def.circuit else {
+            return false;
+        };
+        let failed = match outcome {
+            // The receiver (or handler) is failing: errors, panics and
+            // timeouts arrive here as retries.
+            Outcome::Retry { .. } => true,
+            Outcome::Success { .. } => false,
+            // A notice refused for good says nothing about the receiver.
+            Outcome::Permanent { .. } => return false,
+        };
+        let mut state = self.lock();
+        let entry = state
+            .entry(def.id)
+            .or_insert_with(|| Local::Closed(VecDeque::new()));
+        let Local::Closed(failures) = entry else {
+            return false;
+        };
+        if !failed {
+            failures.clear();
+            return false;
+        }
+        let now = Instant::now();
+        failures.push_back(now);
+        while failures
+            .front()
+            .is_some_and(|t| now.duration_since(*t) > circuit.window)
+        {
+            failures.pop_front();
+        }
+        if failures.len() < circuit.failures as usize {
+            return false;
+        }
+        *entry = Local::Open;
+        true
+    }
+
+    fn set(&self, def_id: i64, local: Local) {
+        self.lock().insert(def_id, local);
+    }
+}
+
+/// Counts the outcome of a delivery of `def`, and opens its circuit when
+/// this failure trips it.
+pub(crate) fn observe(notifier: &Notifier, def: &DefRef, outcome: &Outcome) {
+    if notifier.inner.circuits.observe(def, outcome) {
+        let notifier = notifier.clone();
+        let def = def.clone();
+        tokio::spawn(async move { open(notifier, def).await });
+    }
+}
+
+fn reason(n: u32) -> String {
+    format!("{CIRCUIT_REASON}: paused after {n} consecutive failures")
+}
+
+/// Opens the circuit of `def` (if no one paused it meanwhile), then runs
+/// its probes until it closes.
+async fn open(notifier: Notifier, def: DefRef) {
+    let Some(circuit) = def.circuit else {
+        return;
+    };
+    let inner = &notifier.inner;
+    let hold = circuit.cool_down + inner.config.lease;
+    let opened = open_in_db(&notifier, &def, hold).await;
+    inner.defs.invalidate();
+    match opened {
+        Ok(true) => {
+            tracing::warn!(def = %def.name, failures = circuit.failures, cool_down = ?circuit.cool_down, "circuit opened: definition paused");
+        }
+        Ok(false) => {
+            // Paused already (another process's circuit, or an operator):
+            // whoever paused it decides when it ends.
+            inner.circuits.set(def.id, Local::Closed(VecDeque::new()));
+            return;
+        }
+        Err(e) => {
+            tracing::warn!(def = %def.name, error = %e, "cannot open the circuit; counting again");
+            inner.circuits.set(def.id, Local::Closed(VecDeque::new()));
+            return;
+        }
+    }
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(circuit.cool_down) => {}
+            _ = inner.stop.abort.cancelled() => return,
+        }
+        inner.circuits.set(def.id, Local::Probing);
+        match probe(&notifier, &def).await {
+            Ok(Some(false)) => {
+                let _ = pause::extend_if(
+                    &inner.store.db,
+                    def.id,
+                    hold,
+                    CIRCUIT_REASON,
+                    &format!("{CIRCUIT_REASON}: the probe failed"),
+                )
+                .await;
+                inner.circuits.set(def.id, Local::Open);
+                tracing::warn!(def = %def.name, "circuit probe failed: re-opened");
+            }
+            Ok(_) => {
+                match pause::lift_if(&inner.store.db, def.id, CIRCUIT_REASON).await {
+                    Ok(_) => notifier.wake_everyone().await,
+                    Err(e) => {
+                        tracing::warn!(def = %def.name, error = %e, "cannot close the circuit; its pause ends by itself")
+                    }
+                }
+                inner.defs.invalidate();
+                inner.circuits.set(def.id, Local::Closed(VecDeque::new()));
+                tracing::info!(def = %def.name, "circuit closed");
+                return;
+            }
+            Err(e) => {
+                let _ = pause::extend_if(
+                    &inner.store.db,
+                    def.id,
+                    hold,
+                    CIRCUIT_REASON,
+                    &reason(circuit.failures),
+                )
+                .await;
+                inner.circuits.set(def.id, Local::Open);
+                tracing::warn!(def = %def.name, error = %e, "circuit probe could not run; trying again after the cool-down");
+            }
+        }
+    }
+}
+
+/// Pauses `def` for `hold` and queues its alert, in one transaction, if it
+/// is not paused now. `true`: this call opened it.
+async fn open_in_db(
+    notifier: &Notifier,
+    def: &DefRef,
+    hold: std::time::Duration,
+) -> crate::Result<bool> {
+    let inner = &notifier.inner;
+    let n = def.circuit.map_or(0, |c| c.failures);
+    let alert = if def.alert_emails.is_empty() {
+        None
+    } else {
+        let alert_def = notifier.alert_def().await?;
+        let mail = AlertMail::circuit(def, n, hold);
+        Some(NewRow {
+            def_id: alert_def.id,
+            param: mail.param().to_string(),
+            description: ALERT_DESCRIPTION.to_string(),
+            load_balance_num: 0,
+            idempotency_key: None,
+            target_override: None,
+            due: Due::Now,
+        })
+    };
+    let txn = inner.store.db.begin().await?;
+    if !pause::open_if_unpaused(&txn, def.id, hold, &reason(n)).await? {
+        txn.rollback().await?;
+        return Ok(false);
+    }
+    if let Some(row) = &alert {
+        insert_plain(&txn, row).await?;
+    }
+    txn.commit().await?;
+    if alert.is_some() {
+        inner.wake_workers();
+    }
+    Ok(true)
+}
+
+/// One probe: claims the oldest due notice of `def` past its pause and
+/// attempts it. `Some(true)`: delivered; `Some(false)`: failed; `None`:
+/// nothing to probe, or no verdict.
+async fn probe(notifier: &Notifier, def: &DefRef) -> crate::Result<Option<bool>> {
+    let inner = &notifier.inner;
+    let Some(lease) = claim::claim_probe(&inner.store, def.id).await? else {
+        return Ok(None);
+    };
+    let _running = inner.tasks.token();
+    let result = attempt::run(
+        notifier,
+        def.clone(),
+        lease,
+        &Recorder::Inline,
+        &inner.stop,
+        None,
+    )
+    .await
+    .result();
+    Ok(match result {
+        AttemptResult::Succeeded | AttemptResult::AwaitingConfirm => Some(true),
+        AttemptResult::WillRetry { .. } | AttemptResult::FinalFailure { .. } => Some(false),
+        _ => None,
+    })
+}

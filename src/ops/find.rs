@@ -1,0 +1,338 @@
+//! Find: notices in flight or in history, by id, idempotency key or filter,
+//! as [`NoticeView`]s. Reads only.
+
+use std::{collections::HashMap, time::Duration};
+
+use chrono::NaiveDateTime;
+use sea_orm::{
+    ConnectionTrait, EntityTrait, ExprTrait, QueryFilter, QueryOrder, QuerySelect,
+    sea_query::{Condition, Expr, Func, LikeExpr},
+};
+use serde::Serialize;
+
+use crate::{
+    Notifier, Status,
+    entity::{notify_def, notify_msg, notify_msg_history},
+    error::{Error, Result},
+};
+
+/// Which table a notice is in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Place {
+    /// `notify_msg`: still being delivered.
+    InFlight,
+    /// `notify_msg_history`: finished (succeeded, final failure, cancelled
+    /// or parked).
+    History,
+}
+
+/// Which notices to find. Every field narrows; the default finds all.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NoticeFilter {
+    /// Only this definition (by name).
+    pub def: Option<String>,
+    /// Only this status.
+    pub status: Option<Status>,
+    /// Only notices with at least one failed attempt (status `failed`, or
+    /// `retry_times` > 0).
+    pub failing: bool,
+    /// Only notices due before this UTC time (`next_call_time`).
+    pub due_before: Option<NaiveDateTime>,
+    /// Only notices created more than this long ago (`create_time`).
+    pub older_than: Option<Duration>,
+    /// Only this `load_balance_num` partition.
+    pub partition: Option<i32>,
+    /// Only notices whose param text contains this (case-sensitive on
+    /// PostgreSQL, as the column's collation elsewhere).
+    pub param_contains: Option<String>,
+    /// Only notices that finished (history) or were created (in flight) at
+    /// or after this UTC time. A finished notice's time is its
+    /// `last_call_time`, or `create_time` if it was never attempted.
+    pub since: Option<NaiveDateTime>,
+    /// Only notices that finished (or were created) before this UTC time.
+    pub until: Option<NaiveDateTime>,
+    /// Only these ids.
+    pub ids: Option<Vec<i64>>,
+}
+
+/// One notice as an operator sees it, wherever it is.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NoticeView {
+    /// Notice id (kept across requeues).
+    pub id: i64,
+    /// Its table.
+    pub place: Place,
+    /// `notify_def.id`.
+    pub def_id: i64,
+    /// The definition's name; `None` if the row is gone.
+    pub def: Option<String>,
+    /// Life-cycle state.
+    pub status: Status,
+    /// Failed attempts so far (reset by a requeue).
+    pub retry_times: i32,
+    /// When the last attempt started (UTC).
+    pub last_call_time: Option<NaiveDateTime>,
+    /// When it is due next, or when the running attempt's lease ends (UTC).
+    pub next_call_time: NaiveDateTime,
+    /// When it was added (UTC).
+    pub create_time: NaiveDateTime,
+    /// Optimistic version: bumped by every transition.
+    pub version: i32,
+    /// Partition (`load_balance_num`).
+    pub partition: i32,
+    /// The producer's idempotency key.
+    pub idempotency_key: Option<String>,
+    /// The param: JSON, or the stored text when it is not JSON.
+    pub param: serde_json::Value,
+    /// The producer's description (plus handlers' success notes).
+    pub description: String,
+    /// The failure and audit log, one entry per line, oldest first.
+    pub errors: Vec<String>,
+    /// Per-notice target override, as stored.
+    pub target_override: Option<String>,
+    /// Whether an attempt holds it right now: leased, and the lease has not
+    /// ended by this host's clock.
+    pub claim_live: bool,
+}
+
+macro_rules! view_from {
+    ($model:ty, $place:expr) => {
+        impl From<$model> for NoticeView {
+            fn from(row: $model) -> Self {
+                let now = chrono::Utc::now().naive_utc();
+                NoticeView {
+                    id: row.id,
+                    place: $place,
+                    def_id: row.def_id,
+                    def: None,
+                    status: row.status,
+                    retry_times: row.retry_times,
+                    last_call_time: row.last_call_time,
+                    next_call_time: row.next_call_time,
+                    create_time: row.create_time,
+                    version: row.version,
+                    partition: row.load_balance_num,
+                    idempotency_key: row.idempotency_key,
+                    param: serde_json::from_str(&row.param)
+                        .unwrap_or(serde_json::Value::String(row.param)),
+                    description: row.description,
+                    errors: row
+                        .errors
+                        .lines()
+                        .filter(|l| !l.is_empty())
+                        .map(str::to_string)
+                        .collect(),
+                    target_override: row.target_override,
+                    claim_live: row.leased && row.next_call_time > now,
+                }
+            }
+        }
+    };
+}
+view_from!(notify_msg::Model, Place::InFlight);
+view_from!(notify_msg_history::Model, Place::History);
+
+/// Definition names by id.
+pub(crate) async fn def_names<C: ConnectionTrait>(db: &C) -> Result<HashMap<i64, String>> {
+    Ok(notify_def::Entity::find()
+        .all(db)
+        .await?
+        .into_iter()
+        .map(|d| (d.id, d.name))
+        .collect())
+}
+
+/// The id of definition `name`.
+pub(crate) async fn def_id<C: ConnectionTrait>(db: &C, name: &str) -> Result<i64> {
+    use sea_orm::ColumnTrait;
+    notify_def::Entity::find()
+        .filter(notify_def::Column::Name.eq(name))
+        .one(db)
+        .await?
+        .map(|d| d.id)
+        .ok_or_else(|| Error::UnknownDef(name.to_string()))
+}
+
+fn named(mut views: Vec<NoticeView>, names: &HashMap<i64, String>) -> Vec<NoticeView> {
+    for v in &mut views {
+        v.def = names.get(&v.def_id).cloned();
+    }
+    views
+}
+
+/// `filter` as a condition on either notice table (their columns are the
+/// same), for rows in `place`.
+pub(crate) async fn condition<C: ConnectionTrait>(
+    db: &C,
+    place: Place,
+    filter: &NoticeFilter,
+) -> Result<Condition> {
+    use notify_msg::Column;
+    let mut cond = Condition::all();
+    if let Some(name) = &filter.def {
+        cond = cond.add(Expr::col(Column::DefId).eq(def_id(db, name).await?));
+    }
+    if let Some(status) = filter.status {
+        cond = cond.add(Expr::col(Column::Status).eq(status as i16));
+    }
+    if filter.failing {
+        cond = cond.add(
+            Condition::any()
+                .add(Expr::col(Column::Status).eq(Status::Failed as i16))
+                .add(Expr::col(Column::RetryTimes).gt(0)),
+        );
+    }
+    if let Some(at) = filter.due_before {
+        cond = cond.add(Expr::col(Column::NextCallTime).lt(at));
+    }
+    if let Some(age) = filter.older_than {
+        let cutoff = chrono::Utc::now().naive_utc()
+            - chrono::Duration::from_std(age).unwrap_or(chrono::Duration::MAX);
+        cond = cond.add(Expr::col(Column::CreateTime).lt(cutoff));
+    }
+    if let Some(p) = filter.partition {
+        cond = cond.add(Expr::col(Column::LoadBalanceNum).eq(p));
+    }
+    if let Some(text) = &filter.param_contains {
+        let escaped = text
+            .replace('\\', "\\\\")
+            .replace('%', "\\%")
+            .replace('_', "\\_");
+        cond = cond
+            .add(Expr::col(Column::Param).like(LikeExpr::new(format!("%{escaped}%")).escape('\\')));
+    }
+    let when = match place {
+        Place::InFlight => Expr::col(Column::CreateTime),
+        Place::History => Func::coalesce([
+            Expr::col(Column::LastCallTime),
+            Expr::col(Column::CreateTime),
+        ])
+        .into(),
+    };
+    if let Some(at) = filter.since {
+        cond = cond.add(when.clone().gte(at));
+    }
+    if let Some(at) = filter.until {
+        cond = cond.add(when.lt(at));
+    }
+    if let Some(ids) = &filter.ids {
+        cond = cond.add(Expr::col(Column::Id).is_in(ids.iter().copied()));
+    }
+    Ok(cond)
+}
+
+/// Which page of a listing: newest first, keyset by id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Page {
+    /// Only ids below this one (the last id of the previous page).
+    pub before_id: Option<i64>,
+    /// At most this many notices.
+    pub limit: u64,
+}
+
+impl Default for Page {
+    /// The first 50.
+    fn default() -> Self {
+        Page {
+            before_id: None,
+            limit: 50,
+        }
+    }
+}
+
+/// Notices in `place` matching `filter`, newest (highest id) first.
+pub async fn list<C: ConnectionTrait>(
+    db: &C,
+    place: Place,
+    filter: &NoticeFilter,
+    page: Page,
+) -> Result<Vec<NoticeView>> {
+    let mut cond = condition(db, place, filter).await?;
+    if let Some(before) = page.before_id {
+        cond = cond.add(Expr::col(notify_msg::Column::Id).lt(before));
+    }
+    let views: Vec<NoticeView> = match place {
+        Place::InFlight => notify_msg::Entity::find()
+            .filter(cond)
+            .order_by_desc(notify_msg::Column::Id)
+            .limit(page.limit)
+            .all(db)
+            .await?
+            .into_iter()
+            .map(Into::into)
+            .collect(),
+        Place::History => notify_msg_history::Entity::find()
+            .filter(cond)
+            .order_by_desc(notify_msg_history::Column::Id)
+            .limit(page.limit)
+            .all(db)
+            .await?
+            .into_iter()
+            .map(Into::into)
+            .collect(),
+    };
+    Ok(named(views, &def_names(db).await?))
+}
+
+/// Notice `id`, in flight or in history.
+pub async fn show<C: ConnectionTrait>(db: &C, id: i64) -> Result<NoticeView> {
+    // A notice moves between the tables (finishing, requeue): read the live
+    // table again after history, so a row moving meanwhile is still found.
+    for _ in 0..2 {
+        if let Some(row) = notify_msg::Entity::find_by_id(id).one(db).await? {
+            return Ok(named(vec![row.into()], &def_names(db).await?).remove(0));
+        }
+        if let Some(row) = notify_msg_history::Entity::find_by_id(id).one(db).await? {
+            return Ok(named(vec![row.into()], &def_names(db).await?).remove(0));
+        }
+    }
+    Err(Error::NoticeNotFound(id))
+}
+
+/// Notices with idempotency key `key` (of definition `def` when given), in
+/// flight first, then in history, newest first in each.
+pub async fn by_key<C: ConnectionTrait>(
+    db: &C,
+    key: &str,
+    def: Option<&str>,
+) -> Result<Vec<NoticeView>> {
+    let mut cond = Condition::all().add(Expr::col(notify_msg::Column::IdempotencyKey).eq(key));
+    if let Some(name) = def {
+        cond = cond.add(Expr::col(notify_msg::Column::DefId).eq(def_id(db, name).await?));
+    }
+    let mut views: Vec<NoticeView> = notify_msg::Entity::find()
+        .filter(cond.clone())
+        .order_by_desc(notify_msg::Column::Id)
+        .all(db)
+        .await?
+        .into_iter()
+        .map(Into::into)
+        .collect();
+    views.extend(
+        notify_msg_history::Entity::find()
+            .filter(cond)
+            .order_by_desc(notify_msg_history::Column::Id)
+            .all(db)
+            .await?
+            .into_iter()
+            .map(NoticeView::from),
+    );
+    Ok(named(views, &def_names(db).await?))
+}
+
+impl Notifier {
+    /// What became of notice `id`: in flight (status, attempts, next call)
+    /// or finished (how). [`Error::NoticeNotFound`] if it never existed or
+    /// was purged.
+    pub async fn status(&self, id: i64) -> Result<NoticeView> {
+        show(&self.inner.store.db, id).await
+    }
+
+    /// What became of the newest notice of definition `def` added with
+    /// idempotency key `key`; `None` if there is none.
+    pub async fn status_by_key(&self, def: &str, key: &str) -> Result<Option<NoticeView>> {
+        let views = by_key(&self.inner.store.db, key, Some(def)).await?;
+        Ok(views.into_iter().max_by_key(|v| v.id))
+    }
+}

@@ -1,0 +1,145 @@
+//! Operations: what an operator does without SQL. Find and inspect notices
+//! ([`find`]), requeue or cancel one or many with an audit line ([`bulk`]),
+//! purge old history ([`purge`]), pause and resume a definition
+//! ([`pause`]). The `solid-notify` command is a thin face on these calls.
+//! Every write goes through the [`state`](crate::state) module, guarded by
+//! the version read.
+
+pub mod bulk;
+pub mod find;
+pub mod pause;
+pub mod purge;
+
+pub use bulk::{BulkAction, BulkReport};
+pub use find::{NoticeFilter, NoticeView, Page, Place};
+pub use pause::PauseEnd;
+pub use purge::{Purge, PurgeReport};
+
+use crate::{
+    Notifier,
+    error::{Error, Result},
+};
+
+/// Who did an operator action, and why: the audit line's text,
+/// `ACTOR: REASON`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Audit {
+    /// Who (a user name, a tool).
+    pub actor: String,
+    /// Why.
+    pub reason: String,
+}
+
+impl Audit {
+    /// `actor`, `reason`.
+    pub fn new(actor: impl Into<String>, reason: impl Into<String>) -> Self {
+        Audit {
+            actor: actor.into(),
+            reason: reason.into(),
+        }
+    }
+
+    /// The default of [`Notifier::requeue`] and [`Notifier::cancel`]:
+    /// actor `an operator`, no reason.
+    pub fn operator() -> Self {
+        Audit::new("an operator", "")
+    }
+}
+
+impl std::fmt::Display for Audit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.reason.is_empty() {
+            f.write_str(&self.actor)
+        } else {
+            write!(f, "{}: {}", self.actor, self.reason)
+        }
+    }
+}
+
+/// An operation stopped by `error` after doing `done`: what was written
+/// stays written.
+#[derive(Debug, thiserror::Error)]
+#[error("{error} (stopped after: {done})")]
+pub struct Interrupted<R: std::fmt::Display + std::fmt::Debug> {
+    /// What was done before the error.
+    pub done: R,
+    /// Why it stopped.
+    pub error: Error,
+}
+
+impl<R: std::fmt::Display + std::fmt::Debug + Default> Interrupted<R> {
+    fn before(error: Error) -> Self {
+        Interrupted {
+            done: R::default(),
+            error,
+        }
+    }
+}
+
+impl Notifier {
+    /// Moves a finished notice (final failure, cancelled or parked) back into
+    /// `notify_msg`, due at once, with a fresh retry budget and its failure
+    /// log kept, plus the line `requeued by AUDIT`. Its id stays the same,
+    /// so receivers still see one notice.
+    pub async fn requeue(&self, id: i64) -> Result<()> {
+        self.requeue_audited(id, &Audit::operator()).await
+    }
+
+    /// [`requeue`](Self::requeue) with who and why in the audit line.
+    pub async fn requeue_audited(&self, id: i64, audit: &Audit) -> Result<()> {
+        self.one(id, audit, true).await
+    }
+
+    /// Cancels a notice in flight: it moves to history with status 5 and is
+    /// not attempted again. An attempt already running may still deliver it;
+    /// its outcome is then discarded (its claim is gone).
+    pub async fn cancel(&self, id: i64) -> Result<()> {
+        self.cancel_audited(id, &Audit::operator()).await
+    }
+
+    /// [`cancel`](Self::cancel) with who and why in the audit line.
+    pub async fn cancel_audited(&self, id: i64, audit: &Audit) -> Result<()> {
+        self.one(id, audit, false).await
+    }
+
+    async fn one(&self, id: i64, audit: &Audit, requeue: bool) -> Result<()> {
+        for _ in 0..crate::db::CONFLICT_TRIES {
+            let view = find::show(&self.inner.store.db, id).await?;
+            match (requeue, view.place) {
+                (true, Place::History) if view.status.is_requeueable() => {}
+                (false, Place::InFlight) => {}
+                (true, _) => {
+                    return Err(Error::WrongState {
+                        id,
+                        status: view.status,
+                        problem: "only final failures, cancelled and parked notices can be requeued",
+                    });
+                }
+                (false, Place::History) => {
+                    return Err(Error::WrongState {
+                        id,
+                        status: view.status,
+                        problem: "it has finished already",
+                    });
+                }
+            }
+            let action = BulkAction::new(
+                NoticeFilter {
+                    ids: Some(vec![id]),
+                    ..NoticeFilter::default()
+                },
+                audit.clone(),
+            );
+            let report = if requeue {
+                self.requeue_where(&action).await
+            } else {
+                self.cancel_where(&action).await
+            }
+            .map_err(|e| e.error)?;
+            if report.changed == 1 {
+                return Ok(());
+            }
+        }
+        Err(Error::Conflict(id))
+    }
+}

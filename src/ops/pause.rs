@@ -1,0 +1,51 @@
+//! Pause and resume a definition. A paused definition's notices stay in
+//! flight untouched: no worker claims them (the claim checks
+//! `notify_def.paused_until` by the database's clock), no retry is charged,
+//! and after-commit attempts leave them for a sweeper. They are delivered
+//! after the pause ends or [`resume`](crate::Notifier::resume) is called.
+
+use sea_orm::{ConnectionTrait, DbBackend, Statement};
+
+use super::{Audit, find};
+pub use crate::state::pause::PauseEnd;
+use crate::{Notifier, error::Result, state::pause};
+
+impl Notifier {
+    /// Pauses definition `def` until `end`, recording `audit` (who and why)
+    /// in `notify_def.pause_reason`. Attempts already running finish.
+    pub async fn pause(&self, def: &str, end: PauseEnd, audit: &Audit) -> Result<()> {
+        let db = &self.inner.store.db;
+        let id = find::def_id(db, def).await?;
+        pause::set(db, id, Some(end), Some(format!("paused by {audit}"))).await?;
+        self.inner.defs.invalidate();
+        Ok(())
+    }
+
+    /// Ends the pause of definition `def` (a no-op if it is not paused) and
+    /// wakes the workers: its due notices are claimed again at once.
+    pub async fn resume(&self, def: &str) -> Result<()> {
+        let db = &self.inner.store.db;
+        let id = find::def_id(db, def).await?;
+        pause::set(db, id, None, None).await?;
+        self.inner.defs.invalidate();
+        self.wake_everyone().await;
+        Ok(())
+    }
+
+    /// Wakes the workers of this process and, on PostgreSQL, of every
+    /// process (`NOTIFY`); without it they would see newly due notices at
+    /// their next poll.
+    pub(crate) async fn wake_everyone(&self) {
+        let db = &self.inner.store.db;
+        if db.get_database_backend() == DbBackend::Postgres {
+            let notify = Statement::from_string(
+                DbBackend::Postgres,
+                format!("SELECT pg_notify('{}', '')", migration::WAKE_CHANNEL),
+            );
+            if let Err(e) = db.execute_raw(notify).await {
+                tracing::warn!(error = %e, "cannot wake other processes' workers; they poll");
+            }
+        }
+        self.wake_workers();
+    }
+}

@@ -1,0 +1,259 @@
+//! Purge: delete old finished notices from `notify_msg_history` in bounded
+//! batches, archiving each batch first when asked. Final failures and parked
+//! notices stay unless asked for: they are what an operator may still
+//! requeue.
+
+use std::{path::PathBuf, time::Duration};
+
+use sea_orm::{
+    DatabaseConnection, EntityTrait, ExprTrait, QueryFilter, QueryOrder, QuerySelect,
+    sea_query::{Expr, Func},
+};
+use serde::{Deserialize, Serialize};
+use tokio::io::AsyncWriteExt;
+
+use super::Interrupted;
+use crate::{
+    Status,
+    entity::notify_msg_history::{self, Column},
+    error::{Error, Result},
+    state::retention,
+};
+
+/// Default rows per purge batch: 1,000.
+pub const DEFAULT_PURGE_BATCH: u64 = 1_000;
+
+/// What to purge.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Purge {
+    /// Only notices that finished more than this long ago (their
+    /// `last_call_time`, or `create_time` if never attempted), by this
+    /// host's clock.
+    #[serde(with = "humantime_serde")]
+    pub older_than: Duration,
+    /// Also delete final failures and parked notices. Default `false`:
+    /// only succeeded and cancelled ones go.
+    #[serde(default)]
+    pub include_failures: bool,
+    /// Append every row to this JSON Lines file (one `notify_msg_history`
+    /// row per line), flushed to disk before the batch's delete runs.
+    #[serde(default)]
+    pub archive: Option<PathBuf>,
+    /// Count, change nothing.
+    #[serde(skip)]
+    pub dry_run: bool,
+    /// Rows per batch. Default [`DEFAULT_PURGE_BATCH`].
+    #[serde(default = "default_batch")]
+    pub batch_size: u64,
+}
+
+fn default_batch() -> u64 {
+    DEFAULT_PURGE_BATCH
+}
+
+impl Purge {
+    /// Succeeded and cancelled notices finished more than `older_than` ago,
+    /// no archive.
+    pub fn older_than(older_than: Duration) -> Self {
+        Purge {
+            older_than,
+            include_failures: false,
+            archive: None,
+            dry_run: false,
+            batch_size: DEFAULT_PURGE_BATCH,
+        }
+    }
+
+    fn statuses(&self) -> Vec<i16> {
+        let mut s = vec![Status::Succeeded, Status::Cancelled];
+        if self.include_failures {
+            s.extend([Status::FinalFailure, Status::Parked]);
+        }
+        s.into_iter().map(|s| s as i16).collect()
+    }
+}
+
+/// What a purge did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct PurgeReport {
+    /// Rows found old enough.
+    pub matched: u64,
+    /// Rows written to the archive.
+    pub archived: u64,
+    /// Rows deleted.
+    pub deleted: u64,
+    /// Rows archived but not deleted: requeued or changed meanwhile.
+    pub skipped: u64,
+    /// Whether this was a dry run.
+    pub dry_run: bool,
+}
+
+impl std::fmt::Display for PurgeReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.dry_run {
+            return write!(f, "{} would be deleted (dry run)", self.matched);
+        }
+        write!(
+            f,
+            "{} matched, {} archived, {} deleted, {} skipped (changed meanwhile)",
+            self.matched, self.archived, self.deleted, self.skipped
+        )
+    }
+}
+
+/// Runs `purge`. On an error, what was deleted stays deleted (and is in
+/// the archive) and the error carries the report so far; a batch whose
+/// archive could not be written is not deleted.
+pub async fn purge(
+    db: &DatabaseConnection,
+    purge: &Purge,
+) -> std::result::Result<PurgeReport, Interrupted<PurgeReport>> {
+    let mut report = PurgeReport {
+        dry_run: purge.dry_run,
+        ..PurgeReport::default()
+    };
+    match run(db, purge, &mut report).await {
+        Ok(()) => Ok(report),
+        Err(error) => Err(Interrupted {
+            done: report,
+            error,
+        }),
+    }
+}
+
+async fn run(db: &DatabaseConnection, purge: &Purge, report: &mut PurgeReport) -> Result<()> {
+    let cutoff = chrono::Utc::now().naive_utc()
+        - chrono::Duration::from_std(purge.older_than).unwrap_or(chrono::Duration::MAX);
+    let finished: Expr = Func::coalesce([
+        Expr::col(Column::LastCallTime),
+        Expr::col(Column::CreateTime),
+    ])
+    .into();
+    let base = sea_orm::sea_query::Condition::all()
+        .add(Expr::col(Column::Status).is_in(purge.statuses()))
+        .add(finished.lt(cutoff));
+    let mut archive = match (&purge.archive, purge.dry_run) {
+        (Some(path), false) => Some(
+            tokio::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .await
+                .map_err(|e| archive_error(path, e))?,
+        ),
+        _ => None,
+    };
+    let mut after = i64::MIN;
+    loop {
+        let rows = notify_msg_history::Entity::find()
+            .filter(base.clone().add(Expr::col(Column::Id).gt(after)))
+            .order_by_asc(Column::Id)
+            .limit(Ord::max(purge.batch_size, 1))
+            .all(db)
+            .await?;
+        let Some(last) = rows.last() else {
+            return Ok(());
+        };
+        after = last.id;
+        report.matched += rows.len() as u64;
+        if purge.dry_run {
+            continue;
+        }
+        if let (Some(file), Some(path)) = (archive.as_mut(), &purge.archive) {
+            let mut text = String::new();
+            for row in &rows {
+                text.push_str(
+                    &serde_json::to_string(row)
+                        .map_err(|e| archive_error(path, std::io::Error::other(e)))?,
+                );
+                text.push('\n');
+            }
+            file.write_all(text.as_bytes())
+                .await
+                .map_err(|e| archive_error(path, e))?;
+            file.flush().await.map_err(|e| archive_error(path, e))?;
+            file.sync_data().await.map_err(|e| archive_error(path, e))?;
+            report.archived += rows.len() as u64;
+        }
+        let pairs: Vec<(i64, i32)> = rows.iter().map(|r| (r.id, r.version)).collect();
+        let deleted = retention::delete_history(db, &pairs).await?;
+        report.deleted += deleted;
+        report.skipped += rows.len() as u64 - deleted;
+    }
+}
+
+fn archive_error(path: &std::path::Path, e: std::io::Error) -> Error {
+    Error::Archive {
+        path: path.display().to_string(),
+        problem: e.to_string(),
+    }
+}
+
+/// Default time between two scheduled purges: 1 hour.
+pub const DEFAULT_RETENTION_EVERY: Duration = Duration::from_secs(3_600);
+
+/// A purge a worker runs on a schedule: the `[retention]` table of
+/// `solid-notify worker --config`. Off unless configured.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Retention {
+    /// Notices finished more than this long ago go (e.g. `"30d"`).
+    #[serde(with = "humantime_serde")]
+    pub older_than: Duration,
+    /// Also final failures and parked notices. Default `false`.
+    #[serde(default)]
+    pub include_failures: bool,
+    /// JSON Lines archive written before each delete. Default none.
+    #[serde(default)]
+    pub archive: Option<PathBuf>,
+    /// Rows per batch. Default [`DEFAULT_PURGE_BATCH`].
+    #[serde(default = "default_batch")]
+    pub batch_size: u64,
+    /// Time between purges (the first runs at start). Default
+    /// [`DEFAULT_RETENTION_EVERY`].
+    #[serde(default = "default_every", with = "humantime_serde")]
+    pub every: Duration,
+}
+
+fn default_every() -> Duration {
+    DEFAULT_RETENTION_EVERY
+}
+
+impl Retention {
+    /// The purge each run makes.
+    pub fn purge(&self) -> Purge {
+        Purge {
+            older_than: self.older_than,
+            include_failures: self.include_failures,
+            archive: self.archive.clone(),
+            dry_run: false,
+            batch_size: self.batch_size,
+        }
+    }
+}
+
+/// Runs `retention` at start and then every `retention.every` until
+/// `shutdown`, logging what each run did. Several workers may run it at
+/// once: each row is deleted once (the others skip it), though it may be
+/// archived by more than one of them.
+pub fn spawn_retention(
+    db: DatabaseConnection,
+    retention: Retention,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(retention.every.max(Duration::from_secs(1)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = shutdown.cancelled() => return,
+            }
+            match purge(&db, &retention.purge()).await {
+                Ok(report) => tracing::info!(%report, "retention purge"),
+                Err(e) => tracing::warn!(error = %e, "retention purge stopped"),
+            }
+        }
+    })
+}

@@ -1,0 +1,282 @@
+//! Telemetry: Prometheus metrics through the [`metrics`] facade.
+//!
+//! solid-notify always records its counters and histograms through
+//! `metrics`; with no recorder installed they cost a few atomic loads. To
+//! export them, either install your own recorder, or call [`serve_metrics`]
+//! (what `solid-notify worker --metrics-addr` does). The gauges read from
+//! the database are refreshed by [`spawn_gauges`].
+//!
+//! | name | type | labels |
+//! |---|---|---|
+//! | `solid_notify_notices` | gauge: notices in flight | `def`, `status` |
+//! | `solid_notify_oldest_due_seconds` | gauge: how long the oldest due notice has waited (0: none) | `def` |
+//! | `solid_notify_awaiting_confirmation` | gauge: notices sent, waiting for confirmation | `def` |
+//! | `solid_notify_paused` | gauge: 1 while the definition is paused | `def` |
+//! | `solid_notify_attempts_total` | counter: attempts by how they ended | `def`, `outcome` |
+//! | `solid_notify_attempt_duration_seconds` | histogram: claim to recorded outcome | `def` |
+//! | `solid_notify_claims_total` | counter: rows claimed | |
+//! | `solid_notify_lost_claims_total` | counter: attempts whose claim another sender or an operator took | |
+//! | `solid_notify_sweep_duration_seconds` | histogram: one sweep | |
+//!
+//! `def` labels are definition names from `notify_def` (rows of a deleted
+//! definition count under `_unknown`), never notice data; `outcome` is one
+//! of `succeeded`, `awaiting_confirm`, `will_retry`, `final_failure`,
+//! `lost_claim`, `skipped`, `released`, `parked`, `error`.
+
+use std::{collections::HashMap, net::SocketAddr, time::Duration};
+
+use metrics::{counter, gauge, histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use sea_orm::{
+    EntityTrait, FromQueryResult, QuerySelect,
+    sea_query::{Expr, Func},
+};
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    AttemptResult, Notifier, Status,
+    entity::{notify_def, notify_msg},
+    error::{Error, Result},
+};
+
+/// How often [`spawn_gauges`] refreshes the database gauges by default:
+/// every 5 seconds (one grouped query over `notify_msg` and one read of
+/// `notify_def` each time).
+pub const DEFAULT_GAUGE_EVERY: Duration = Duration::from_secs(5);
+
+/// Label of rows whose definition is not in `notify_def`.
+pub const UNKNOWN_DEF: &str = "_unknown";
+
+/// Histogram buckets (seconds) of the duration histograms.
+pub const DURATION_BUCKETS: [f64; 14] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 30.0,
+];
+
+/// The `outcome` label of a result.
+fn outcome(result: &AttemptResult) -> &'static str {
+    match result {
+        AttemptResult::Succeeded => "succeeded",
+        AttemptResult::AwaitingConfirm => "awaiting_confirm",
+        AttemptResult::WillRetry { .. } => "will_retry",
+        AttemptResult::FinalFailure { .. } => "final_failure",
+        AttemptResult::LostClaim => "lost_claim",
+        AttemptResult::Skipped { .. } => "skipped",
+        AttemptResult::Released { .. } => "released",
+        AttemptResult::Parked { .. } => "parked",
+        AttemptResult::Error { .. } => "error",
+    }
+}
+
+/// Records one finished attempt of a notice of definition `def`.
+pub(crate) fn attempt_finished(def: &str, result: &AttemptResult, took: Duration) {
+    counter!("solid_notify_attempts_total", "def" => def.to_string(), "outcome" => outcome(result))
+        .increment(1);
+    histogram!("solid_notify_attempt_duration_seconds", "def" => def.to_string())
+        .record(took.as_secs_f64());
+    if matches!(result, AttemptResult::LostClaim) {
+        lost_claims(1);
+    }
+}
+
+/// Records `n` rows claimed.
+pub(crate) fn claimed(n: u64) {
+    if n > 0 {
+        counter!("solid_notify_claims_total").increment(n);
+    }
+}
+
+/// Records `n` claims lost (found taken when the outcome was written).
+pub(crate) fn lost_claims(n: u64) {
+    if n > 0 {
+        counter!("solid_notify_lost_claims_total").increment(n);
+    }
+}
+
+/// Records one sweep's duration.
+pub(crate) fn sweep_finished(took: Duration) {
+    histogram!("solid_notify_sweep_duration_seconds").record(took.as_secs_f64());
+}
+
+fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_gauge!("solid_notify_notices", "Notices in flight");
+    describe_gauge!(
+        "solid_notify_oldest_due_seconds",
+        Unit::Seconds,
+        "How long the oldest due notice has waited"
+    );
+    describe_gauge!(
+        "solid_notify_awaiting_confirmation",
+        "Notices sent and waiting for confirmation"
+    );
+    describe_gauge!("solid_notify_paused", "1 while the definition is paused");
+    describe_counter!("solid_notify_attempts_total", "Attempts by outcome");
+    describe_histogram!(
+        "solid_notify_attempt_duration_seconds",
+        Unit::Seconds,
+        "Attempt duration, claim to recorded outcome"
+    );
+    describe_counter!("solid_notify_claims_total", "Rows claimed");
+    describe_counter!(
+        "solid_notify_lost_claims_total",
+        "Attempts whose claim was taken by another sender or an operator"
+    );
+    describe_histogram!(
+        "solid_notify_sweep_duration_seconds",
+        Unit::Seconds,
+        "Sweep duration"
+    );
+}
+
+/// Installs a Prometheus recorder as the process's global `metrics`
+/// recorder and serves its text at `http://ADDR/metrics` until `shutdown`.
+/// Returns the bound address (pass port 0 for any free port). Fails if
+/// another recorder is installed already or the address cannot be bound.
+pub async fn serve_metrics(addr: SocketAddr, shutdown: CancellationToken) -> Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| Error::Config(format!("metrics address {addr}: {e}")))?;
+    let bound = listener
+        .local_addr()
+        .map_err(|e| Error::Config(format!("metrics address {addr}: {e}")))?;
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Suffix("duration_seconds".into()),
+            &DURATION_BUCKETS,
+        )
+        .and_then(PrometheusBuilder::install_recorder)
+        .map_err(|e| Error::Config(format!("metrics recorder: {e}")))?;
+    describe();
+    let upkeep = handle.clone();
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => upkeep.run_upkeep(),
+                _ = stop.cancelled() => return,
+            }
+        }
+    });
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || render(handle.clone())),
+    );
+    tokio::spawn(async move {
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown.cancelled_owned())
+            .await;
+        if let Err(e) = served {
+            tracing::warn!(error = %e, "metrics server stopped");
+        }
+    });
+    Ok(bound)
+}
+
+async fn render(handle: PrometheusHandle) -> impl axum::response::IntoResponse {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        handle.render(),
+    )
+}
+
+#[derive(FromQueryResult)]
+struct Group {
+    def_id: i64,
+    status: i16,
+    n: i64,
+    oldest: Option<chrono::NaiveDateTime>,
+}
+
+/// Refreshes the database gauges every `every` until `shutdown`: one
+/// grouped query over `notify_msg` (count and earliest `next_call_time` per
+/// definition and status) and one read of `notify_def`.
+pub fn spawn_gauges(
+    notifier: Notifier,
+    every: Duration,
+    shutdown: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut seen: Vec<(String, Status)> = Vec::new();
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = shutdown.cancelled() => return,
+            }
+            match refresh_gauges(&notifier, &seen).await {
+                Ok(now_seen) => seen = now_seen,
+                Err(e) => tracing::warn!(error = %e, "cannot refresh the metrics gauges"),
+            }
+        }
+    })
+}
+
+/// One refresh. Series seen last time and absent now are set to 0.
+async fn refresh_gauges(
+    notifier: &Notifier,
+    seen_before: &[(String, Status)],
+) -> Result<Vec<(String, Status)>> {
+    use notify_msg::Column;
+    let db = &notifier.inner.store.db;
+    let defs = notify_def::Entity::find().all(db).await?;
+    let groups = notify_msg::Entity::find()
+        .select_only()
+        .column(Column::DefId)
+        .column(Column::Status)
+        .expr_as(Func::count(Expr::col(Column::Id)), "n")
+        .expr_as(Func::min(Expr::col(Column::NextCallTime)), "oldest")
+        .group_by(Column::DefId)
+        .group_by(Column::Status)
+        .into_model::<Group>()
+        .all(db)
+        .await?;
+    let now = chrono::Utc::now().naive_utc();
+    let names: HashMap<i64, &str> = defs.iter().map(|d| (d.id, d.name.as_str())).collect();
+    let name = |id: i64| names.get(&id).copied().unwrap_or(UNKNOWN_DEF).to_string();
+    let mut counts: HashMap<(String, Status), i64> = HashMap::new();
+    let mut oldest: HashMap<String, f64> = defs.iter().map(|d| (d.name.clone(), 0.0)).collect();
+    let mut awaiting: HashMap<String, i64> = defs.iter().map(|d| (d.name.clone(), 0)).collect();
+    for g in groups {
+        let Some(status) = Status::parse(&g.status.to_string()) else {
+            continue;
+        };
+        let def = name(g.def_id);
+        *counts.entry((def.clone(), status)).or_default() += g.n;
+        if status == Status::AwaitingConfirm {
+            *awaiting.entry(def.clone()).or_default() += g.n;
+        }
+        // Leased rows carry their lease's end: a due row never waits past it.
+        if let Some(at) = g.oldest.filter(|at| *at <= now) {
+            let waited = (now - at).to_std().unwrap_or_default().as_secs_f64();
+            let entry = oldest.entry(def).or_default();
+            *entry = entry.max(waited);
+        }
+    }
+    for key in seen_before {
+        counts.entry(key.clone()).or_insert(0);
+    }
+    for ((def, status), n) in &counts {
+        gauge!("solid_notify_notices", "def" => def.clone(), "status" => status.to_string())
+            .set(*n as f64);
+    }
+    for (def, secs) in oldest {
+        gauge!("solid_notify_oldest_due_seconds", "def" => def).set(secs);
+    }
+    for (def, n) in awaiting {
+        gauge!("solid_notify_awaiting_confirmation", "def" => def).set(n as f64);
+    }
+    for d in &defs {
+        let paused = d.paused_until.is_some_and(|until| until > now);
+        gauge!("solid_notify_paused", "def" => d.name.clone()).set(if paused { 1.0 } else { 0.0 });
+    }
+    Ok(counts
+        .into_iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(k, _)| k)
+        .collect())
+}
