@@ -16,10 +16,11 @@
 //!
 //! After the cool-down the opening process makes one probe attempt: it
 //! claims the oldest due notice of the definition (the pause still holds
-//! for everyone else) and attempts it on the one path. A success (or nothing
-//! left to probe) closes the circuit: the pause is lifted and the workers
-//! are woken. A failure re-opens it for another cool-down, without another
-//! alert. If the opening process dies, the pause simply ends a lease after
+//! for everyone else) and attempts it on the one path. A success closes the
+//! circuit: the pause is lifted and the workers are woken. A failure
+//! re-opens it for another cool-down, without another alert; so does a
+//! probe that found nothing due (the failed notices wait for their retries)
+//! or ended without a verdict. If the opening process dies, the pause simply ends a lease after
 //! the cool-down and the definition goes on as if closed. An operator's own
 //! pause or resume always wins: the circuit only lifts or extends a pause
 //! whose reason is its own.
@@ -52,8 +53,10 @@ pub const CIRCUIT_REASON: &str = "circuit open";
 enum Local {
     /// Counting failures since the last success (their times).
     Closed(VecDeque<Instant>),
-    /// Open here: attempts already claimed are released, not delivered.
-    Open,
+    /// Open here since then: attempts claimed before are released, not
+    /// delivered (later claims passed the pause in the claiming statement,
+    /// or an operator resumed the definition).
+    Open(Instant),
     /// The probe is running (or another process holds the circuit).
     Probing,
 }
@@ -71,9 +74,16 @@ impl Circuits {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Whether attempts of `def_id` must be released rather than delivered.
-    pub fn is_open(&self, def_id: i64) -> bool {
-        matches!(self.lock().get(&def_id), Some(Local::Open))
+    /// Whether an attempt of `def_id` claimed at `claimed_at` must be
+    /// released rather than delivered.
+    pub fn is_open(&self, def_id: i64, claimed_at: Instant) -> bool {
+        matches!(self.lock().get(&def_id), Some(Local::Open(since)) if claimed_at < *since)
+    }
+
+    /// Whether this process is probing `def_id` (its pause must not stop
+    /// the probe).
+    pub fn is_probing(&self, def_id: i64) -> bool {
+        matches!(self.lock().get(&def_id), Some(Local::Probing))
     }
 
     /// Counts one delivery's outcome. `true`: this failure trips the
@@ -112,7 +122,7 @@ impl Circuits {
         if failures.len() < circuit.failures as usize {
             return false;
         }
-        *entry = Local::Open;
+        *entry = Local::Open(now);
         true
     }
 
@@ -167,42 +177,56 @@ async fn open(notifier: Notifier, def: DefRef) {
             _ = inner.stop.abort.cancelled() => return,
         }
         inner.circuits.set(def.id, Local::Probing);
-        match probe(&notifier, &def).await {
-            Ok(Some(false)) => {
-                let _ = pause::extend_if(
-                    &inner.store.db,
-                    def.id,
-                    hold,
-                    CIRCUIT_REASON,
-                    &format!("{CIRCUIT_REASON}: the probe failed"),
-                )
-                .await;
-                inner.circuits.set(def.id, Local::Open);
-                tracing::warn!(def = %def.name, "circuit probe failed: re-opened");
+        let verdict = probe(&notifier, &def).await;
+        let again = match &verdict {
+            Ok(Probe::Delivered) => None,
+            Ok(Probe::Failed) => Some(format!("{CIRCUIT_REASON}: the probe failed")),
+            // Nothing due to probe (the failed notices wait for later
+            // retries), or no verdict (claim lost, released): stay open and
+            // probe again after the next cool-down.
+            Ok(Probe::NoVerdict) | Err(_) => Some(reason(circuit.failures)),
+        };
+        let Some(again) = again else {
+            // Delivered: close.
+            match pause::lift_if(&inner.store.db, def.id, CIRCUIT_REASON).await {
+                Ok(_) => notifier.wake_everyone().await,
+                Err(e) => {
+                    tracing::warn!(def = %def.name, error = %e, "cannot close the circuit; its pause ends by itself");
+                }
             }
-            Ok(_) => {
-                match pause::lift_if(&inner.store.db, def.id, CIRCUIT_REASON).await {
-                    Ok(_) => notifier.wake_everyone().await,
+            inner.defs.invalidate();
+            inner.circuits.set(def.id, Local::Closed(VecDeque::new()));
+            tracing::info!(def = %def.name, "circuit closed");
+            return;
+        };
+        // Re-open only a pause that is still the circuit's: an operator who
+        // resumed (or paused it themselves) meanwhile decides.
+        match pause::extend_if(&inner.store.db, def.id, hold, CIRCUIT_REASON, &again).await {
+            Ok(true) => {
+                inner.circuits.set(def.id, Local::Open(Instant::now()));
+                match verdict {
                     Err(e) => {
-                        tracing::warn!(def = %def.name, error = %e, "cannot close the circuit; its pause ends by itself")
+                        tracing::warn!(def = %def.name, error = %e, "circuit probe could not run; trying again after the cool-down");
+                    }
+                    Ok(Probe::Failed) => {
+                        tracing::warn!(def = %def.name, "circuit probe failed: re-opened");
+                    }
+                    _ => {
+                        tracing::info!(def = %def.name, "circuit: nothing to probe yet; still open")
                     }
                 }
+            }
+            Ok(false) => {
+                tracing::info!(def = %def.name, "circuit: an operator changed the pause meanwhile; counting again");
                 inner.defs.invalidate();
                 inner.circuits.set(def.id, Local::Closed(VecDeque::new()));
-                tracing::info!(def = %def.name, "circuit closed");
                 return;
             }
             Err(e) => {
-                let _ = pause::extend_if(
-                    &inner.store.db,
-                    def.id,
-                    hold,
-                    CIRCUIT_REASON,
-                    &reason(circuit.failures),
-                )
-                .await;
-                inner.circuits.set(def.id, Local::Open);
-                tracing::warn!(def = %def.name, error = %e, "circuit probe could not run; trying again after the cool-down");
+                // The pause still ends by itself a lease after the cool-down.
+                tracing::warn!(def = %def.name, error = %e, "cannot re-open the circuit; counting again");
+                inner.circuits.set(def.id, Local::Closed(VecDeque::new()));
+                return;
             }
         }
     }
@@ -247,13 +271,20 @@ async fn open_in_db(
     Ok(true)
 }
 
+/// What a probe found.
+enum Probe {
+    Delivered,
+    Failed,
+    /// Nothing due, or the attempt ended without a verdict.
+    NoVerdict,
+}
+
 /// One probe: claims the oldest due notice of `def` past its pause and
-/// attempts it. `Some(true)`: delivered; `Some(false)`: failed; `None`:
-/// nothing to probe, or no verdict.
-async fn probe(notifier: &Notifier, def: &DefRef) -> crate::Result<Option<bool>> {
+/// attempts it.
+async fn probe(notifier: &Notifier, def: &DefRef) -> crate::Result<Probe> {
     let inner = &notifier.inner;
     let Some(lease) = claim::claim_probe(&inner.store, def.id).await? else {
-        return Ok(None);
+        return Ok(Probe::NoVerdict);
     };
     let _running = inner.tasks.token();
     let result = attempt::run(
@@ -267,8 +298,8 @@ async fn probe(notifier: &Notifier, def: &DefRef) -> crate::Result<Option<bool>>
     .await
     .result();
     Ok(match result {
-        AttemptResult::Succeeded | AttemptResult::AwaitingConfirm => Some(true),
-        AttemptResult::WillRetry { .. } | AttemptResult::FinalFailure { .. } => Some(false),
-        _ => None,
+        AttemptResult::Succeeded | AttemptResult::AwaitingConfirm => Probe::Delivered,
+        AttemptResult::WillRetry { .. } | AttemptResult::FinalFailure { .. } => Probe::Failed,
+        _ => Probe::NoVerdict,
     })
 }

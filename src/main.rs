@@ -236,10 +236,7 @@ impl TimeArg {
     fn ago(self) -> NaiveDateTime {
         match self {
             TimeArg::At(t) => t,
-            TimeArg::Offset(d) => {
-                chrono::Utc::now().naive_utc()
-                    - chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
-            }
+            TimeArg::Offset(d) => solid_notify::ops::ago(d),
         }
     }
 }
@@ -727,6 +724,16 @@ async fn bulk(
             })?);
         }
     }
+    if filter.param_contains.as_deref() == Some("") {
+        return Err(solid_notify::Error::Config(
+            "--param-contains is empty: it would match every notice".into(),
+        ));
+    }
+    if args.filter.older_than.is_some_and(|d| d.is_zero()) {
+        return Err(solid_notify::Error::Config(
+            "--older-than 0 would match every notice".into(),
+        ));
+    }
     let one = args.id.is_some() && args.ids.is_none() && filter == NoticeFilter::default();
     if !one {
         if filter == NoticeFilter::default() && args.ids.is_none() {
@@ -748,7 +755,7 @@ async fn bulk(
         args.reason.unwrap_or_default(),
     );
     let notifier = Notifier::builder(db.clone()).build()?;
-    if one && !args.dry_run {
+    if one && !args.dry_run && !args.json {
         let id = args.id.unwrap_or_default();
         if requeue {
             notifier.requeue_audited(id, &audit).await?;

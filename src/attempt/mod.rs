@@ -167,12 +167,21 @@ pub(crate) async fn run(
     let result = async {
         let timeout = inner.config.attempt_timeout;
         let needed = timeout + inner.config.lease_margin();
-        let circuit_open = inner.circuits.is_open(def.id);
-        if lease.remaining() < needed || stop.abort.is_cancelled() || circuit_open {
+        let circuit_open = inner.circuits.is_open(def.id, lease.claimed_at());
+        // A pause that began after the claim (as this process last read
+        // the definition): released uncharged, like the circuit's.
+        let paused = !inner.circuits.is_probing(def.id)
+            && inner
+                .defs
+                .peek(def.id)
+                .is_some_and(|d| d.is_paused_at(chrono::Utc::now().naive_utc()));
+        if lease.remaining() < needed || stop.abort.is_cancelled() || circuit_open || paused {
             let reason = if stop.abort.is_cancelled() {
                 "shutting down".to_string()
             } else if circuit_open {
                 format!("the circuit of `{}` is open", def.name)
+            } else if paused {
+                format!("`{}` is paused", def.name)
             } else {
                 format!(
                     "only {:?} of the lease left; an attempt needs {needed:?}",

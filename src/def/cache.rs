@@ -99,6 +99,12 @@ impl DefCache {
         Ok(snap.by_id.values().filter_map(|e| e.clone().ok()).collect())
     }
 
+    /// The definition with id `id` in the current snapshot, without
+    /// reloading (however old the snapshot is); `None` if absent or invalid.
+    pub fn peek(&self, id: i64) -> Option<Arc<Def>> {
+        self.current().by_id.get(&id).and_then(|e| e.clone().ok())
+    }
+
     /// Forgets the snapshot so the next use reloads.
     pub fn invalidate(&self) {
         self.replace(Snapshot::default());

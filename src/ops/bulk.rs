@@ -18,6 +18,17 @@ use crate::{
 /// Default rows read and written per batch of a bulk action: 500.
 pub const DEFAULT_BATCH_SIZE: u64 = 500;
 
+/// Largest batch a bulk action or purge reads at once (each row costs up to
+/// four statement parameters; SQLite allows 32,766): 2,000.
+pub const MAX_BATCH_SIZE: u64 = 2_000;
+
+/// Ids of an id list put in one query: 1,000.
+pub const IDS_PER_QUERY: usize = 1_000;
+
+/// Failure-log bytes sent in one write (each row's log travels with its
+/// audit line; MySQL 5.7's default `max_allowed_packet` is 4 MiB): 2 MiB.
+pub const MAX_WRITE_LOG_BYTES: usize = 2 * 1024 * 1024;
+
 /// How many ids a report lists.
 pub const SAMPLE_IDS: usize = 10;
 
@@ -131,7 +142,25 @@ impl Notifier {
             dry_run: action.dry_run,
             ..BulkReport::default()
         };
-        match self.bulk_batches(kind, action, &mut report).await {
+        // A long id list goes in slices, each a filter of its own.
+        let slices: Vec<NoticeFilter> = match &action.filter.ids {
+            Some(ids) if ids.len() > IDS_PER_QUERY => ids
+                .chunks(IDS_PER_QUERY)
+                .map(|chunk| NoticeFilter {
+                    ids: Some(chunk.to_vec()),
+                    ..action.filter.clone()
+                })
+                .collect(),
+            _ => vec![action.filter.clone()],
+        };
+        let mut done = Ok(());
+        for filter in &slices {
+            done = self.bulk_batches(kind, action, filter, &mut report).await;
+            if done.is_err() {
+                break;
+            }
+        }
+        match done {
             Ok(()) => Ok(report),
             Err(error) => Err(Interrupted {
                 done: report,
@@ -144,6 +173,7 @@ impl Notifier {
         &self,
         kind: Kind,
         action: &BulkAction,
+        filter: &NoticeFilter,
         report: &mut BulkReport,
     ) -> Result<()> {
         use notify_msg::Column;
@@ -159,11 +189,11 @@ impl Notifier {
         .into_iter()
         .map(|s| s as i16)
         .collect();
-        let base = find::condition(db, place, &action.filter)
+        let base = find::condition(db, place, filter)
             .await?
             .add(Expr::col(Column::Status).is_in(statuses));
         let verb = kind.verb();
-        let batch = Ord::max(action.batch_size, 1);
+        let batch = action.batch_size.clamp(1, MAX_BATCH_SIZE);
         let note = format!("{verb} by {}", action.audit);
         let mut after = i64::MIN;
         loop {
@@ -221,15 +251,29 @@ impl Notifier {
         report: &mut BulkReport,
     ) -> Result<()> {
         let store = &self.inner.store;
-        let at = self.app_now();
-        let done = match kind {
-            Kind::Requeue => operator::requeue(store, rows, note, at).await?,
-            Kind::Cancel => operator::cancel(store, rows, note, at).await?,
-        };
-        report.changed += done.len() as u64;
-        report.skipped += (rows.len() - done.len()) as u64;
-        if matches!(kind, Kind::Requeue) && !done.is_empty() {
-            self.wake_workers();
+        let mut rest = rows;
+        while !rest.is_empty() {
+            // Each row's log travels with its audit line: bound the bytes.
+            let mut take = 0;
+            let mut bytes = 0;
+            while take < rest.len()
+                && (take == 0 || bytes + rest[take].errors.len() <= MAX_WRITE_LOG_BYTES)
+            {
+                bytes += rest[take].errors.len();
+                take += 1;
+            }
+            let (part, after) = rest.split_at(take);
+            rest = after;
+            let at = self.app_now();
+            let done = match kind {
+                Kind::Requeue => operator::requeue(store, part, note, at).await?,
+                Kind::Cancel => operator::cancel(store, part, note, at).await?,
+            };
+            report.changed += done.len() as u64;
+            report.skipped += (part.len() - done.len()) as u64;
+            if matches!(kind, Kind::Requeue) && !done.is_empty() {
+                self.wake_workers();
+            }
         }
         Ok(())
     }

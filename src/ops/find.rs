@@ -187,9 +187,7 @@ pub(crate) async fn condition<C: ConnectionTrait>(
         cond = cond.add(Expr::col(Column::NextCallTime).lt(at));
     }
     if let Some(age) = filter.older_than {
-        let cutoff = chrono::Utc::now().naive_utc()
-            - chrono::Duration::from_std(age).unwrap_or(chrono::Duration::MAX);
-        cond = cond.add(Expr::col(Column::CreateTime).lt(cutoff));
+        cond = cond.add(Expr::col(Column::CreateTime).lt(super::ago(age)));
     }
     if let Some(p) = filter.partition {
         cond = cond.add(Expr::col(Column::LoadBalanceNum).eq(p));

@@ -20,6 +20,16 @@ use crate::{
     error::{Error, Result},
 };
 
+/// The UTC time `d` ago by this host's clock (the earliest time there is,
+/// for a `d` too large to subtract).
+pub fn ago(d: std::time::Duration) -> chrono::NaiveDateTime {
+    let now = chrono::Utc::now().naive_utc();
+    chrono::Duration::from_std(d)
+        .ok()
+        .and_then(|d| now.checked_sub_signed(d))
+        .unwrap_or(chrono::NaiveDateTime::MIN)
+}
+
 /// Who did an operator action, and why: the audit line's text,
 /// `ACTOR: REASON`.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -123,8 +123,7 @@ pub async fn purge(
 }
 
 async fn run(db: &DatabaseConnection, purge: &Purge, report: &mut PurgeReport) -> Result<()> {
-    let cutoff = chrono::Utc::now().naive_utc()
-        - chrono::Duration::from_std(purge.older_than).unwrap_or(chrono::Duration::MAX);
+    let cutoff = super::ago(purge.older_than);
     let finished: Expr = Func::coalesce([
         Expr::col(Column::LastCallTime),
         Expr::col(Column::CreateTime),
@@ -149,7 +148,7 @@ async fn run(db: &DatabaseConnection, purge: &Purge, report: &mut PurgeReport) -
         let rows = notify_msg_history::Entity::find()
             .filter(base.clone().add(Expr::col(Column::Id).gt(after)))
             .order_by_asc(Column::Id)
-            .limit(Ord::max(purge.batch_size, 1))
+            .limit(purge.batch_size.clamp(1, super::bulk::MAX_BATCH_SIZE))
             .all(db)
             .await?;
         let Some(last) = rows.last() else {

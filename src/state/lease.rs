@@ -138,6 +138,13 @@ impl Lease {
             .saturating_add(1)
     }
 
+    /// When the claiming statement was sent (this process's monotonic clock).
+    pub fn claimed_at(&self) -> Instant {
+        self.deadline
+            .checked_sub(self.store.lease)
+            .unwrap_or(self.deadline)
+    }
+
     /// What is left of the lease, by this process's monotonic clock.
     pub fn remaining(&self) -> Duration {
         self.deadline.saturating_duration_since(Instant::now())

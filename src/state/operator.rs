@@ -69,7 +69,8 @@ fn guard(rows: &[Seen]) -> Condition {
 }
 
 /// Cancels `rows`, notices in flight as read: they move to history with
-/// status 5 and `note` (dated `at`) in their log. An attempt running
+/// status 5, `last_call_time` now (the database's clock) and `note` (dated
+/// `at`) in their log. An attempt running
 /// meanwhile loses its claim: its outcome is not recorded. Its lease
 /// (`leased`, `next_call_time`) is kept in history, so that a requeue cannot
 /// make the notice due while that attempt may still be sending. Returns the
@@ -83,9 +84,13 @@ pub(crate) async fn cancel(
     if rows.is_empty() {
         return Ok(Vec::new());
     }
+    let now = clock::now(store.backend());
     let sets = vec![
         (Column::Status, Expr::val(Status::Cancelled as i16)),
         (Column::Errors, audited(rows, note, at)),
+        // When it finished, for retention and `--since`: a cancelled
+        // notice's last call is its cancel.
+        (Column::LastCallTime, now),
     ];
     move_guarded(store, Table::Live, Table::History, guard(rows), sets).await
 }

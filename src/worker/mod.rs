@@ -71,8 +71,9 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// [`Error::Unreachable`](crate::Error::Unreachable), which names the host
 /// (never the password).
 pub async fn connect(url: &str, timeout: Duration) -> crate::Result<sea_orm::DatabaseConnection> {
-    let mut options = pool_options(url);
-    options.connect_timeout(timeout);
+    // Bounded here, not by sea-orm's `connect_timeout`: that one becomes the
+    // pool's acquire timeout for the pool's whole life.
+    let options = pool_options(url);
     let unreachable = |problem: String| crate::Error::Unreachable {
         target: describe_url(url),
         timeout,
