@@ -53,6 +53,9 @@ pub const CIRCUIT_REASON: &str = "circuit open";
 enum Local {
     /// Counting failures since the last success (their times).
     Closed(VecDeque<Instant>),
+    /// Tripped here, the pause not yet committed: every attempt is
+    /// released (a claim may still pass the pause check).
+    Opening,
     /// Open here since then: attempts claimed before are released, not
     /// delivered (later claims passed the pause in the claiming statement,
     /// or an operator resumed the definition).
@@ -77,7 +80,11 @@ impl Circuits {
     /// Whether an attempt of `def_id` claimed at `claimed_at` must be
     /// released rather than delivered.
     pub fn is_open(&self, def_id: i64, claimed_at: Instant) -> bool {
-        matches!(self.lock().get(&def_id), Some(Local::Open(since)) if claimed_at < *since)
+        match self.lock().get(&def_id) {
+            Some(Local::Opening) => true,
+            Some(Local::Open(since)) => claimed_at < *since,
+            _ => false,
+        }
     }
 
     /// Whether this process is probing `def_id` (its pause must not stop
@@ -122,7 +129,7 @@ impl Circuits {
         if failures.len() < circuit.failures as usize {
             return false;
         }
-        *entry = Local::Open(now);
+        *entry = Local::Opening;
         true
     }
 
@@ -157,6 +164,8 @@ async fn open(notifier: Notifier, def: DefRef) {
     inner.defs.invalidate();
     match opened {
         Ok(true) => {
+            // Claims sent from now on see the committed pause.
+            inner.circuits.set(def.id, Local::Open(Instant::now()));
             tracing::warn!(def = %def.name, failures = circuit.failures, cool_down = ?circuit.cool_down, "circuit opened: definition paused");
         }
         Ok(false) => {

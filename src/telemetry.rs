@@ -67,12 +67,66 @@ fn outcome(result: &AttemptResult) -> &'static str {
     }
 }
 
+/// Every `outcome` label, in the order of [`outcome_index`].
+const OUTCOMES: [&str; 9] = [
+    "succeeded",
+    "awaiting_confirm",
+    "will_retry",
+    "final_failure",
+    "lost_claim",
+    "skipped",
+    "released",
+    "parked",
+    "error",
+];
+
+fn outcome_index(result: &AttemptResult) -> usize {
+    let name = outcome(result);
+    OUTCOMES.iter().position(|o| *o == name).unwrap_or(0)
+}
+
+/// The handles of one definition's series, registered once: recording
+/// through a handle skips building and hashing the labels each time.
+struct DefSeries {
+    attempts: Vec<metrics::Counter>,
+    duration: metrics::Histogram,
+}
+
+/// Per-definition handles, by name. Built on first use, so install a
+/// recorder before the first attempt (as [`serve_metrics`] is, before the
+/// worker starts).
+fn series(def: &str) -> std::sync::Arc<DefSeries> {
+    use std::sync::{Arc, OnceLock, RwLock};
+    static SERIES: OnceLock<RwLock<HashMap<String, Arc<DefSeries>>>> = OnceLock::new();
+    let map = SERIES.get_or_init(Default::default);
+    if let Some(found) = map
+        .read()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .get(def)
+    {
+        return found.clone();
+    }
+    let made = Arc::new(DefSeries {
+        attempts: OUTCOMES
+            .iter()
+            .map(|o| counter!("solid_notify_attempts_total", "def" => def.to_string(), "outcome" => *o))
+            .collect(),
+        duration: histogram!("solid_notify_attempt_duration_seconds", "def" => def.to_string()),
+    });
+    map.write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .entry(def.to_string())
+        .or_insert(made)
+        .clone()
+}
+
 /// Records one finished attempt of a notice of definition `def`.
 pub(crate) fn attempt_finished(def: &str, result: &AttemptResult, took: Duration) {
-    counter!("solid_notify_attempts_total", "def" => def.to_string(), "outcome" => outcome(result))
-        .increment(1);
-    histogram!("solid_notify_attempt_duration_seconds", "def" => def.to_string())
-        .record(took.as_secs_f64());
+    let series = series(def);
+    if let Some(counter) = series.attempts.get(outcome_index(result)) {
+        counter.increment(1);
+    }
+    series.duration.record(took.as_secs_f64());
     if matches!(result, AttemptResult::LostClaim) {
         lost_claims(1);
     }

@@ -844,8 +844,13 @@ db_test!(
         assert!(claims >= 5.0, "{claims}");
         assert!(text.contains("solid_notify_attempt_duration_seconds_bucket{def=\"m_ok\""));
         assert!(text.contains("solid_notify_sweep_duration_seconds_count"));
-        assert!(
-            !text.contains("outcome=\"lost_claim\""),
+        assert_eq!(
+            series(
+                &text,
+                "solid_notify_attempts_total",
+                r#"def="m_ok",outcome="lost_claim""#
+            ),
+            Some(0.0),
             "no lost claims in a one-worker run"
         );
         let _ = child.0.kill();
