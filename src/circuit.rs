@@ -35,15 +35,10 @@ use sea_orm::TransactionTrait;
 
 use crate::{
     AttemptResult, Notifier, Outcome,
-    alert::{ALERT_DESCRIPTION, AlertMail},
-    attempt::{self, Recorder},
+    alert::AlertMail,
+    attempt::{self, Recorder, record},
     def::DefRef,
-    state::{
-        claim,
-        clock::Due,
-        insert::{NewRow, insert_plain},
-        pause,
-    },
+    state::{claim, insert::insert_plain, pause},
 };
 
 /// The start of `pause_reason` while a circuit holds the pause.
@@ -253,17 +248,12 @@ async fn open_in_db(
     let alert = if def.alert_emails.is_empty() {
         None
     } else {
-        let alert_def = notifier.alert_def().await?;
         let mail = AlertMail::circuit(def, n, hold);
-        Some(NewRow {
-            def_id: alert_def.id,
-            param: mail.param().to_string(),
-            description: ALERT_DESCRIPTION.to_string(),
-            load_balance_num: 0,
-            idempotency_key: None,
-            target_override: None,
-            due: Due::Now,
-        })
+        Some(
+            record::alert_row(notifier, &mail, &inner.stop.give_up)
+                .await?
+                .0,
+        )
     };
     let txn = inner.store.db.begin().await?;
     if !pause::open_if_unpaused(&txn, def.id, hold, &reason(n)).await? {

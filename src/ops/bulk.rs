@@ -199,32 +199,8 @@ impl Notifier {
         loop {
             let cond = base.clone().add(Expr::col(Column::Id).gt(after));
             let rows: Vec<Seen> = match kind {
-                Kind::Requeue => notify_msg_history::Entity::find()
-                    .filter(cond)
-                    .order_by_asc(notify_msg_history::Column::Id)
-                    .limit(batch)
-                    .all(db)
-                    .await?
-                    .into_iter()
-                    .map(|r| Seen {
-                        id: r.id,
-                        version: r.version,
-                        errors: r.errors,
-                    })
-                    .collect(),
-                Kind::Cancel => notify_msg::Entity::find()
-                    .filter(cond)
-                    .order_by_asc(Column::Id)
-                    .limit(batch)
-                    .all(db)
-                    .await?
-                    .into_iter()
-                    .map(|r| Seen {
-                        id: r.id,
-                        version: r.version,
-                        errors: r.errors,
-                    })
-                    .collect(),
+                Kind::Requeue => read_batch::<notify_msg_history::Entity>(db, cond, batch).await?,
+                Kind::Cancel => read_batch::<notify_msg::Entity>(db, cond, batch).await?,
             };
             let Some(last) = rows.last() else {
                 return Ok(());
@@ -325,6 +301,35 @@ impl Notifier {
         }
         Ok(report)
     }
+}
+
+/// The next `limit` rows matching `cond` of either notice table (their
+/// columns are the same), lowest id first: what a guarded write needs.
+async fn read_batch<E: EntityTrait>(
+    db: &sea_orm::DatabaseConnection,
+    cond: sea_orm::sea_query::Condition,
+    limit: u64,
+) -> Result<Vec<Seen>> {
+    use notify_msg::Column;
+    let rows: Vec<(i64, i32, String)> = E::find()
+        .select_only()
+        .expr(Expr::col(Column::Id))
+        .expr(Expr::col(Column::Version))
+        .expr(Expr::col(Column::Errors))
+        .filter(cond)
+        .order_by(Expr::col(Column::Id), sea_orm::Order::Asc)
+        .limit(limit)
+        .into_tuple()
+        .all(db)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, version, errors)| Seen {
+            id,
+            version,
+            errors,
+        })
+        .collect())
 }
 
 impl Kind {
