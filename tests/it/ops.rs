@@ -1060,3 +1060,91 @@ db_test!(an_operator_resume_beats_an_open_circuit, |db: Arc<
     running.await.unwrap();
     assert_eq!(rec.count(), 3 + 7);
 });
+
+db_test!(
+    a_bulk_cancel_then_requeue_never_overlaps_the_running_attempts,
+    |db: Arc<TestDb>| async move {
+        use std::{sync::Mutex, time::Instant};
+        db.def("slow", "slow", |_| {}).await;
+        // (id, start, end) of every delivery.
+        let spans: Arc<Mutex<Vec<(i64, Instant, Instant)>>> = Arc::default();
+        let seen = spans.clone();
+        let notifier = db
+            .notifier()
+            .config(Config {
+                lease: Duration::from_secs(4),
+                attempt_timeout: Duration::from_secs(2),
+                ..quiet()
+            })
+            .handler("slow", move |n: solid_notify::Notice| {
+                let seen = seen.clone();
+                async move {
+                    let start = Instant::now();
+                    tokio::time::sleep(Duration::from_millis(1_500)).await;
+                    seen.lock().unwrap().push((n.id, start, Instant::now()));
+                    Ok(Outcome::success())
+                }
+            })
+            .build()
+            .unwrap();
+        db.insert_due("slow", 4, |_| 0).await;
+        let worker = Worker::new(
+            notifier.clone(),
+            WorkerConfig {
+                mode: Mode::FixedDelay,
+                delay: Duration::from_millis(20),
+                ..WorkerConfig::default()
+            },
+        )
+        .unwrap();
+        let stop = CancellationToken::new();
+        let running = tokio::spawn({
+            let stop = stop.clone();
+            async move { worker.run(stop).await }
+        });
+        eventually(10, "four attempts running", || async {
+            let live = db.live().await;
+            (live.len() == 4 && live.iter().all(|r| r.leased)).then_some(())
+        })
+        .await;
+        // Mid-attempt: cancel all four, then requeue all four, in bulk.
+        let ops = db.notifier().config(quiet()).build().unwrap();
+        let cancel = ops
+            .cancel_where(&BulkAction::new(
+                filter_def("slow"),
+                Audit::new("op", "oops"),
+            ))
+            .await
+            .unwrap();
+        assert_eq!(cancel.changed, 4);
+        let requeue = ops
+            .requeue_where(&BulkAction::new(
+                filter_def("slow"),
+                Audit::new("op", "undo"),
+            ))
+            .await
+            .unwrap();
+        assert_eq!(requeue.changed, 4);
+        // Back in flight but still held by the running attempts' leases.
+        let live = db.live().await;
+        assert_eq!(live.len(), 4);
+        assert!(
+            live.iter().all(|r| r.leased && r.retry_times == 0),
+            "{live:?}"
+        );
+        eventually(30, "all four delivered again and finished", || async {
+            let (live, done) = db.counts().await;
+            (live == 0 && done == 4).then_some(())
+        })
+        .await;
+        stop.cancel();
+        running.await.unwrap();
+        let spans = spans.lock().unwrap().clone();
+        for id in db.history().await.iter().map(|r| r.id) {
+            let mut mine: Vec<_> = spans.iter().filter(|s| s.0 == id).collect();
+            assert_eq!(mine.len(), 2, "the lost first attempt and the requeued one");
+            mine.sort_by_key(|s| s.1);
+            assert!(mine[0].2 <= mine[1].1, "overlap on notice {id}");
+        }
+    }
+);
