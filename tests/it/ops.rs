@@ -6,23 +6,15 @@ use std::{sync::Arc, time::Duration};
 use sea_orm::ConnectionTrait;
 use serde_json::json;
 use solid_notify::{
-    AttemptResult, Config, NewNotice, Outcome, Status, Worker, WorkerConfig,
+    AttemptResult, Config, NewNotice, Outcome, Status, WorkerConfig,
     ops::{Audit, BulkAction, NoticeFilter, Page, PauseEnd, Place, Purge, find, purge::purge},
-    worker::Mode,
 };
-use tokio_util::sync::CancellationToken;
 
 use crate::{
     db_test,
+    faults::{fast, quiet, start},
     support::{KillOnDrop, Recorder, TestDb, eventually, test_config},
 };
-
-fn quiet() -> Config {
-    Config {
-        immediate_attempt: false,
-        ..test_config()
-    }
-}
 
 fn filter_def(def: &str) -> NoticeFilter {
     NoticeFilter {
@@ -298,20 +290,12 @@ db_test!(
         const N: usize = 10_000;
         let (notifier, rec) = db.shipping().await;
         cancelled(&db, &notifier, "ship", N).await;
-        let worker = Worker::new(
+        let running = start(
             notifier.clone(),
-            WorkerConfig {
-                mode: Mode::FixedDelay,
-                delay: Duration::from_millis(20),
+            fast(WorkerConfig {
                 ..WorkerConfig::default()
-            },
-        )
-        .unwrap();
-        let stop = CancellationToken::new();
-        let running = tokio::spawn({
-            let stop = stop.clone();
-            async move { worker.run(stop).await }
-        });
+            }),
+        );
         let mut action = BulkAction::new(filter_def("ship"), Audit::new("ops", "replay"));
         action.batch_size = 500;
         let report = notifier.requeue_where(&action).await.unwrap();
@@ -322,8 +306,7 @@ db_test!(
             (db.counts().await == (0, N as u64)).then_some(())
         })
         .await;
-        stop.cancel();
-        running.await.unwrap();
+        running.stop().await;
         let calls = rec.calls();
         let unique: std::collections::HashSet<i64> = calls.iter().map(|n| n.id).collect();
         assert_eq!((calls.len(), unique.len()), (N, N), "each delivered once");
@@ -899,21 +882,13 @@ db_test!(a_circuit_opens_alerts_once_probes_and_closes, |db: Arc<
         .build()
         .unwrap();
     db.insert_due("flaky", 20, |_| 0).await;
-    let worker = Worker::new(
+    let running = start(
         notifier.clone(),
-        WorkerConfig {
-            mode: Mode::FixedDelay,
-            delay: Duration::from_millis(20),
+        fast(WorkerConfig {
             concurrency: 1,
             ..WorkerConfig::default()
-        },
-    )
-    .unwrap();
-    let stop = CancellationToken::new();
-    let running = tokio::spawn({
-        let stop = stop.clone();
-        async move { worker.run(stop).await }
-    });
+        }),
+    );
     let paused = || async {
         let rows = solid_notify::def::store::list(&db.db).await.unwrap();
         let (row, _) = rows.into_iter().find(|(r, _)| r.name == "flaky").unwrap();
@@ -955,8 +930,7 @@ db_test!(a_circuit_opens_alerts_once_probes_and_closes, |db: Arc<
             .then_some(())
     })
     .await;
-    stop.cancel();
-    running.await.unwrap();
+    running.stop().await;
     // 5 failures, a failed probe, a good probe, the other 13 once each.
     assert_eq!(rec.count(), 5 + 1 + 1 + 13);
     let history = db.history().await;
@@ -1008,21 +982,13 @@ db_test!(an_operator_resume_beats_an_open_circuit, |db: Arc<
         .build()
         .unwrap();
     db.insert_due("flaky", 10, |_| 0).await;
-    let worker = Worker::new(
+    let running = start(
         notifier.clone(),
-        WorkerConfig {
-            mode: Mode::FixedDelay,
-            delay: Duration::from_millis(20),
+        fast(WorkerConfig {
             concurrency: 1,
             ..WorkerConfig::default()
-        },
-    )
-    .unwrap();
-    let stop = CancellationToken::new();
-    let running = tokio::spawn({
-        let stop = stop.clone();
-        async move { worker.run(stop).await }
-    });
+        }),
+    );
     eventually(20, "the circuit opened", || async {
         let rows = solid_notify::def::store::list(&db.db).await.unwrap();
         rows.iter()
@@ -1056,8 +1022,7 @@ db_test!(an_operator_resume_beats_an_open_circuit, |db: Arc<
         },
     )
     .await;
-    stop.cancel();
-    running.await.unwrap();
+    running.stop().await;
     assert_eq!(rec.count(), 3 + 7);
 });
 
@@ -1088,20 +1053,12 @@ db_test!(
             .build()
             .unwrap();
         db.insert_due("slow", 4, |_| 0).await;
-        let worker = Worker::new(
+        let running = start(
             notifier.clone(),
-            WorkerConfig {
-                mode: Mode::FixedDelay,
-                delay: Duration::from_millis(20),
+            fast(WorkerConfig {
                 ..WorkerConfig::default()
-            },
-        )
-        .unwrap();
-        let stop = CancellationToken::new();
-        let running = tokio::spawn({
-            let stop = stop.clone();
-            async move { worker.run(stop).await }
-        });
+            }),
+        );
         eventually(10, "four attempts running", || async {
             let live = db.live().await;
             (live.len() == 4 && live.iter().all(|r| r.leased)).then_some(())
@@ -1137,8 +1094,7 @@ db_test!(
             (live == 0 && done == 4).then_some(())
         })
         .await;
-        stop.cancel();
-        running.await.unwrap();
+        running.stop().await;
         let spans = spans.lock().unwrap().clone();
         for id in db.history().await.iter().map(|r| r.id) {
             let mut mine: Vec<_> = spans.iter().filter(|s| s.0 == id).collect();
