@@ -71,6 +71,10 @@ pub struct Notice {
     pub idempotency_key: String,
     /// Partition number assigned at insert.
     pub load_balance_num: i32,
+    /// The W3C trace-context headers of this attempt (`traceparent`, and
+    /// `tracestate` when set), sent with HTTP and AMQP deliveries; empty
+    /// when the producer had no OpenTelemetry span. See [`crate::trace`].
+    pub trace_headers: std::collections::BTreeMap<String, String>,
 }
 
 /// Delivers notices of definitions whose target is `{ "handler": "<name>" }`.

@@ -54,6 +54,7 @@ pub mod stats;
 mod status;
 pub mod sweep;
 pub mod telemetry;
+pub mod trace;
 pub mod worker;
 
 pub use alert::{AlertHook, FailureEvent};

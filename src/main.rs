@@ -863,6 +863,9 @@ fn print_view(v: &NoticeView) {
     if let Some(k) = &v.idempotency_key {
         println!("key           {k}");
     }
+    if let Some(t) = &v.trace_id {
+        println!("trace id      {t}");
+    }
     println!("version       {}", v.version);
     println!(
         "param         {}",

@@ -15,6 +15,7 @@ mod m20261122_000002_alert_def;
 mod m20261123_000003_lease_flag;
 mod m20261124_000004_wake_trigger;
 mod m20261125_000005_pause;
+mod m20261126_000006_trace_context;
 
 pub use m20261124_000004_wake_trigger::WAKE_CHANNEL;
 
@@ -33,6 +34,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261123_000003_lease_flag::Migration),
             Box::new(m20261124_000004_wake_trigger::Migration),
             Box::new(m20261125_000005_pause::Migration),
+            Box::new(m20261126_000006_trace_context::Migration),
         ]
     }
 

@@ -129,6 +129,7 @@ impl PendingNotice {
             idempotency_key: r.idempotency_key.clone(),
             target_override: r.target_override.clone(),
             leased: self.reserved(),
+            trace_context: r.trace_context.clone(),
         }
     }
 }

@@ -106,6 +106,7 @@ pub(crate) async fn deliver(
             .clone()
             .unwrap_or_else(|| row.id.to_string()),
         load_balance_num: row.load_balance_num,
+        trace_headers: crate::trace::headers(row.trace_context.as_deref()),
     };
     let run = crate::channel::send(inner, &target, notice, &row.param, timeout);
     match tokio::time::timeout(timeout, AssertUnwindSafe(run).catch_unwind()).await {

@@ -163,6 +163,7 @@ pub(crate) async fn run(
         outcome = tracing::field::Empty,
         ms = tracing::field::Empty,
     );
+    crate::trace::link(&span, lease.row().trace_context.as_deref());
     let started = Instant::now();
     let result = async {
         let timeout = inner.config.attempt_timeout;

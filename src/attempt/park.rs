@@ -121,6 +121,7 @@ async fn park_alert(
         load_balance_num: 0,
         idempotency_key: None,
         target_override: None,
+        trace_context: crate::trace::capture(),
         due: Due::Now,
     }))
 }

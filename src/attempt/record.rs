@@ -321,6 +321,7 @@ pub(crate) async fn alert_row(
         load_balance_num: 0,
         idempotency_key: None,
         target_override: None,
+        trace_context: crate::trace::capture(),
         due: Due::Now,
     };
     Ok((row, def))

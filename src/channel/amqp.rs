@@ -20,7 +20,8 @@
 //!
 //! The message carries the notice id as `message_id`, headers
 //! `x-notice-attempt`, `x-notice-def` and `x-idempotency-key` (plus the
-//! target's), and `reply_to` naming the confirmation queue, where a consumer
+//! target's, and the W3C `traceparent` / `tracestate` of the producer's
+//! trace when it had one: [`crate::trace`]), and `reply_to` naming the confirmation queue, where a consumer
 //! can confirm or reject the notice (see [`crate::confirm`]).
 
 use std::{
@@ -246,7 +247,7 @@ impl AmqpChannel {
     /// Publishes one attempt and waits for the broker's verdict.
     pub async fn publish(&self, target: &AmqpTarget, notice: &Notice, body: &str) -> Outcome {
         let mut headers = FieldTable::default();
-        for (name, value) in &target.headers {
+        for (name, value) in notice.trace_headers.iter().chain(&target.headers) {
             headers.insert(
                 name.as_str().into(),
                 AMQPValue::LongString(value.as_str().into()),

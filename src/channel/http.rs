@@ -1,7 +1,9 @@
 //! HTTP: a notice is a request to the target URL with the param as its body.
 //!
 //! Headers tell the receiver what it got, so it can stay idempotent:
-//! `X-Notice-Id`, `X-Notice-Def`, `X-Notice-Attempt`, `Idempotency-Key`.
+//! `X-Notice-Id`, `X-Notice-Def`, `X-Notice-Attempt`, `Idempotency-Key`,
+//! and the W3C `traceparent` / `tracestate` of the producer's trace when it
+//! had one ([`crate::trace`]).
 //! With `signing_secret` set, `X-Notice-Timestamp` (Unix seconds) and
 //! `X-Notice-Signature: sha256=<hex>` carry an HMAC-SHA256 of
 //! `"<timestamp>.<body>"` keyed with the secret of that name, taken from
@@ -68,7 +70,7 @@ impl HttpChannel {
             .header("x-notice-def", &notice.def)
             .header("x-notice-attempt", notice.attempt)
             .header("idempotency-key", &notice.idempotency_key);
-        for (name, value) in &target.headers {
+        for (name, value) in notice.trace_headers.iter().chain(&target.headers) {
             request = request.header(name, value);
         }
         if let Some(name) = &target.signing_secret {

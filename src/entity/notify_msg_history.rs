@@ -46,6 +46,11 @@ pub struct Model {
     /// attempt) holds the row: its attempt may run until `next_call_time`
     /// (the lease end). Cleared by every outcome.
     pub leased: bool,
+    /// The W3C trace context of the span that added the notice: a JSON
+    /// object of its `traceparent` (and `tracestate`) headers; `None` when
+    /// the producer had no OpenTelemetry span. See [`crate::trace`].
+    #[sea_orm(column_type = "Text", nullable)]
+    pub trace_context: Option<String>,
 }
 
 /// See [`super::notify_def::Relation`].

@@ -91,6 +91,9 @@ pub struct NoticeView {
     pub errors: Vec<String>,
     /// Per-notice target override, as stored.
     pub target_override: Option<String>,
+    /// The trace id of the producer's span (32 hex digits), when it was
+    /// traced ([`crate::trace`]).
+    pub trace_id: Option<String>,
     /// Whether an attempt holds it right now: leased, and the lease has not
     /// ended by this host's clock.
     pub claim_live: bool,
@@ -124,6 +127,10 @@ macro_rules! view_from {
                         .map(str::to_string)
                         .collect(),
                     target_override: row.target_override,
+                    trace_id: row
+                        .trace_context
+                        .as_deref()
+                        .and_then(crate::trace::trace_id),
                     claim_live: row.leased && row.next_call_time > now,
                 }
             }

@@ -161,6 +161,7 @@ impl Notifier {
             load_balance_num,
             idempotency_key: notice.idempotency_key,
             target_override,
+            trace_context: crate::trace::capture(),
             due: self.first_due(),
         };
         insert::check(&row, self.inner.config.max_param_bytes).map_err(invalid)?;

@@ -45,6 +45,8 @@ pub(crate) struct NewRow {
     pub load_balance_num: i32,
     pub idempotency_key: Option<String>,
     pub target_override: Option<String>,
+    /// The producer's trace context ([`crate::trace`]).
+    pub trace_context: Option<String>,
     pub due: Due,
 }
 
@@ -85,6 +87,9 @@ pub(crate) fn check(row: &NewRow, max_param_bytes: usize) -> Result<(), String> 
     if let Some(over) = &row.target_override {
         nul("target_override", over)?;
     }
+    if let Some(trace) = &row.trace_context {
+        nul("trace_context", trace)?;
+    }
     if row.load_balance_num < 0 {
         return Err("load_balance_num must not be negative".into());
     }
@@ -108,6 +113,7 @@ enum Init {
     LoadBalanceNum,
     IdempotencyKey,
     TargetOverride,
+    TraceContext,
     /// `next_call_time`: now, or one lease ahead for a reservation.
     Due,
     /// Whether it is reserved for its after-commit attempt.
@@ -123,7 +129,7 @@ enum Init {
 /// The one layout of a new notice row: every column written at insert (all
 /// but `id`, given by the database or the caller, and `last_call_time`,
 /// NULL until a first call).
-const NEW_ROW: [(Column, Init); 13] = [
+const NEW_ROW: [(Column, Init); 14] = [
     (Column::DefId, Init::DefId),
     (Column::Param, Init::Param),
     (Column::Description, Init::Description),
@@ -137,6 +143,7 @@ const NEW_ROW: [(Column, Init); 13] = [
     (Column::IdempotencyKey, Init::IdempotencyKey),
     (Column::TargetOverride, Init::TargetOverride),
     (Column::Leased, Init::Reserved),
+    (Column::TraceContext, Init::TraceContext),
 ];
 
 fn statement(backend: DbBackend, row: &NewRow) -> InsertStatement {
@@ -149,7 +156,7 @@ fn statement(backend: DbBackend, row: &NewRow) -> InsertStatement {
 }
 
 /// The values of `row`, in the order of [`NEW_ROW`].
-fn values(backend: DbBackend, row: &NewRow) -> [Expr; 13] {
+fn values(backend: DbBackend, row: &NewRow) -> [Expr; 14] {
     let value = |init: Init| -> Expr {
         match init {
             Init::DefId => row.def_id.into(),
@@ -158,6 +165,7 @@ fn values(backend: DbBackend, row: &NewRow) -> [Expr; 13] {
             Init::LoadBalanceNum => row.load_balance_num.into(),
             Init::IdempotencyKey => row.idempotency_key.clone().into(),
             Init::TargetOverride => row.target_override.clone().into(),
+            Init::TraceContext => row.trace_context.clone().into(),
             Init::Due => row.due.expr(backend),
             Init::Reserved => row.due.reserved().into(),
             Init::Now => clock::now(backend),
@@ -193,6 +201,7 @@ pub(crate) fn pg_insert_literal(rows: &[(i64, NewRow)]) -> Option<String> {
             + r.description.len()
             + r.target_override.as_ref().map_or(0, String::len)
             + r.idempotency_key.as_ref().map_or(0, String::len)
+            + r.trace_context.as_ref().map_or(0, String::len)
     };
     let size: usize = rows.iter().map(|(_, r)| text(r) + LITERAL_ROW_BYTES).sum();
     if rows.is_empty() || size > LITERAL_INSERT_MAX_BYTES {
@@ -211,6 +220,7 @@ pub(crate) fn pg_insert_literal(rows: &[(i64, NewRow)]) -> Option<String> {
                 Init::Description => Some(row.description.as_str()),
                 Init::IdempotencyKey => row.idempotency_key.as_deref(),
                 Init::TargetOverride => row.target_override.as_deref(),
+                Init::TraceContext => row.trace_context.as_deref(),
                 _ => continue,
             };
             if let Some(text) = text {
@@ -341,6 +351,7 @@ pub(crate) async fn pg_insert_rows(
             Init::LoadBalanceNum => "r.lb".into(),
             Init::IdempotencyKey => "r.key".into(),
             Init::TargetOverride => "r.over".into(),
+            Init::TraceContext => "r.trace".into(),
             Init::Due => format!("{now} + make_interval(secs => r.due)"),
             Init::Reserved => "r.reserved".into(),
             Init::Now => now.into(),
@@ -350,8 +361,8 @@ pub(crate) async fn pg_insert_rows(
         format!(
             "INSERT INTO notify_msg (id, {}) SELECT r.id, {} \
              FROM UNNEST($1::bigint[], $2::bigint[], $3::text[], $4::text[], $5::int[], \
-             $6::text[], $7::text[], $8::float8[], $9::bool[]) \
-             AS r(id, def_id, param, description, lb, key, over, due, reserved)",
+             $6::text[], $7::text[], $8::float8[], $9::bool[], $10::text[]) \
+             AS r(id, def_id, param, description, lb, key, over, due, reserved, trace)",
             NEW_ROW.map(|(c, _)| c.as_str()).join(", "),
             values.join(", ")
         )
@@ -394,6 +405,11 @@ pub(crate) async fn pg_insert_rows(
                 .map(|(_, r)| r.due.reserved())
                 .collect::<Vec<bool>>(),
         )
+        .bind(
+            rows.iter()
+                .map(|(_, r)| r.trace_context.clone())
+                .collect::<Vec<Option<String>>>(),
+        )
         .execute(conn)
         .await
         .map(drop)
@@ -411,6 +427,7 @@ mod tests {
             load_balance_num: 0,
             idempotency_key: None,
             target_override: None,
+            trace_context: None,
             due: Due::Now,
         }
     }

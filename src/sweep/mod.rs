@@ -22,6 +22,7 @@ use std::{collections::VecDeque, sync::Arc, time::Duration};
 
 use tokio::{sync::Semaphore, task::JoinSet};
 use tokio_util::sync::CancellationToken;
+use tracing::instrument::WithSubscriber;
 
 use crate::{
     AttemptReport, AttemptResult, Notifier,
@@ -236,13 +237,14 @@ impl<'a> Sweep<'a> {
                     let (Ok(slot), Some((lease, def))) = (slot, waiting.pop_front()) else { continue };
                     let notifier = self.notifier.clone();
                     let (recorder, stop) = (recorder.clone(), stop.clone());
+                    // The caller's subscriber follows the attempt onto its task.
                     running.spawn(async move {
                         let notice_id = lease.id();
                         match attempt::run(&notifier, def, lease, &recorder, &stop, Some(slot)).await {
                             Ran::Done(result) => Some(AttemptReport { notice_id, result }),
                             Ran::Batched => None,
                         }
-                    });
+                    }.with_current_subscriber());
                 }
                 _ = shutdown.cancelled(), if !waiting.is_empty() => {}
                 // Holding a full batch of successes being written, or only

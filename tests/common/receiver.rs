@@ -68,6 +68,8 @@ pub struct Seen {
     pub ended: Option<Instant>,
     /// Answered (false: the sender dropped the connection first).
     pub answered: bool,
+    /// The W3C `traceparent` header, if sent.
+    pub traceparent: Option<String>,
 }
 
 type Script = dyn Fn(&Request) -> Reply + Send + Sync;
@@ -144,6 +146,10 @@ async fn handle(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Str
             started: Instant::now(),
             ended: None,
             answered: false,
+            traceparent: headers
+                .get("traceparent")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string),
         });
         log.seen.len() - 1
     };

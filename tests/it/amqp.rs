@@ -49,6 +49,8 @@ pub struct Message {
     pub attempt: i64,
     pub reply_to: String,
     pub body: serde_json::Value,
+    /// The W3C `traceparent` header, if sent.
+    pub traceparent: Option<String>,
 }
 
 impl Rabbit {
@@ -165,6 +167,11 @@ impl Rabbit {
                 attempt,
                 reply_to: p.reply_to().as_ref().unwrap().to_string(),
                 body: serde_json::from_slice(&delivery.data).unwrap(),
+                traceparent: match headers.inner().get("traceparent") {
+                    Some(AMQPValue::LongString(s)) => Some(s.to_string()),
+                    None => None,
+                    other => panic!("traceparent header {other:?}"),
+                },
             });
             delivery.ack(BasicAckOptions::default()).await.unwrap();
         }

@@ -19,5 +19,6 @@ mod ops;
 mod producer;
 mod retry;
 mod smtp;
+mod trace;
 mod wake;
 mod worker;

@@ -1,0 +1,118 @@
+//! Trace context: a notice carries the W3C trace context of the span that
+//! added it, so its deliveries, however late and from whichever worker,
+//! join the producer's trace.
+//!
+//! - **Stored.** `add_notice` takes the current `tracing` span's
+//!   OpenTelemetry context (through `tracing-opentelemetry`'s layer) and
+//!   stores its `traceparent` and `tracestate` headers, as a JSON object, in
+//!   the notice's `trace_context` column. Without that layer, or outside any
+//!   sampled-or-not valid span, nothing is stored (NULL).
+//! - **Linked.** Each attempt's `attempt` span is made a child of the stored
+//!   context (when the process running it has the layer).
+//! - **Sent.** HTTP deliveries carry `traceparent` (and `tracestate`) as
+//!   request headers, AMQP deliveries as message headers; handlers see them
+//!   in [`Notice::trace_headers`](crate::Notice::trace_headers). The headers
+//!   name the attempt span when the process has the layer, the producer's
+//!   span otherwise: the trace id is the producer's either way.
+//!
+//! The layer must be `tracing-opentelemetry` 0.34 (the version this crate
+//! links), otherwise the spans are not recognised and nothing is stored. A
+//! stored context that is not a JSON object of valid W3C headers (written
+//! by hand, say) is ignored: the notice is delivered without trace headers.
+
+use std::collections::{BTreeMap, HashMap};
+
+use opentelemetry::{Context, propagation::TextMapPropagator, trace::TraceContextExt};
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+/// The current span's trace context as stored in `trace_context`, or `None`
+/// without an OpenTelemetry span.
+pub(crate) fn capture() -> Option<String> {
+    headers_of(&tracing::Span::current().context())
+        .and_then(|headers| serde_json::to_string(&headers).ok())
+}
+
+/// Makes `span` a child of the stored context, when there is one and the
+/// span is recorded by an OpenTelemetry layer (otherwise nothing happens).
+pub(crate) fn link(span: &tracing::Span, stored: Option<&str>) {
+    if let Some(parent) = stored.and_then(parse) {
+        // Fails only without the layer or for a disabled span: nothing to link.
+        let _ = span.set_parent(parent);
+    }
+}
+
+/// The trace headers to send with a delivery made inside the current span:
+/// that span's context when it has one, the stored context otherwise; empty
+/// without either.
+pub(crate) fn headers(stored: Option<&str>) -> BTreeMap<String, String> {
+    let current = headers_of(&tracing::Span::current().context());
+    let headers = current.or_else(|| stored.and_then(parse).and_then(|cx| headers_of(&cx)));
+    headers.unwrap_or_default().into_iter().collect()
+}
+
+/// The trace id (32 hex digits) of a stored context, if it is valid.
+pub fn trace_id(stored: &str) -> Option<String> {
+    let cx = parse(stored)?;
+    let span = cx.span();
+    let context = span.span_context();
+    context.is_valid().then(|| context.trace_id().to_string())
+}
+
+/// The headers of `cx` (`traceparent`, and `tracestate` when not empty), or
+/// `None` when it holds no valid span context.
+fn headers_of(cx: &Context) -> Option<HashMap<String, String>> {
+    if !cx.span().span_context().is_valid() {
+        return None;
+    }
+    let mut headers = HashMap::new();
+    TraceContextPropagator::new().inject_context(cx, &mut headers);
+    headers.retain(|_, v| !v.is_empty());
+    (!headers.is_empty()).then_some(headers)
+}
+
+/// A stored context: a JSON object of header strings, extracted by the W3C
+/// propagator; `None` unless it yields a valid remote span context.
+fn parse(stored: &str) -> Option<Context> {
+    let headers: HashMap<String, String> = serde_json::from_str(stored).ok()?;
+    let cx = TraceContextPropagator::new().extract(&headers);
+    cx.span().span_context().is_valid().then_some(cx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    #[test]
+    fn stored_contexts_round_trip_and_garbage_is_ignored() {
+        let stored = serde_json::json!({ "traceparent": PARENT, "tracestate": "vendor=1" });
+        let stored = stored.to_string();
+        assert_eq!(
+            trace_id(&stored).as_deref(),
+            Some("4bf92f3577b34da6a3ce929d0e0e4736")
+        );
+        // Outside any OpenTelemetry span the stored headers are sent as they are.
+        assert_eq!(
+            headers(Some(&stored)),
+            BTreeMap::from([
+                ("traceparent".to_string(), PARENT.to_string()),
+                ("tracestate".to_string(), "vendor=1".to_string()),
+            ])
+        );
+        for bad in [
+            "",
+            "null",
+            "[1]",
+            r#"{"traceparent": 7}"#,
+            r#"{"traceparent": "00-00000000000000000000000000000000-00f067aa0ba902b7-01"}"#,
+            r#"{"traceparent": "not a traceparent"}"#,
+        ] {
+            assert_eq!(trace_id(bad), None, "{bad}");
+            assert!(headers(Some(bad)).is_empty(), "{bad}");
+        }
+        assert!(headers(None).is_empty());
+        assert_eq!(capture(), None, "no OpenTelemetry layer, nothing stored");
+    }
+}
