@@ -39,6 +39,7 @@ pub mod channel;
 pub mod circuit;
 pub mod config;
 pub mod confirm;
+pub mod dashboard;
 mod db;
 pub mod def;
 pub mod entity;

@@ -3,13 +3,12 @@
 
 use std::{path::PathBuf, process::ExitCode, time::Duration};
 
-use chrono::NaiveDateTime;
 use clap::{Parser, Subcommand};
 use solid_notify::{
     Config, Notifier, Status, Worker, WorkerConfig,
     def::{file, store},
     ops::{
-        Audit, BulkAction, NoticeFilter, NoticeView, Page, PauseEnd, Place, Purge, find,
+        Audit, BulkAction, NoticeFilter, NoticeView, Page, PauseEnd, Place, Purge, When, find,
         purge::{Retention, spawn_retention},
     },
     telemetry,
@@ -116,7 +115,7 @@ enum Command {
         /// Until this UTC time (2026-11-23T18:00:00Z) or for this long (2h);
         /// default: until `resume`.
         #[arg(long, value_parser = parse_time)]
-        until: Option<TimeArg>,
+        until: Option<When>,
         /// Why (kept in notify_def.pause_reason).
         #[arg(long, default_value = "")]
         reason: String,
@@ -128,6 +127,20 @@ enum Command {
     Resume {
         /// Definition name.
         def: String,
+    },
+    /// Serve the operator dashboard (and its JSON API under /api/) until
+    /// SIGINT or SIGTERM.
+    Serve {
+        /// Address to bind. A non-loopback address requires --token.
+        #[arg(long, default_value = solid_notify::dashboard::DEFAULT_ADDR)]
+        addr: std::net::SocketAddr,
+        /// Bearer token (or basic-auth password) required on every request.
+        #[arg(long, env = "SOLID_NOTIFY_DASHBOARD_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        /// Allow requeue, cancel, bulk actions, pause and resume (default:
+        /// read-only).
+        #[arg(long)]
+        allow_actions: bool,
     },
 }
 
@@ -160,7 +173,7 @@ struct FilterArgs {
     /// Only notices due before this time (UTC, or a duration meaning that
     /// long ago).
     #[arg(long, value_parser = parse_time)]
-    due_before: Option<TimeArg>,
+    due_before: Option<When>,
     /// Only notices created more than this long ago (e.g. 1h).
     #[arg(long, value_parser = humantime::parse_duration)]
     older_than: Option<Duration>,
@@ -177,10 +190,10 @@ struct FilterArgs {
 struct RangeArgs {
     /// Finished at or after this time (UTC, or a duration meaning that long ago).
     #[arg(long, value_parser = parse_time)]
-    since: Option<TimeArg>,
+    since: Option<When>,
     /// Finished before this time (UTC, or a duration meaning that long ago).
     #[arg(long, value_parser = parse_time)]
-    until: Option<TimeArg>,
+    until: Option<When>,
 }
 
 #[derive(clap::Args, Clone)]
@@ -224,45 +237,8 @@ struct BulkArgs {
     json: bool,
 }
 
-/// A time given on the command line: absolute (UTC) or relative to now.
-#[derive(Clone, Copy)]
-enum TimeArg {
-    At(NaiveDateTime),
-    Offset(Duration),
-}
-
-impl TimeArg {
-    /// As a point in the past (a duration means that long ago).
-    fn ago(self) -> NaiveDateTime {
-        match self {
-            TimeArg::At(t) => t,
-            TimeArg::Offset(d) => solid_notify::ops::ago(d),
-        }
-    }
-}
-
-fn parse_time(text: &str) -> Result<TimeArg, String> {
-    if let Ok(d) = humantime::parse_duration(text) {
-        return Ok(TimeArg::Offset(d));
-    }
-    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(text) {
-        return Ok(TimeArg::At(t.naive_utc()));
-    }
-    for format in [
-        "%Y-%m-%d %H:%M:%S%.f",
-        "%Y-%m-%dT%H:%M:%S%.f",
-        "%Y-%m-%d %H:%M",
-    ] {
-        if let Ok(t) = NaiveDateTime::parse_from_str(text, format) {
-            return Ok(TimeArg::At(t));
-        }
-    }
-    if let Ok(d) = chrono::NaiveDate::parse_from_str(text, "%Y-%m-%d") {
-        return Ok(TimeArg::At(d.and_time(chrono::NaiveTime::MIN)));
-    }
-    Err(format!(
-        "`{text}` is neither a UTC time (2026-11-23T18:00:00Z, 2026-11-23 18:00) nor a duration (2h, 30m)"
-    ))
+fn parse_time(text: &str) -> Result<When, String> {
+    When::parse(text)
 }
 
 fn parse_status(text: &str) -> Result<Status, String> {
@@ -279,13 +255,14 @@ impl FilterArgs {
             def: self.def.clone(),
             status: self.status,
             failing: self.failing,
-            due_before: self.due_before.map(TimeArg::ago),
+            due_before: self.due_before.map(When::ago),
             older_than: self.older_than,
             partition: self.partition,
             param_contains: self.param_contains.clone(),
-            since: range.and_then(|r| r.since).map(TimeArg::ago),
-            until: range.and_then(|r| r.until).map(TimeArg::ago),
+            since: range.and_then(|r| r.since).map(When::ago),
+            until: range.and_then(|r| r.until).map(When::ago),
             ids: None,
+            key: None,
         }
     }
 }
@@ -492,6 +469,25 @@ async fn run(cli: Cli) -> solid_notify::Result<()> {
     let db = solid_notify::worker::connect(&cli.database_url, cli.connect_timeout).await?;
     match cli.command {
         Command::Worker(args) => run_worker(db, *args).await?,
+        Command::Serve {
+            addr,
+            token,
+            allow_actions,
+        } => {
+            let notifier = Notifier::builder(db).build()?;
+            let config = solid_notify::dashboard::DashboardConfig {
+                allow_actions,
+                token,
+                base_path: String::new(),
+            };
+            let shutdown = CancellationToken::new();
+            let (bound, served) =
+                solid_notify::dashboard::serve(notifier, addr, config, shutdown.clone()).await?;
+            println!("dashboard: http://{bound}/");
+            stop_signal().await;
+            shutdown.cancel();
+            served.await.ok();
+        }
         Command::Show { id, key, def, json } => {
             let views = match (id, key) {
                 (Some(id), _) => vec![find::show(&db, id).await?],
@@ -573,8 +569,8 @@ async fn run(cli: Cli) -> solid_notify::Result<()> {
         } => {
             let end = match until {
                 None => PauseEnd::OnResume,
-                Some(TimeArg::At(t)) => PauseEnd::At(t),
-                Some(TimeArg::Offset(d)) => PauseEnd::After(d),
+                Some(When::At(t)) => PauseEnd::At(t),
+                Some(When::Offset(d)) => PauseEnd::After(d),
             };
             let audit = Audit::new(actor.unwrap_or_else(default_actor), reason);
             Notifier::builder(db)

@@ -27,15 +27,12 @@ use std::{collections::HashMap, net::SocketAddr, time::Duration};
 
 use metrics::{counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use sea_orm::{
-    EntityTrait, FromQueryResult, QuerySelect,
-    sea_query::{Expr, Func},
-};
+use sea_orm::EntityTrait;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
     AttemptResult, Notifier, Status,
-    entity::{notify_def, notify_msg},
+    entity::notify_def,
     error::{Error, Result},
 };
 
@@ -237,14 +234,6 @@ async fn render(handle: PrometheusHandle) -> impl axum::response::IntoResponse {
     )
 }
 
-#[derive(FromQueryResult)]
-struct Group {
-    def_id: i64,
-    status: i16,
-    n: i64,
-    oldest: Option<chrono::NaiveDateTime>,
-}
-
 /// Refreshes the database gauges every `every` until `shutdown`: one
 /// grouped query over `notify_msg` (count and earliest `next_call_time` per
 /// definition and status) and one read of `notify_def`.
@@ -275,20 +264,9 @@ async fn refresh_gauges(
     notifier: &Notifier,
     seen_before: &[(String, Status)],
 ) -> Result<Vec<(String, Status)>> {
-    use notify_msg::Column;
     let db = &notifier.inner.store.db;
     let defs = notify_def::Entity::find().all(db).await?;
-    let groups = notify_msg::Entity::find()
-        .select_only()
-        .column(Column::DefId)
-        .column(Column::Status)
-        .expr_as(Func::count(Expr::col(Column::Id)), "n")
-        .expr_as(Func::min(Expr::col(Column::NextCallTime)), "oldest")
-        .group_by(Column::DefId)
-        .group_by(Column::Status)
-        .into_model::<Group>()
-        .all(db)
-        .await?;
+    let groups = crate::ops::overview::in_flight_groups(db).await?;
     let now = chrono::Utc::now().naive_utc();
     let names: HashMap<i64, &str> = defs.iter().map(|d| (d.id, d.name.as_str())).collect();
     let name = |id: i64| names.get(&id).copied().unwrap_or(UNKNOWN_DEF).to_string();

@@ -1,6 +1,7 @@
 //! Schema migrations of solid-notify.
 //!
-//! Creates `notify_def`, `notify_msg` and `notify_msg_history` on SQLite,
+//! Creates `notify_def`, `notify_msg`, `notify_msg_history` and
+//! `notify_worker` on SQLite,
 //! PostgreSQL and MySQL/MariaDB. The migrator keeps its own tracking table,
 //! [`MIGRATION_TABLE`], so it never collides with the application's migrator.
 //!
@@ -16,6 +17,7 @@ mod m20261123_000003_lease_flag;
 mod m20261124_000004_wake_trigger;
 mod m20261125_000005_pause;
 mod m20261126_000006_trace_context;
+mod m20261127_000007_worker_heartbeat;
 
 pub use m20261124_000004_wake_trigger::WAKE_CHANNEL;
 
@@ -35,6 +37,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261124_000004_wake_trigger::Migration),
             Box::new(m20261125_000005_pause::Migration),
             Box::new(m20261126_000006_trace_context::Migration),
+            Box::new(m20261127_000007_worker_heartbeat::Migration),
         ]
     }
 

@@ -54,6 +54,8 @@ pub struct NoticeFilter {
     pub until: Option<NaiveDateTime>,
     /// Only these ids.
     pub ids: Option<Vec<i64>>,
+    /// Only notices with this idempotency key.
+    pub key: Option<String>,
 }
 
 /// One notice as an operator sees it, wherever it is.
@@ -223,6 +225,9 @@ pub(crate) async fn condition<C: ConnectionTrait>(
     }
     if let Some(ids) = &filter.ids {
         cond = cond.add(Expr::col(Column::Id).is_in(ids.iter().copied()));
+    }
+    if let Some(key) = &filter.key {
+        cond = cond.add(Expr::col(Column::IdempotencyKey).eq(key.as_str()));
     }
     Ok(cond)
 }

@@ -7,6 +7,7 @@
 
 pub mod bulk;
 pub mod find;
+pub mod overview;
 pub mod pause;
 pub mod purge;
 
@@ -28,6 +29,56 @@ pub fn ago(d: std::time::Duration) -> chrono::NaiveDateTime {
         .ok()
         .and_then(|d| now.checked_sub_signed(d))
         .unwrap_or(chrono::NaiveDateTime::MIN)
+}
+
+/// A time as an operator writes it: a UTC time (`2026-11-23T18:00:00Z`,
+/// `2026-11-23 18:00`, `2026-11-23`) or a duration (`2h`, `30m`) whose
+/// meaning depends on the use: that long ago for a filter, that long from
+/// now for a pause.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum When {
+    /// This UTC time.
+    At(chrono::NaiveDateTime),
+    /// A duration.
+    Offset(std::time::Duration),
+}
+
+impl When {
+    /// Parses an operator's time; the error says what is accepted.
+    pub fn parse(text: &str) -> std::result::Result<When, String> {
+        use chrono::NaiveDateTime;
+        let text = text.trim();
+        if let Ok(d) = humantime::parse_duration(text) {
+            return Ok(When::Offset(d));
+        }
+        if let Ok(t) = chrono::DateTime::parse_from_rfc3339(text) {
+            return Ok(When::At(t.naive_utc()));
+        }
+        for format in [
+            "%Y-%m-%d %H:%M:%S%.f",
+            "%Y-%m-%dT%H:%M:%S%.f",
+            "%Y-%m-%d %H:%M",
+            "%Y-%m-%dT%H:%M",
+        ] {
+            if let Ok(t) = NaiveDateTime::parse_from_str(text, format) {
+                return Ok(When::At(t));
+            }
+        }
+        if let Ok(d) = chrono::NaiveDate::parse_from_str(text, "%Y-%m-%d") {
+            return Ok(When::At(d.and_time(chrono::NaiveTime::MIN)));
+        }
+        Err(format!(
+            "`{text}` is neither a UTC time (2026-11-23T18:00:00Z, 2026-11-23 18:00) nor a duration (2h, 30m)"
+        ))
+    }
+
+    /// As a point in the past: a duration means that long ago.
+    pub fn ago(self) -> chrono::NaiveDateTime {
+        match self {
+            When::At(t) => t,
+            When::Offset(d) => ago(d),
+        }
+    }
 }
 
 /// Who did an operator action, and why: the audit line's text,

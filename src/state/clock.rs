@@ -51,6 +51,24 @@ pub(crate) fn after(backend: DbBackend, d: Duration) -> Expr {
     }
 }
 
+/// The database's current UTC time minus `d`.
+pub(crate) fn before(backend: DbBackend, d: Duration) -> Expr {
+    match backend {
+        DbBackend::Postgres => Expr::cust_with_values(
+            "((statement_timestamp() AT TIME ZONE 'UTC') - make_interval(secs => $1))",
+            [d.as_secs_f64()],
+        ),
+        DbBackend::MySql => Expr::cust_with_values(
+            "TIMESTAMPADD(MICROSECOND, ?, UTC_TIMESTAMP(6))",
+            [-i64::try_from(d.as_micros()).unwrap_or(i64::MAX)],
+        ),
+        _ => Expr::cust_with_values(
+            "strftime('%Y-%m-%d %H:%M:%f', 'now', ?)",
+            [format!("-{:.3} seconds", d.as_secs_f64())],
+        ),
+    }
+}
+
 /// `next_call_time` of a notice that waits for confirmation forever.
 pub fn far_future() -> NaiveDateTime {
     chrono::NaiveDate::from_ymd_opt(9999, 1, 1)

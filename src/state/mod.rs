@@ -1,4 +1,5 @@
-//! State: the only code that writes `notify_msg` and `notify_msg_history`.
+//! State: the only code that writes `notify_msg` and `notify_msg_history`
+//! (and `notify_worker`, the workers' heartbeats: [`heartbeat`]).
 //!
 //! Every transition is one guarded statement, or one small transaction, that
 //! names the `version` it expects and bumps it by one; a write that finds
@@ -36,6 +37,7 @@ pub mod clock;
 mod columns;
 pub mod confirm;
 pub mod errors_log;
+pub mod heartbeat;
 pub mod ids;
 pub mod insert;
 mod lease;

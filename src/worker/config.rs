@@ -18,6 +18,8 @@ pub const DEFAULT_BATCH_SIZE: u64 = 1000;
 pub const DEFAULT_CONCURRENCY: usize = 32;
 /// Default [`WorkerConfig::shutdown_timeout`]: 30 seconds.
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default [`WorkerConfig::heartbeat_every`]: 5 seconds.
+pub const DEFAULT_HEARTBEAT_EVERY: Duration = Duration::from_secs(5);
 
 /// When sweeps start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -68,6 +70,11 @@ pub struct WorkerConfig {
     /// on PostgreSQL) and when the earliest due time it knows of comes,
     /// besides the schedule. Off: sweep on the schedule only. Default: `true`.
     pub wake: bool,
+    /// How often the worker writes its heartbeat row in `notify_worker`
+    /// (shown by the dashboard; a row silent for three of these is a worker
+    /// gone). Zero: no heartbeat. Default [`DEFAULT_HEARTBEAT_EVERY`].
+    #[serde(with = "humantime_serde")]
+    pub heartbeat_every: Duration,
 }
 
 impl Default for WorkerConfig {
@@ -85,6 +92,7 @@ impl Default for WorkerConfig {
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             confirm_listener: true,
             wake: true,
+            heartbeat_every: DEFAULT_HEARTBEAT_EVERY,
         }
     }
 }

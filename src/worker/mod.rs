@@ -23,8 +23,8 @@ use tracing::Instrument;
 
 pub use crate::stats::{RECENT_SWEEPS, StatsSnapshot, WorkerStats};
 pub use config::{
-    DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, DEFAULT_CRON, DEFAULT_DELAY, DEFAULT_SHUTDOWN_TIMEOUT,
-    Mode, WorkerConfig,
+    DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, DEFAULT_CRON, DEFAULT_DELAY, DEFAULT_HEARTBEAT_EVERY,
+    DEFAULT_SHUTDOWN_TIMEOUT, Mode, WorkerConfig,
 };
 
 use crate::{
@@ -161,9 +161,17 @@ impl Worker {
             .config
             .wake
             .then(|| tokio::spawn(wake::listen(self.notifier.clone(), listening.clone())));
+        let heartbeat = (!self.config.heartbeat_every.is_zero()).then(|| {
+            tokio::spawn(heartbeat(
+                self.notifier.clone(),
+                self.stats.clone(),
+                self.config.heartbeat_every,
+                listening.clone(),
+            ))
+        });
         self.sweep_loop(&shutdown).await;
         listening.cancel();
-        for task in [confirmations, wakes].into_iter().flatten() {
+        for task in [confirmations, wakes, heartbeat].into_iter().flatten() {
             task.await.ok();
         }
     }
@@ -429,5 +437,44 @@ async fn sleep_or_stop(d: std::time::Duration, shutdown: &CancellationToken) -> 
     tokio::select! {
         _ = tokio::time::sleep(d) => !shutdown.is_cancelled(),
         _ = shutdown.cancelled() => false,
+    }
+}
+
+/// Writes this worker's heartbeat row every `every` until `stop` (the row
+/// then goes stale: the worker is shown as gone). A failed write is logged
+/// and tried again at the next beat.
+async fn heartbeat(
+    notifier: Notifier,
+    stats: Arc<WorkerStats>,
+    every: Duration,
+    stop: CancellationToken,
+) {
+    let host = hostname::get()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "unknown".into());
+    let pid = std::process::id();
+    let id = format!("{host}:{pid}:{:04x}", fastrand::u16(..));
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.cancelled() => return,
+        }
+        let s = stats.snapshot();
+        let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        let beat = crate::state::heartbeat::Beat {
+            id: id.clone(),
+            host: host.clone(),
+            pid: i32::try_from(pid).unwrap_or(i32::MAX),
+            sweeps: count(s.sweeps),
+            claimed: count(s.claimed),
+            succeeded: count(s.succeeded + s.awaiting_confirm),
+            failed: count(s.retried + s.final_failures),
+        };
+        if let Err(e) = crate::state::heartbeat::beat(notifier.db(), &beat).await {
+            tracing::warn!(error = %e, "cannot write the worker heartbeat");
+        }
     }
 }

@@ -9,6 +9,7 @@ mod receiver;
 mod proxy;
 
 mod amqp;
+mod dashboard;
 mod defs;
 mod faults;
 mod history;

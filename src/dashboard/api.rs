@@ -1,0 +1,245 @@
+//! The JSON API under `/api/`: the pages' data, and their actions.
+//! Writes take a JSON body and answer the result or `{"error": "…"}`.
+
+use axum::{
+    Extension, Json,
+    extract::{Path, Query, State},
+    response::{IntoResponse, Response},
+};
+use sea_orm::{EntityTrait, QueryOrder};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::{
+    AppState,
+    auth::Actor,
+    pages::pause_end,
+    view::{self, Failure, NoticeQuery, READ_ONLY},
+};
+use crate::{
+    entity::notify_def,
+    ops::{Audit, BulkAction, Place},
+};
+
+fn allowed(state: &AppState) -> Result<(), Failure> {
+    if state.config.allow_actions {
+        Ok(())
+    } else {
+        Err(Failure::Forbidden(READ_ONLY))
+    }
+}
+
+/// `GET /api/overview`.
+pub(super) async fn overview(State(state): State<AppState>) -> Response {
+    match crate::ops::overview::overview(state.notifier.db()).await {
+        Ok(o) => Json(o).into_response(),
+        Err(e) => Failure::from(e).json(),
+    }
+}
+
+/// `GET /api/notices`: the listing's query string; answers
+/// `{"notices": […], "next_before_id": ID or null}`.
+pub(super) async fn notices(
+    State(state): State<AppState>,
+    Query(query): Query<NoticeQuery>,
+) -> Response {
+    match view::find(state.notifier.db(), &query).await {
+        Ok((_, page, found)) => {
+            let next = (found.len() as u64 == page.limit)
+                .then(|| found.last().map(|v| v.id))
+                .flatten();
+            Json(json!({ "notices": found, "next_before_id": next })).into_response()
+        }
+        Err(failure) => failure.json(),
+    }
+}
+
+/// `GET /api/notices/{id}`.
+pub(super) async fn notice(State(state): State<AppState>, Path(id): Path<i64>) -> Response {
+    match crate::ops::find::show(state.notifier.db(), id).await {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => Failure::from(e).json(),
+    }
+}
+
+/// `GET /api/defs`: the stored definitions.
+pub(super) async fn defs(State(state): State<AppState>) -> Response {
+    match notify_def::Entity::find()
+        .order_by_asc(notify_def::Column::Name)
+        .all(state.notifier.db())
+        .await
+    {
+        Ok(defs) => Json(defs).into_response(),
+        Err(e) => Failure::from(crate::Error::from(e)).json(),
+    }
+}
+
+/// The body of an action: why (required), and who (default: the
+/// authenticated user, or `dashboard`).
+#[derive(Debug, Deserialize)]
+pub(super) struct ActionBody {
+    reason: String,
+    actor: Option<String>,
+}
+
+impl ActionBody {
+    fn audit(self, actor: Actor) -> Result<Audit, Failure> {
+        let reason = self.reason.trim();
+        if reason.is_empty() {
+            return Err(Failure::BadRequest("a reason is required".into()));
+        }
+        Ok(Audit::new(self.actor.unwrap_or(actor.0), reason))
+    }
+}
+
+/// `POST /api/notices/{id}/requeue` with `{"reason": …}`.
+pub(super) async fn requeue(
+    State(state): State<AppState>,
+    Extension(actor): Extension<Actor>,
+    Path(id): Path<i64>,
+    Json(body): Json<ActionBody>,
+) -> Response {
+    one(state, actor, id, body, true).await
+}
+
+/// `POST /api/notices/{id}/cancel` with `{"reason": …}`.
+pub(super) async fn cancel(
+    State(state): State<AppState>,
+    Extension(actor): Extension<Actor>,
+    Path(id): Path<i64>,
+    Json(body): Json<ActionBody>,
+) -> Response {
+    one(state, actor, id, body, false).await
+}
+
+async fn one(state: AppState, actor: Actor, id: i64, body: ActionBody, requeue: bool) -> Response {
+    if let Err(f) = allowed(&state) {
+        return f.json();
+    }
+    let audit = match body.audit(actor) {
+        Ok(audit) => audit,
+        Err(f) => return f.json(),
+    };
+    let done = if requeue {
+        state.notifier.requeue_audited(id, &audit).await
+    } else {
+        state.notifier.cancel_audited(id, &audit).await
+    };
+    match done {
+        Ok(()) => Json(json!({ "id": id, "done": if requeue { "requeued" } else { "cancelled" } }))
+            .into_response(),
+        Err(e) => Failure::from(e).json(),
+    }
+}
+
+/// The body of `POST /api/bulk`: the listing's query fields (`place`
+/// decides the action: `history` requeues, `in_flight` cancels), a reason,
+/// and `dry_run`.
+#[derive(Debug, Deserialize)]
+pub(super) struct BulkBody {
+    #[serde(flatten)]
+    query: NoticeQuery,
+    reason: String,
+    actor: Option<String>,
+    #[serde(default)]
+    dry_run: bool,
+}
+
+/// `POST /api/bulk`: answers the [`BulkReport`](crate::ops::BulkReport).
+pub(super) async fn bulk(
+    State(state): State<AppState>,
+    Extension(actor): Extension<Actor>,
+    Json(body): Json<BulkBody>,
+) -> Response {
+    if let Err(f) = allowed(&state) {
+        return f.json();
+    }
+    let query = NoticeQuery {
+        before_id: None,
+        limit: None,
+        ..body.query
+    };
+    let audit = match (ActionBody {
+        reason: body.reason,
+        actor: body.actor,
+    })
+    .audit(actor)
+    {
+        Ok(audit) => audit,
+        Err(f) => return f.json(),
+    };
+    let place = match query.place() {
+        Ok(place) => place,
+        Err(e) => return Failure::BadRequest(e).json(),
+    };
+    let filter = match view::resolved_filter(state.notifier.db(), &query).await {
+        Ok(filter) => filter,
+        Err(failure) => return failure.json(),
+    };
+    let action = BulkAction {
+        dry_run: body.dry_run,
+        ..BulkAction::new(filter, audit)
+    };
+    let done = match place {
+        Place::History => state.notifier.requeue_where(&action).await,
+        Place::InFlight => state.notifier.cancel_where(&action).await,
+    };
+    match done {
+        Ok(report) => Json(report).into_response(),
+        Err(interrupted) => (
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            Json(json!({ "error": interrupted.error.to_string(), "done": interrupted.done })),
+        )
+            .into_response(),
+    }
+}
+
+/// The body of `POST /api/defs/{name}/pause`.
+#[derive(Debug, Deserialize)]
+pub(super) struct PauseBody {
+    reason: String,
+    actor: Option<String>,
+    /// A UTC time or a duration from now; absent: until resumed.
+    #[serde(default)]
+    until: String,
+}
+
+/// `POST /api/defs/{name}/pause`.
+pub(super) async fn pause(
+    State(state): State<AppState>,
+    Extension(actor): Extension<Actor>,
+    Path(name): Path<String>,
+    Json(body): Json<PauseBody>,
+) -> Response {
+    if let Err(f) = allowed(&state) {
+        return f.json();
+    }
+    let end = match pause_end(&body.until) {
+        Ok(end) => end,
+        Err(failure) => return failure.json(),
+    };
+    let audit = match (ActionBody {
+        reason: body.reason,
+        actor: body.actor,
+    })
+    .audit(actor)
+    {
+        Ok(audit) => audit,
+        Err(f) => return f.json(),
+    };
+    match state.notifier.pause(&name, end, &audit).await {
+        Ok(()) => Json(json!({ "def": name, "done": "paused" })).into_response(),
+        Err(e) => Failure::from(e).json(),
+    }
+}
+
+/// `POST /api/defs/{name}/resume` (any JSON body, e.g. `{}`).
+pub(super) async fn resume(State(state): State<AppState>, Path(name): Path<String>) -> Response {
+    if let Err(f) = allowed(&state) {
+        return f.json();
+    }
+    match state.notifier.resume(&name).await {
+        Ok(()) => Json(json!({ "def": name, "done": "resumed" })).into_response(),
+        Err(e) => Failure::from(e).json(),
+    }
+}

@@ -1,0 +1,114 @@
+//! CSRF: a double-submit token. Every response makes sure the browser holds
+//! a random `sn_csrf` cookie (SameSite=Strict, HttpOnly); every form carries
+//! the same value in a hidden `csrf` field. A state-changing form whose field
+//! does not match its cookie is refused (403) before any handler runs. API
+//! writes must be `application/json` (a cross-site form cannot send that
+//! without the browser asking first), or they are refused (415).
+
+use axum::{
+    body::{Body, to_bytes},
+    extract::{Request, State},
+    http::{HeaderValue, Method, StatusCode, header},
+    middleware::Next,
+    response::{IntoResponse, Response},
+};
+use subtle::ConstantTimeEq;
+
+use super::AppState;
+
+/// The cookie's name.
+const COOKIE: &str = "sn_csrf";
+/// Largest form body read: 64 KiB.
+const MAX_FORM_BYTES: usize = 64 * 1024;
+
+/// The request's CSRF token, for the forms of the page.
+#[derive(Debug, Clone)]
+pub(super) struct Token(pub String);
+
+fn from_cookie(request: &Request) -> Option<String> {
+    request
+        .headers()
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(name, value)| *name == COOKIE && value.len() == 32)
+        .map(|(_, value)| value.to_string())
+}
+
+fn fresh() -> Option<String> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).ok()?;
+    Some(hex::encode(bytes))
+}
+
+fn refuse(status: StatusCode, why: &'static str) -> Response {
+    (status, why).into_response()
+}
+
+/// Checks state-changing requests and hands the page its token.
+pub(super) async fn layer(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let cookie = from_cookie(&request);
+    let (mut parts, body) = request.into_parts();
+    let api = parts
+        .uri
+        .path()
+        .strip_prefix(state.config.base_path.trim_end_matches('/'))
+        .unwrap_or(parts.uri.path())
+        .starts_with("/api/");
+    let mut body = body;
+    if parts.method == Method::POST {
+        if api {
+            let json = parts
+                .headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.starts_with("application/json"));
+            if !json {
+                return refuse(
+                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                    "API writes must be application/json\n",
+                );
+            }
+        } else {
+            let Ok(bytes) = to_bytes(body, MAX_FORM_BYTES).await else {
+                return refuse(StatusCode::PAYLOAD_TOO_LARGE, "form too large\n");
+            };
+            let sent = url::form_urlencoded::parse(&bytes)
+                .find(|(k, _)| k == "csrf")
+                .map(|(_, v)| v.into_owned());
+            let matches = match (&cookie, &sent) {
+                (Some(cookie), Some(sent)) => bool::from(cookie.as_bytes().ct_eq(sent.as_bytes())),
+                _ => false,
+            };
+            if !matches {
+                return refuse(
+                    StatusCode::FORBIDDEN,
+                    "CSRF check failed: reload the page and submit the form again\n",
+                );
+            }
+            body = Body::from(bytes);
+        }
+    }
+    let (token, set) = match cookie {
+        Some(token) => (token, false),
+        None => match fresh() {
+            Some(token) => (token, true),
+            None => return refuse(StatusCode::INTERNAL_SERVER_ERROR, "no randomness\n"),
+        },
+    };
+    parts.extensions.insert(Token(token.clone()));
+    let mut response = next.run(Request::from_parts(parts, body)).await;
+    if set {
+        let path = match state.config.base_path.trim_end_matches('/') {
+            "" => "/",
+            base => base,
+        };
+        let cookie = format!("{COOKIE}={token}; Path={path}; HttpOnly; SameSite=Strict");
+        if let Ok(value) = HeaderValue::from_str(&cookie) {
+            response.headers_mut().append(header::SET_COOKIE, value);
+        }
+    }
+    response
+}

@@ -1,0 +1,149 @@
+//! Dashboard: the operator's web pages and a JSON API, a face on the same
+//! library calls as the CLI ([`crate::ops`]). Served by `solid-notify serve`,
+//! or mounted by an application from [`router`].
+//!
+//! - Pages (server-rendered HTML, no script needed): overview, notices in
+//!   flight and in history with the CLI's filters, a notice's detail,
+//!   definitions, and bulk requeue/cancel with a confirmation step.
+//! - JSON under `/api/` from the same handlers' data.
+//! - **Read-only** unless [`DashboardConfig::allow_actions`].
+//! - **Auth**: with [`DashboardConfig::token`] every request needs
+//!   `Authorization: Bearer TOKEN` or HTTP basic auth with the token as
+//!   password (any user name, which becomes the audit actor). Failed
+//!   attempts are limited per client address ([`MAX_FAILED_LOGINS`] per
+//!   [`LOGIN_WINDOW`]). [`serve`] refuses a non-loopback address without a
+//!   token.
+//! - **CSRF**: every form carries a token that must match the `sn_csrf`
+//!   cookie (SameSite=Strict); API writes must be `application/json`.
+//! - Everything shown is escaped (maud escapes every interpolation).
+
+mod api;
+mod auth;
+mod chart;
+mod csrf;
+mod pages;
+mod view;
+
+use std::{net::SocketAddr, sync::Arc};
+
+use axum::{
+    Router,
+    routing::{get, post},
+};
+use tokio_util::sync::CancellationToken;
+
+pub use auth::{LOGIN_WINDOW, MAX_FAILED_LOGINS};
+
+use crate::{
+    Notifier,
+    error::{Error, Result},
+};
+
+/// Default address of `solid-notify serve`: loopback only.
+pub const DEFAULT_ADDR: &str = "127.0.0.1:8080";
+
+/// Notices per page of a listing, unless the request says otherwise.
+pub const DEFAULT_PAGE: u64 = 50;
+
+/// How the dashboard behaves.
+#[derive(Debug, Clone, Default)]
+pub struct DashboardConfig {
+    /// Allow requeue, cancel, bulk actions, pause and resume. Default:
+    /// `false` (read-only: the action buttons are not shown and the routes
+    /// answer 403).
+    pub allow_actions: bool,
+    /// The bearer token / basic-auth password required on every request.
+    /// Default: none (only allowed on a loopback address).
+    pub token: Option<String>,
+    /// The path the router is mounted under (e.g. `/ops`), for links.
+    /// Default: empty (the root).
+    pub base_path: String,
+}
+
+#[derive(Clone)]
+struct AppState {
+    notifier: Notifier,
+    config: Arc<DashboardConfig>,
+    logins: Arc<auth::Limiter>,
+}
+
+impl AppState {
+    /// A link to `path` (starting with `/`) under the mount point.
+    fn link(&self, path: &str) -> String {
+        format!("{}{path}", self.config.base_path.trim_end_matches('/'))
+    }
+}
+
+/// The dashboard's routes, with its auth and CSRF layers, to serve or to
+/// nest under [`DashboardConfig::base_path`] in an application's router.
+/// Serve it with connect info (`into_make_service_with_connect_info`) so
+/// failed logins are limited per client address.
+pub fn router(notifier: Notifier, config: DashboardConfig) -> Router {
+    let state = AppState {
+        notifier,
+        config: Arc::new(config),
+        logins: Arc::new(auth::Limiter::default()),
+    };
+    Router::new()
+        .route("/", get(pages::overview))
+        .route("/notices", get(pages::notices))
+        .route("/notices/{id}", get(pages::notice))
+        .route("/notices/{id}/requeue", post(pages::requeue))
+        .route("/notices/{id}/cancel", post(pages::cancel))
+        .route("/bulk", get(pages::bulk_confirm).post(pages::bulk_run))
+        .route("/defs", get(pages::defs))
+        .route("/defs/{name}/pause", post(pages::pause))
+        .route("/defs/{name}/resume", post(pages::resume))
+        .route("/assets/style.css", get(pages::style))
+        .route("/api/overview", get(api::overview))
+        .route("/api/notices", get(api::notices))
+        .route("/api/notices/{id}", get(api::notice))
+        .route("/api/notices/{id}/requeue", post(api::requeue))
+        .route("/api/notices/{id}/cancel", post(api::cancel))
+        .route("/api/bulk", post(api::bulk))
+        .route("/api/defs", get(api::defs))
+        .route("/api/defs/{name}/pause", post(api::pause))
+        .route("/api/defs/{name}/resume", post(api::resume))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            csrf::layer,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::layer,
+        ))
+        .with_state(state)
+}
+
+/// Serves the dashboard on `addr` until `shutdown`; returns the bound
+/// address (port 0: any free port). Refuses an address that is not
+/// loopback unless a token is configured.
+pub async fn serve(
+    notifier: Notifier,
+    addr: SocketAddr,
+    config: DashboardConfig,
+    shutdown: CancellationToken,
+) -> Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    if !addr.ip().is_loopback() && config.token.as_deref().is_none_or(str::is_empty) {
+        return Err(Error::Config(format!(
+            "refusing to serve the dashboard on {addr} without a token: set --token or \
+             SOLID_NOTIFY_DASHBOARD_TOKEN, or bind a loopback address"
+        )));
+    }
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| Error::Config(format!("dashboard address {addr}: {e}")))?;
+    let bound = listener
+        .local_addr()
+        .map_err(|e| Error::Config(format!("dashboard address {addr}: {e}")))?;
+    let app = router(notifier, config).into_make_service_with_connect_info::<SocketAddr>();
+    let task = tokio::spawn(async move {
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown.cancelled_owned())
+            .await;
+        if let Err(e) = served {
+            tracing::warn!(error = %e, "dashboard server stopped");
+        }
+    });
+    Ok((bound, task))
+}

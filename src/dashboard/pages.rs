@@ -1,0 +1,708 @@
+//! The HTML pages: server-rendered with maud (every interpolation escaped),
+//! forms for every action, no script.
+
+use axum::{
+    Extension, Form,
+    extract::{Path, Query, State},
+    http::header,
+    response::{IntoResponse, Redirect, Response},
+};
+use chrono::NaiveDateTime;
+use maud::{DOCTYPE, Markup, html};
+use sea_orm::{EntityTrait, QueryOrder};
+use serde::Deserialize;
+
+use super::{
+    AppState,
+    auth::Actor,
+    chart,
+    csrf::Token,
+    view::{self, Failure, NoticeQuery, READ_ONLY},
+};
+use crate::{
+    Status,
+    entity::notify_def,
+    ops::{Audit, BulkAction, NoticeView, PauseEnd, Place, When, overview::Overview},
+};
+
+const STYLE: &str = include_str!("style.css");
+
+/// The stylesheet, embedded in the binary.
+pub(super) async fn style() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/css; charset=utf-8"),
+            (header::CACHE_CONTROL, "max-age=3600"),
+        ],
+        STYLE,
+    )
+        .into_response()
+}
+
+/// A page: the layout around `body`.
+fn page(state: &AppState, title: &str, current: &str, body: Markup) -> Markup {
+    let nav = [
+        ("overview", "/", "Overview"),
+        ("in_flight", "/notices?place=in_flight", "In flight"),
+        ("history", "/notices?place=history", "History"),
+        ("defs", "/defs", "Definitions"),
+    ];
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) " · solid-notify" }
+                link rel="stylesheet" href=(state.link("/assets/style.css"));
+            }
+            body {
+                header {
+                    a.brand href=(state.link("/")) { "solid-notify" }
+                    nav {
+                        @for (key, path, label) in nav {
+                            a href=(state.link(path)) class=[(key == current).then_some("current")] { (label) }
+                        }
+                    }
+                    @if !state.config.allow_actions {
+                        span.badge title=(READ_ONLY) { "read-only" }
+                    }
+                }
+                main {
+                    h1 { (title) }
+                    (body)
+                }
+            }
+        }
+    }
+}
+
+fn failure_page(state: &AppState, failure: Failure) -> Response {
+    let status = failure.status();
+    let body = html! { p.error { (failure.message()) } };
+    (
+        status,
+        page(
+            state,
+            status.canonical_reason().unwrap_or("Error"),
+            "",
+            body,
+        ),
+    )
+        .into_response()
+}
+
+fn time(t: Option<NaiveDateTime>) -> Markup {
+    match t {
+        Some(t) => {
+            html! { time datetime=(t.format("%Y-%m-%dT%H:%M:%SZ")) { (t.format("%Y-%m-%d %H:%M:%S")) } }
+        }
+        None => html! { span.muted { "—" } },
+    }
+}
+
+fn age(secs: f64) -> String {
+    if secs <= 0.0 {
+        return "—".into();
+    }
+    let d = std::time::Duration::from_secs(secs.round() as u64);
+    humantime::format_duration(d).to_string()
+}
+
+fn status_tag(status: Status) -> Markup {
+    html! { span class={"status s-" (status)} { (status) } }
+}
+
+fn csrf_field(token: &Token) -> Markup {
+    html! { input type="hidden" name="csrf" value=(token.0); }
+}
+
+fn notices_link(state: &AppState, query: &NoticeQuery) -> String {
+    state.link(&format!("/notices?{}", view::query_string(query)))
+}
+
+/// `GET /`: the overview.
+pub(super) async fn overview(State(state): State<AppState>) -> Response {
+    match crate::ops::overview::overview(state.notifier.db()).await {
+        Ok(o) => page(&state, "Overview", "overview", overview_body(&state, &o)).into_response(),
+        Err(e) => failure_page(&state, e.into()),
+    }
+}
+
+fn overview_body(state: &AppState, o: &Overview) -> Markup {
+    let link = |def: &str, place: &str, status: Option<Status>, failing: bool| {
+        notices_link(
+            state,
+            &NoticeQuery {
+                place: Some(place.into()),
+                def: Some(def.into()),
+                status: status.map(|s| s.to_string()),
+                failing: failing.then(|| "1".into()),
+                ..NoticeQuery::default()
+            },
+        )
+    };
+    html! {
+        section {
+            h2 { "Definitions" }
+            table.defs {
+                thead { tr {
+                    th { "Definition" } th { "State" } th.num { "In flight" } th.num { "Failing" }
+                    th.num { "Awaiting confirmation" } th.num { "Oldest due" } th { "Last 24 h" }
+                    th.num { "Succeeded 24 h" } th.num { "Failed 24 h" }
+                } }
+                tbody {
+                    @for d in &o.defs {
+                        @let ok: i64 = d.last_24h.iter().map(|h| h.succeeded).sum();
+                        @let failed: i64 = d.last_24h.iter().map(|h| h.failed).sum();
+                        tr data-def=(d.name) {
+                            td { a href=(link(&d.name, "in_flight", None, false)) { (d.name) } span.muted { " " (d.channel) } }
+                            td {
+                                @if d.circuit_open { span.state.open title=[d.pause_reason.as_deref()] { "circuit open" } }
+                                @else if d.paused_until.is_some() { span.state.paused title=[d.pause_reason.as_deref()] { "paused" } }
+                                @else { span.state.active { "active" } }
+                            }
+                            td.num data-count="in_flight" { a href=(link(&d.name, "in_flight", None, false)) { (d.total) } }
+                            td.num data-count="failing" class=[(d.failing > 0).then_some("warn")] {
+                                a href=(link(&d.name, "in_flight", None, true)) { (d.failing) }
+                            }
+                            td.num data-count="awaiting" { a href=(link(&d.name, "in_flight", Some(Status::AwaitingConfirm), false)) { (d.awaiting) } }
+                            td.num class=[(d.oldest_due_secs > 60.0).then_some("warn")] { (age(d.oldest_due_secs)) }
+                            td { (chart::hours(&d.last_24h)) }
+                            td.num data-count="succeeded_24h" { a href=(link(&d.name, "history", Some(Status::Succeeded), false)) { (ok) } }
+                            td.num data-count="failed_24h" class=[(failed > 0).then_some("bad")] {
+                                a href=(link(&d.name, "history", Some(Status::FinalFailure), false)) { (failed) }
+                            }
+                        }
+                    }
+                }
+            }
+            @if o.orphans > 0 {
+                p.error { (o.orphans) " notices in flight belong to a definition that no longer exists." }
+            }
+        }
+        section {
+            h2 { "Workers" }
+            @if o.workers.is_empty() {
+                p.muted { "No worker has written a heartbeat in the last day." }
+            } @else {
+                table.workers {
+                    thead { tr {
+                        th { "Worker" } th { "State" } th { "Started" } th { "Last seen" }
+                        th.num { "Sweeps" } th.num { "Claimed" } th.num { "Succeeded" } th.num { "Failed" }
+                    } }
+                    tbody {
+                        @for w in &o.workers {
+                            tr class=[(!w.alive).then_some("gone")] {
+                                td { (w.row.id) }
+                                td { @if w.alive { span.state.active { "alive" } } @else { span.state.gone { "gone" } } }
+                                td { (time(Some(w.row.started_at))) }
+                                td { (time(Some(w.row.seen_at))) }
+                                td.num { (w.row.sweeps) } td.num { (w.row.claimed) }
+                                td.num { (w.row.succeeded) } td.num { (w.row.failed) }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        p.muted { "Read at " (o.at.format("%Y-%m-%d %H:%M:%S")) " UTC." }
+    }
+}
+
+/// `GET /notices`: in flight or history, filtered, newest first, keyset pages.
+pub(super) async fn notices(
+    State(state): State<AppState>,
+    Query(query): Query<NoticeQuery>,
+) -> Response {
+    let defs = match notify_def::Entity::find()
+        .order_by_asc(notify_def::Column::Name)
+        .all(state.notifier.db())
+        .await
+    {
+        Ok(defs) => defs,
+        Err(e) => return failure_page(&state, crate::Error::from(e).into()),
+    };
+    let (place, page_, found) = match view::find(state.notifier.db(), &query).await {
+        Ok(found) => found,
+        Err(failure) => return failure_page(&state, failure),
+    };
+    let (title, current) = match place {
+        Place::InFlight => ("Notices in flight", "in_flight"),
+        Place::History => ("History", "history"),
+    };
+    let body = html! {
+        (filter_form(&state, &query, place, &defs))
+        (notice_table(&state, &found))
+        nav.pages {
+            @if page_.before_id.is_some() {
+                a href=(state.link(&format!("/notices?{}", query.with_before(None)))) { "« Newest" }
+            }
+            @if found.len() as u64 == page_.limit {
+                @if let Some(last) = found.last() {
+                    a.next href=(state.link(&format!("/notices?{}", query.with_before(Some(last.id))))) { "Older »" }
+                }
+            }
+        }
+        @if state.config.allow_actions && !found.is_empty() {
+            @let action = match place { Place::History => "Requeue", Place::InFlight => "Cancel" };
+            p {
+                a.button.bulk href=(state.link(&format!("/bulk?{}", query.with_before(None)))) {
+                    (action) " every notice matching these filters…"
+                }
+            }
+        }
+    };
+    page(&state, title, current, body).into_response()
+}
+
+fn filter_form(
+    state: &AppState,
+    q: &NoticeQuery,
+    place: Place,
+    defs: &[notify_def::Model],
+) -> Markup {
+    let value = |f: &Option<String>| f.clone().unwrap_or_default();
+    let statuses: &[Status] = match place {
+        Place::InFlight => &[Status::NotSent, Status::Failed, Status::AwaitingConfirm],
+        Place::History => &[
+            Status::Succeeded,
+            Status::FinalFailure,
+            Status::Cancelled,
+            Status::Parked,
+        ],
+    };
+    let chosen_status = q.status.clone().unwrap_or_default();
+    let chosen_def = q.def.clone().unwrap_or_default();
+    html! {
+        form.filters method="get" action=(state.link("/notices")) {
+            input type="hidden" name="place" value=(match place { Place::InFlight => "in_flight", Place::History => "history" });
+            label { "Definition " select name="def" {
+                option value="" { "any" }
+                @for d in defs { option value=(d.name) selected[d.name == chosen_def] { (d.name) } }
+            } }
+            label { "Status " select name="status" {
+                option value="" { "any" }
+                @for s in statuses { option value=(s) selected[s.to_string() == chosen_status] { (s) } }
+            } }
+            label { input type="checkbox" name="failing" value="1" checked[q.failing.as_deref().is_some_and(|f| !f.is_empty())]; " failing" }
+            label { "Search " input type="search" name="q" value=(value(&q.q)) placeholder="id, key or param text"; }
+            label { "Since " input type="text" name="since" value=(value(&q.since)) placeholder="2026-11-23 or 2h" size="12"; }
+            label { "Until " input type="text" name="until" value=(value(&q.until)) placeholder="2026-11-24 or 1h" size="12"; }
+            label { "Older than " input type="text" name="older_than" value=(value(&q.older_than)) placeholder="1h" size="6"; }
+            label { "Partition " input type="number" name="partition" value=(value(&q.partition)) min="0" style="width:5em"; }
+            button type="submit" { "Filter" }
+        }
+    }
+}
+
+fn excerpt(v: &NoticeView) -> String {
+    let text = v.param.to_string();
+    match text.char_indices().nth(80) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text,
+    }
+}
+
+fn notice_table(state: &AppState, found: &[NoticeView]) -> Markup {
+    html! {
+        @if found.is_empty() {
+            p.muted.empty { "No notice matches." }
+        } @else {
+            table.notices {
+                thead { tr {
+                    th.num { "Id" } th { "Definition" } th { "Status" } th.num { "Failures" }
+                    th { "Created" } th { "Last call" } th { "Next call" } th { "Key" } th { "Param" }
+                } }
+                tbody {
+                    @for v in found {
+                        tr data-id=(v.id) {
+                            td.num { a href=(state.link(&format!("/notices/{}", v.id))) { (v.id) } }
+                            td { (v.def.as_deref().unwrap_or("?")) }
+                            td { (status_tag(v.status)) @if v.claim_live { " " span.muted { "(running)" } } }
+                            td.num { (v.retry_times) }
+                            td { (time(Some(v.create_time))) }
+                            td { (time(v.last_call_time)) }
+                            td { @if v.place == Place::InFlight { (time(Some(v.next_call_time))) } @else { span.muted { "—" } } }
+                            td { (v.idempotency_key.as_deref().unwrap_or("")) }
+                            td.param { code { (excerpt(v)) } }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `GET /notices/{id}`: one notice, in flight or in history.
+pub(super) async fn notice(
+    State(state): State<AppState>,
+    Extension(token): Extension<Token>,
+    Path(id): Path<i64>,
+) -> Response {
+    let v = match crate::ops::find::show(state.notifier.db(), id).await {
+        Ok(v) => v,
+        Err(e) => return failure_page(&state, e.into()),
+    };
+    let param = serde_json::to_string_pretty(&v.param).unwrap_or_default();
+    let body = html! {
+        dl.detail {
+            dt { "Definition" } dd { (v.def.as_deref().unwrap_or("?")) " (id " (v.def_id) ")" }
+            dt { "Where" } dd { (match v.place { Place::InFlight => "in flight", Place::History => "history" }) }
+            dt { "Status" } dd { (status_tag(v.status)) }
+            dt { "Failed attempts" } dd { (v.retry_times) }
+            dt { "Created" } dd { (time(Some(v.create_time))) " UTC" }
+            dt { "Last call" } dd { (time(v.last_call_time)) }
+            @if v.place == Place::InFlight {
+                dt { "Next call" } dd { (time(Some(v.next_call_time))) @if v.claim_live { " (an attempt holds it until then)" } }
+            }
+            dt { "Partition" } dd { (v.partition) }
+            dt { "Idempotency key" } dd { (v.idempotency_key.as_deref().unwrap_or("—")) }
+            dt { "Trace id" } dd { code { (v.trace_id.as_deref().unwrap_or("—")) } }
+            dt { "Version" } dd { (v.version) }
+            @if let Some(over) = &v.target_override { dt { "Target override" } dd { code { (over) } } }
+        }
+        h2 { "Param" }
+        pre.param { (param) }
+        h2 { "Description" }
+        pre.description { (v.description) }
+        h2 { "Log" }
+        @if v.errors.is_empty() {
+            p.muted { "No failure and no operator action so far." }
+        } @else {
+            ol.timeline { @for line in &v.errors { li { (line) } } }
+        }
+        @if state.config.allow_actions {
+            @if v.place == Place::History && v.status.is_requeueable() {
+                (action_form(&state, &token, &format!("/notices/{id}/requeue"), "Requeue", "Back in flight, due now, with a fresh retry budget."))
+            }
+            @if v.place == Place::InFlight {
+                (action_form(&state, &token, &format!("/notices/{id}/cancel"), "Cancel", "Moves it to history as cancelled; a running attempt loses its claim."))
+            }
+        }
+    };
+    page(&state, &format!("Notice {id}"), "", body).into_response()
+}
+
+fn action_form(state: &AppState, token: &Token, path: &str, label: &str, what: &str) -> Markup {
+    html! {
+        form.action method="post" action=(state.link(path)) {
+            (csrf_field(token))
+            p.muted { (what) }
+            label { "Reason " input type="text" name="reason" required size="40"; }
+            button type="submit" { (label) }
+        }
+    }
+}
+
+/// A form with a reason (and its CSRF token, checked before the handler).
+#[derive(Debug, Deserialize)]
+pub(super) struct ReasonForm {
+    #[serde(default)]
+    reason: String,
+}
+
+fn allowed(state: &AppState) -> Result<(), Failure> {
+    if state.config.allow_actions {
+        Ok(())
+    } else {
+        Err(Failure::Forbidden(READ_ONLY))
+    }
+}
+
+fn reason_of(reason: &str) -> Result<String, Failure> {
+    let reason = reason.trim();
+    if reason.is_empty() {
+        return Err(Failure::BadRequest("a reason is required".into()));
+    }
+    Ok(reason.to_string())
+}
+
+/// `POST /notices/{id}/requeue`.
+pub(super) async fn requeue(
+    State(state): State<AppState>,
+    Extension(actor): Extension<Actor>,
+    Path(id): Path<i64>,
+    Form(form): Form<ReasonForm>,
+) -> Response {
+    one(state, actor, id, form, true).await
+}
+
+/// `POST /notices/{id}/cancel`.
+pub(super) async fn cancel(
+    State(state): State<AppState>,
+    Extension(actor): Extension<Actor>,
+    Path(id): Path<i64>,
+    Form(form): Form<ReasonForm>,
+) -> Response {
+    one(state, actor, id, form, false).await
+}
+
+async fn one(state: AppState, actor: Actor, id: i64, form: ReasonForm, requeue: bool) -> Response {
+    if let Err(f) = allowed(&state) {
+        return failure_page(&state, f);
+    }
+    let reason = match reason_of(&form.reason) {
+        Ok(r) => r,
+        Err(f) => return failure_page(&state, f),
+    };
+    let audit = Audit::new(actor.0, reason);
+    let done = if requeue {
+        state.notifier.requeue_audited(id, &audit).await
+    } else {
+        state.notifier.cancel_audited(id, &audit).await
+    };
+    match done {
+        Ok(()) => Redirect::to(&state.link(&format!("/notices/{id}"))).into_response(),
+        Err(e) => failure_page(&state, e.into()),
+    }
+}
+
+/// `GET /bulk`: what a bulk action on a listing's filters would change,
+/// and the form that does it.
+pub(super) async fn bulk_confirm(
+    State(state): State<AppState>,
+    Extension(token): Extension<Token>,
+    Query(query): Query<NoticeQuery>,
+) -> Response {
+    if let Err(f) = allowed(&state) {
+        return failure_page(&state, f);
+    }
+    let (place, action) = match bulk_action(&state, &query, "dashboard", "(dry run)").await {
+        Ok(found) => found,
+        Err(failure) => return failure_page(&state, failure),
+    };
+    let dry = BulkAction {
+        dry_run: true,
+        ..action
+    };
+    let report = match run(&state, place, &dry).await {
+        Ok(report) => report,
+        Err(failure) => return failure_page(&state, failure),
+    };
+    let verb = match place {
+        Place::History => "Requeue",
+        Place::InFlight => "Cancel",
+    };
+    let hidden = serde_json::to_value(&query).unwrap_or_default();
+    let body = html! {
+        p.count { strong data-matched=(report.matched) { (report.matched) } " notices match." }
+        @if !report.first_ids.is_empty() {
+            p.muted { "First: " @for id in &report.first_ids { a href=(state.link(&format!("/notices/{id}"))) { (id) } " " } }
+        }
+        @if report.matched > 0 {
+            form.action method="post" action=(state.link("/bulk")) {
+                (csrf_field(&token))
+                @if let Some(fields) = hidden.as_object() {
+                    @for (k, v) in fields {
+                        @if let Some(v) = v.as_str().filter(|v| !v.is_empty() && *k != "before_id" && *k != "limit") {
+                            input type="hidden" name=(k) value=(v);
+                        }
+                    }
+                }
+                label { "Reason (goes into each notice's log) " input type="text" name="reason" required size="50"; }
+                button type="submit" { (verb) " " (report.matched) " notices" }
+            }
+        }
+        p { a href=(notices_link(&state, &query)) { "Back to the list" } }
+    };
+    page(&state, &format!("{verb} in bulk"), "", body).into_response()
+}
+
+/// The bulk action a listing's query describes, and where it acts.
+async fn bulk_action(
+    state: &AppState,
+    query: &NoticeQuery,
+    actor: &str,
+    reason: &str,
+) -> Result<(Place, BulkAction), Failure> {
+    let place = query.place().map_err(Failure::BadRequest)?;
+    let filter = view::resolved_filter(state.notifier.db(), query).await?;
+    Ok((place, BulkAction::new(filter, Audit::new(actor, reason))))
+}
+
+async fn run(
+    state: &AppState,
+    place: Place,
+    action: &BulkAction,
+) -> Result<crate::ops::BulkReport, Failure> {
+    let done = match place {
+        Place::History => state.notifier.requeue_where(action).await,
+        Place::InFlight => state.notifier.cancel_where(action).await,
+    };
+    done.map_err(|interrupted| {
+        Failure::Internal(format!(
+            "stopped after {}: {}",
+            interrupted.done, interrupted.error
+        ))
+    })
+}
+
+/// The bulk form: the listing's filters, a reason.
+#[derive(Debug, Deserialize)]
+pub(super) struct BulkForm {
+    #[serde(default)]
+    reason: String,
+    #[serde(flatten)]
+    query: NoticeQuery,
+}
+
+/// `POST /bulk`: runs the bulk action, then shows its report.
+pub(super) async fn bulk_run(
+    State(state): State<AppState>,
+    Extension(actor): Extension<Actor>,
+    Form(form): Form<BulkForm>,
+) -> Response {
+    if let Err(f) = allowed(&state) {
+        return failure_page(&state, f);
+    }
+    let reason = match reason_of(&form.reason) {
+        Ok(r) => r,
+        Err(f) => return failure_page(&state, f),
+    };
+    let query = NoticeQuery {
+        before_id: None,
+        limit: None,
+        ..form.query
+    };
+    let (place, action) = match bulk_action(&state, &query, &actor.0, &reason).await {
+        Ok(found) => found,
+        Err(failure) => return failure_page(&state, failure),
+    };
+    let report = match run(&state, place, &action).await {
+        Ok(report) => report,
+        Err(failure) => return failure_page(&state, failure),
+    };
+    let body = html! {
+        p.report data-changed=(report.changed) data-skipped=(report.skipped) {
+            strong { (report.changed) } " changed, " (report.skipped) " skipped (changed meanwhile), of " (report.matched) " matched."
+        }
+        p.muted { "Each changed notice's log has the line “by " (actor.0) ": " (reason) "”." }
+        p { a href=(notices_link(&state, &query)) { "Back to the list" } }
+    };
+    page(&state, "Bulk action done", "", body).into_response()
+}
+
+/// `GET /defs`: every definition's policy as stored, its pause and circuit.
+pub(super) async fn defs(
+    State(state): State<AppState>,
+    Extension(token): Extension<Token>,
+) -> Response {
+    let now = chrono::Utc::now().naive_utc();
+    let defs = match notify_def::Entity::find()
+        .order_by_asc(notify_def::Column::Name)
+        .all(state.notifier.db())
+        .await
+    {
+        Ok(defs) => defs,
+        Err(e) => return failure_page(&state, crate::Error::from(e).into()),
+    };
+    let body = html! {
+        @for d in &defs {
+            @let paused = d.paused_until.filter(|u| *u > now);
+            @let circuit = paused.is_some() && d.pause_reason.as_deref().is_some_and(|r| r.starts_with(crate::circuit::CIRCUIT_REASON));
+            section.def data-def=(d.name) {
+                h2 {
+                    (d.name) " "
+                    @if circuit { span.state.open { "circuit open" } }
+                    @else if paused.is_some() { span.state.paused { "paused" } }
+                    @else { span.state.active { "active" } }
+                }
+                @if !d.description.is_empty() { p { (d.description) } }
+                dl.detail {
+                    dt { "Channel" } dd { (d.channel) }
+                    dt { "Target" } dd { code { (d.target) } }
+                    dt { "Retry intervals" } dd { (d.retry_interval) }
+                    dt { "Max retries" } dd { (d.max_retry_times) }
+                    dt { "Max interval" } dd { (d.max_retry_interval) " s" }
+                    dt { "Alert" } dd { "type " (d.alert_trigger_type) ", after " (d.alert_trigger_fail_times) " failures, to " (if d.email.is_empty() { "nobody" } else { d.email.as_str() }) }
+                    dt { "Confirmation" } dd { @if d.need_confirm { "required, within " (d.max_confirm_delay) " s" } @else { "not required" } }
+                    dt { "Circuit" } dd {
+                        @if d.circuit_failures > 0 { "opens after " (d.circuit_failures) " failures within " (d.circuit_window) " s, cool-down " (d.circuit_cool_down) " s" }
+                        @else { "off" }
+                    }
+                    @if let Some(until) = paused {
+                        dt { "Paused until" } dd { (time(Some(until))) " UTC" @if until >= crate::state::clock::far_future() { " (until resumed)" } }
+                        dt { "Reason" } dd { (d.pause_reason.as_deref().unwrap_or("")) }
+                    }
+                    dt { "Updated" } dd { (time(Some(d.update_time))) }
+                }
+                @if state.config.allow_actions {
+                    @if paused.is_some() {
+                        form.action method="post" action=(state.link(&format!("/defs/{}/resume", d.name))) {
+                            (csrf_field(&token))
+                            button type="submit" { "Resume" }
+                        }
+                    } @else {
+                        form.action method="post" action=(state.link(&format!("/defs/{}/pause", d.name))) {
+                            (csrf_field(&token))
+                            label { "Reason " input type="text" name="reason" required size="30"; }
+                            label { "Until " input type="text" name="until" placeholder="1h or 2026-11-24 08:00 (empty: until resumed)" size="30"; }
+                            button type="submit" { "Pause" }
+                        }
+                    }
+                }
+            }
+        }
+    };
+    page(&state, "Definitions", "defs", body).into_response()
+}
+
+/// The pause form.
+#[derive(Debug, Deserialize)]
+pub(super) struct PauseForm {
+    #[serde(default)]
+    reason: String,
+    #[serde(default)]
+    until: String,
+}
+
+/// How long a pause lasts, from the form's `until`.
+pub(super) fn pause_end(until: &str) -> Result<PauseEnd, Failure> {
+    if until.trim().is_empty() {
+        return Ok(PauseEnd::OnResume);
+    }
+    match When::parse(until).map_err(Failure::BadRequest)? {
+        When::At(t) => Ok(PauseEnd::At(t)),
+        When::Offset(d) => Ok(PauseEnd::After(d)),
+    }
+}
+
+/// `POST /defs/{name}/pause`.
+pub(super) async fn pause(
+    State(state): State<AppState>,
+    Extension(actor): Extension<Actor>,
+    Path(name): Path<String>,
+    Form(form): Form<PauseForm>,
+) -> Response {
+    if let Err(f) = allowed(&state) {
+        return failure_page(&state, f);
+    }
+    let reason = match reason_of(&form.reason) {
+        Ok(r) => r,
+        Err(f) => return failure_page(&state, f),
+    };
+    let end = match pause_end(&form.until) {
+        Ok(end) => end,
+        Err(failure) => return failure_page(&state, failure),
+    };
+    match state
+        .notifier
+        .pause(&name, end, &Audit::new(actor.0, reason))
+        .await
+    {
+        Ok(()) => Redirect::to(&state.link("/defs")).into_response(),
+        Err(e) => failure_page(&state, e.into()),
+    }
+}
+
+/// `POST /defs/{name}/resume`.
+pub(super) async fn resume(State(state): State<AppState>, Path(name): Path<String>) -> Response {
+    if let Err(f) = allowed(&state) {
+        return failure_page(&state, f);
+    }
+    match state.notifier.resume(&name).await {
+        Ok(()) => Redirect::to(&state.link("/defs")).into_response(),
+        Err(e) => failure_page(&state, e.into()),
+    }
+}

@@ -1,0 +1,242 @@
+//! What pages and API share: the listing query (the CLI's filters) and how
+//! errors answer.
+
+use axum::{
+    Json,
+    http::StatusCode,
+    response::{IntoResponse, Response},
+};
+use serde::{Deserialize, Serialize};
+
+use super::DEFAULT_PAGE;
+use crate::{
+    Error, Status,
+    ops::{NoticeFilter, Page, Place, When},
+};
+
+/// Largest page a listing serves.
+pub(super) const MAX_PAGE: u64 = 500;
+
+/// A listing's query string, as forms send it (empty fields are absent).
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(default)]
+pub(super) struct NoticeQuery {
+    /// `in_flight` (default) or `history`.
+    pub place: Option<String>,
+    pub def: Option<String>,
+    pub status: Option<String>,
+    /// Any non-empty value: only failing notices.
+    pub failing: Option<String>,
+    /// A notice id, an idempotency key, or text the param contains.
+    pub q: Option<String>,
+    pub since: Option<String>,
+    pub until: Option<String>,
+    pub older_than: Option<String>,
+    pub partition: Option<String>,
+    pub before_id: Option<String>,
+    pub limit: Option<String>,
+}
+
+/// How the search box was read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Search {
+    None,
+    Id(i64),
+    /// An idempotency key or param text: both are tried.
+    Text(String),
+}
+
+fn given(field: &Option<String>) -> Option<&str> {
+    field.as_deref().map(str::trim).filter(|s| !s.is_empty())
+}
+
+impl NoticeQuery {
+    pub fn place(&self) -> Result<Place, String> {
+        match given(&self.place) {
+            None | Some("in_flight") => Ok(Place::InFlight),
+            Some("history") => Ok(Place::History),
+            Some(other) => Err(format!("place `{other}` is not in_flight or history")),
+        }
+    }
+
+    pub fn search(&self) -> Search {
+        match given(&self.q) {
+            None => Search::None,
+            Some(q) => match q.parse::<i64>() {
+                Ok(id) => Search::Id(id),
+                Err(_) => Search::Text(q.to_string()),
+            },
+        }
+    }
+
+    /// The filter, without the search box's text (see [`Search`]).
+    pub fn filter(&self) -> Result<NoticeFilter, String> {
+        let time = |field: &Option<String>| given(field).map(When::parse).transpose();
+        Ok(NoticeFilter {
+            def: given(&self.def).map(str::to_string),
+            status: given(&self.status)
+                .map(|s| Status::parse(s).ok_or_else(|| format!("unknown status `{s}`")))
+                .transpose()?,
+            failing: given(&self.failing).is_some(),
+            older_than: given(&self.older_than)
+                .map(|s| humantime::parse_duration(s).map_err(|e| format!("older than: {e}")))
+                .transpose()?,
+            partition: given(&self.partition)
+                .map(|s| {
+                    s.parse()
+                        .map_err(|_| format!("partition `{s}` is not a number"))
+                })
+                .transpose()?,
+            since: time(&self.since)?.map(When::ago),
+            until: time(&self.until)?.map(When::ago),
+            ids: match self.search() {
+                Search::Id(id) => Some(vec![id]),
+                _ => None,
+            },
+            ..NoticeFilter::default()
+        })
+    }
+
+    pub fn page(&self) -> Result<Page, String> {
+        let number = |field: &Option<String>, what: &str| {
+            given(field)
+                .map(|s| {
+                    s.parse::<i64>()
+                        .map_err(|_| format!("{what} `{s}` is not a number"))
+                })
+                .transpose()
+        };
+        let limit = number(&self.limit, "limit")?
+            .map_or(DEFAULT_PAGE, |n| n.clamp(1, MAX_PAGE as i64) as u64);
+        Ok(Page {
+            before_id: number(&self.before_id, "before_id")?,
+            limit,
+        })
+    }
+
+    /// The same query, for a link: this page's filters with `before_id`.
+    pub fn with_before(&self, before_id: Option<i64>) -> String {
+        let mut next = self.clone();
+        next.before_id = before_id.map(|id| id.to_string());
+        query_string(&next)
+    }
+}
+
+/// `query` as a URL query string (empty fields left out).
+pub(super) fn query_string(query: &NoticeQuery) -> String {
+    let value = serde_json::to_value(query).unwrap_or_default();
+    let mut out = url::form_urlencoded::Serializer::new(String::new());
+    if let Some(fields) = value.as_object() {
+        for (k, v) in fields {
+            if let Some(v) = v.as_str().filter(|v| !v.trim().is_empty()) {
+                out.append_pair(k, v);
+            }
+        }
+    }
+    out.finish()
+}
+
+/// An error as the dashboard answers it.
+pub(super) enum Failure {
+    BadRequest(String),
+    NotFound(String),
+    Forbidden(&'static str),
+    Conflict(String),
+    Internal(String),
+}
+
+impl From<Error> for Failure {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::NoticeNotFound(_) | Error::UnknownDef(_) => Failure::NotFound(e.to_string()),
+            Error::WrongState { .. } | Error::Conflict(_) => Failure::Conflict(e.to_string()),
+            Error::Config(_) | Error::InvalidNotice { .. } => Failure::BadRequest(e.to_string()),
+            other => {
+                tracing::warn!(error = %other, "dashboard request failed");
+                Failure::Internal(other.to_string())
+            }
+        }
+    }
+}
+
+impl Failure {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Failure::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Failure::NotFound(_) => StatusCode::NOT_FOUND,
+            Failure::Forbidden(_) => StatusCode::FORBIDDEN,
+            Failure::Conflict(_) => StatusCode::CONFLICT,
+            Failure::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    pub fn message(&self) -> String {
+        match self {
+            Failure::BadRequest(m)
+            | Failure::NotFound(m)
+            | Failure::Conflict(m)
+            | Failure::Internal(m) => m.clone(),
+            Failure::Forbidden(m) => (*m).to_string(),
+        }
+    }
+
+    /// As JSON: `{"error": "…"}` with the status.
+    pub fn json(self) -> Response {
+        (
+            self.status(),
+            Json(serde_json::json!({ "error": self.message() })),
+        )
+            .into_response()
+    }
+}
+
+/// The read-only refusal.
+pub(super) const READ_ONLY: &str =
+    "this dashboard is read-only: start it with --allow-actions to change notices";
+
+/// The filter a listing query means: its filters, and the search box read
+/// as an id, else as an idempotency key (when any notice of `place` has it),
+/// else as param text.
+pub(super) async fn resolved_filter(
+    db: &sea_orm::DatabaseConnection,
+    query: &NoticeQuery,
+) -> Result<NoticeFilter, Failure> {
+    let place = query.place().map_err(Failure::BadRequest)?;
+    let filter = query.filter().map_err(Failure::BadRequest)?;
+    let Search::Text(text) = query.search() else {
+        return Ok(filter);
+    };
+    let by_key = NoticeFilter {
+        key: Some(text.clone()),
+        ..filter.clone()
+    };
+    let one = Page {
+        before_id: None,
+        limit: 1,
+    };
+    if !crate::ops::find::list(db, place, &by_key, one)
+        .await?
+        .is_empty()
+    {
+        return Ok(by_key);
+    }
+    Ok(NoticeFilter {
+        param_contains: Some(text),
+        ..filter
+    })
+}
+
+/// The notices a listing query finds, newest first, one page.
+pub(super) async fn find(
+    db: &sea_orm::DatabaseConnection,
+    query: &NoticeQuery,
+) -> Result<(Place, Page, Vec<crate::ops::NoticeView>), Failure> {
+    let place = query.place().map_err(Failure::BadRequest)?;
+    let page = query.page().map_err(Failure::BadRequest)?;
+    let filter = resolved_filter(db, query).await?;
+    Ok((
+        place,
+        page,
+        crate::ops::find::list(db, place, &filter, page).await?,
+    ))
+}

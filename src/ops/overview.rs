@@ -1,0 +1,268 @@
+//! Overview: per definition, what is in flight and how the last 24 hours
+//! went; which workers are alive. Three cheap queries: one grouped count over
+//! `notify_msg` (the metrics gauges use the same), one grouped count over the
+//! last day of `notify_msg_history` by hour, and the heartbeats.
+
+use std::collections::{BTreeMap, HashMap};
+
+use chrono::{NaiveDateTime, Timelike};
+use sea_orm::{
+    ConnectionTrait, DbBackend, EntityTrait, FromQueryResult, QueryFilter, QueryOrder, QuerySelect,
+    sea_query::{Expr, ExprTrait, Func},
+};
+use serde::Serialize;
+
+use crate::{
+    Status,
+    entity::{notify_def, notify_msg, notify_msg_history, notify_worker},
+    error::Result,
+};
+
+/// A worker is shown as gone once its heartbeat is this many beats late.
+pub const GONE_AFTER_BEATS: u32 = 3;
+
+/// Notices in flight of one definition and status.
+#[derive(Debug, Clone, FromQueryResult)]
+pub(crate) struct Group {
+    pub def_id: i64,
+    pub status: i16,
+    pub n: i64,
+    /// Earliest `next_call_time` of the group.
+    pub oldest: Option<NaiveDateTime>,
+}
+
+/// One grouped query over `notify_msg`: count and earliest `next_call_time`
+/// per definition and status.
+pub(crate) async fn in_flight_groups<C: ConnectionTrait>(db: &C) -> Result<Vec<Group>> {
+    use notify_msg::Column;
+    Ok(notify_msg::Entity::find()
+        .select_only()
+        .column(Column::DefId)
+        .column(Column::Status)
+        .expr_as(Func::count(Expr::col(Column::Id)), "n")
+        .expr_as(Func::min(Expr::col(Column::NextCallTime)), "oldest")
+        .group_by(Column::DefId)
+        .group_by(Column::Status)
+        .into_model::<Group>()
+        .all(db)
+        .await?)
+}
+
+/// Finished notices of one hour.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Hour {
+    /// Start of the hour (UTC).
+    pub hour: NaiveDateTime,
+    /// Notices that succeeded in it.
+    pub succeeded: i64,
+    /// Notices that failed for good in it.
+    pub failed: i64,
+}
+
+/// One definition at a glance.
+#[derive(Debug, Clone, Serialize)]
+pub struct DefSummary {
+    /// `notify_def.id`.
+    pub id: i64,
+    /// The definition's name.
+    pub name: String,
+    /// Its channel.
+    pub channel: String,
+    /// Notices in flight by status (absent: none).
+    pub in_flight: BTreeMap<String, i64>,
+    /// All notices in flight.
+    pub total: i64,
+    /// In flight after at least one failed attempt (status `failed`).
+    pub failing: i64,
+    /// Sent, waiting for a confirmation.
+    pub awaiting: i64,
+    /// Paused until then (UTC), if paused now.
+    pub paused_until: Option<NaiveDateTime>,
+    /// Why it is paused.
+    pub pause_reason: Option<String>,
+    /// Whether the pause is its circuit breaker's.
+    pub circuit_open: bool,
+    /// How long its oldest due notice has waited, in seconds (0: none due).
+    pub oldest_due_secs: f64,
+    /// The last 24 hours, oldest first, one entry per hour.
+    pub last_24h: Vec<Hour>,
+}
+
+/// A worker as its heartbeat shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkerView {
+    /// Its heartbeat row.
+    #[serde(flatten)]
+    pub row: notify_worker::Model,
+    /// Whether its heartbeat is fresh (within [`GONE_AFTER_BEATS`] beats of
+    /// [`DEFAULT_HEARTBEAT_EVERY`](crate::worker::DEFAULT_HEARTBEAT_EVERY)).
+    pub alive: bool,
+}
+
+/// Everything the overview page shows.
+#[derive(Debug, Clone, Serialize)]
+pub struct Overview {
+    /// When it was read (UTC, this host's clock).
+    pub at: NaiveDateTime,
+    /// Every definition, by name.
+    pub defs: Vec<DefSummary>,
+    /// Notices in flight whose definition row is gone.
+    pub orphans: i64,
+    /// Workers seen in the last day, most recent first.
+    pub workers: Vec<WorkerView>,
+}
+
+#[derive(Debug, FromQueryResult)]
+struct HourGroup {
+    def_id: i64,
+    status: i16,
+    hour: String,
+    n: i64,
+}
+
+/// The hour a history row finished in, as text `YYYY-MM-DD HH`, in SQL.
+fn hour_of(backend: DbBackend) -> Expr {
+    let col = "last_call_time";
+    Expr::cust(match backend {
+        DbBackend::Postgres => format!("to_char({col}, 'YYYY-MM-DD HH24')"),
+        DbBackend::MySql => format!("DATE_FORMAT({col}, '%Y-%m-%d %H')"),
+        _ => format!("strftime('%Y-%m-%d %H', {col})"),
+    })
+}
+
+/// Reads the overview.
+pub async fn overview<C: ConnectionTrait>(db: &C) -> Result<Overview> {
+    let now = chrono::Utc::now().naive_utc();
+    let defs = notify_def::Entity::find()
+        .order_by_asc(notify_def::Column::Name)
+        .all(db)
+        .await?;
+    let groups = in_flight_groups(db).await?;
+    let first_hour = now
+        .with_minute(0)
+        .and_then(|t| t.with_second(0))
+        .and_then(|t| t.with_nanosecond(0))
+        .unwrap_or(now)
+        - chrono::Duration::hours(23);
+    let hours = {
+        use notify_msg_history::Column;
+        notify_msg_history::Entity::find()
+            .select_only()
+            .column(Column::DefId)
+            .column(Column::Status)
+            .expr_as(hour_of(db.get_database_backend()), "hour")
+            .expr_as(Func::count(Expr::col(Column::Id)), "n")
+            .filter(Expr::col(Column::LastCallTime).gte(first_hour))
+            .group_by(Column::DefId)
+            .group_by(Column::Status)
+            .group_by(Expr::cust("hour"))
+            .into_model::<HourGroup>()
+            .all(db)
+            .await?
+    };
+    let workers = notify_worker::Entity::find()
+        .order_by_desc(notify_worker::Column::SeenAt)
+        .all(db)
+        .await?;
+    Ok(assemble(now, first_hour, defs, groups, hours, workers))
+}
+
+fn assemble(
+    now: NaiveDateTime,
+    first_hour: NaiveDateTime,
+    defs: Vec<notify_def::Model>,
+    groups: Vec<Group>,
+    hours: Vec<HourGroup>,
+    workers: Vec<notify_worker::Model>,
+) -> Overview {
+    let mut summaries: Vec<DefSummary> = defs
+        .into_iter()
+        .map(|d| {
+            let paused = d.paused_until.filter(|until| *until > now);
+            DefSummary {
+                id: d.id,
+                name: d.name,
+                channel: d.channel,
+                in_flight: BTreeMap::new(),
+                total: 0,
+                failing: 0,
+                awaiting: 0,
+                circuit_open: paused.is_some()
+                    && d.pause_reason
+                        .as_deref()
+                        .is_some_and(|r| r.starts_with(crate::circuit::CIRCUIT_REASON)),
+                pause_reason: paused.and(d.pause_reason),
+                paused_until: paused,
+                oldest_due_secs: 0.0,
+                last_24h: (0..24)
+                    .map(|h| Hour {
+                        hour: first_hour + chrono::Duration::hours(h),
+                        ..Hour::default()
+                    })
+                    .collect(),
+            }
+        })
+        .collect();
+    let index: HashMap<i64, usize> = summaries
+        .iter()
+        .enumerate()
+        .map(|(i, d)| (d.id, i))
+        .collect();
+    let mut orphans = 0;
+    for g in groups {
+        let Some(&i) = index.get(&g.def_id) else {
+            orphans += g.n;
+            continue;
+        };
+        let Some(status) = Status::parse(&g.status.to_string()) else {
+            continue;
+        };
+        let d = &mut summaries[i];
+        *d.in_flight.entry(status.to_string()).or_default() += g.n;
+        d.total += g.n;
+        match status {
+            Status::Failed => d.failing += g.n,
+            Status::AwaitingConfirm => d.awaiting += g.n,
+            _ => {}
+        }
+        // Leased rows carry their lease's end: a due row never waits past it.
+        if let Some(at) = g.oldest.filter(|at| *at <= now) {
+            let waited = (now - at).to_std().unwrap_or_default().as_secs_f64();
+            d.oldest_due_secs = d.oldest_due_secs.max(waited);
+        }
+    }
+    for h in hours {
+        let (Some(&i), Ok(at)) = (
+            index.get(&h.def_id),
+            NaiveDateTime::parse_from_str(&format!("{}:00:00", h.hour), "%Y-%m-%d %H:%M:%S"),
+        ) else {
+            continue;
+        };
+        let slot = (at - first_hour).num_hours();
+        let Some(hour) = usize::try_from(slot)
+            .ok()
+            .and_then(|s| summaries[i].last_24h.get_mut(s))
+        else {
+            continue;
+        };
+        if h.status == Status::Succeeded as i16 {
+            hour.succeeded += h.n;
+        } else if h.status == Status::FinalFailure as i16 {
+            hour.failed += h.n;
+        }
+    }
+    let late = crate::worker::DEFAULT_HEARTBEAT_EVERY * GONE_AFTER_BEATS;
+    let workers = workers
+        .into_iter()
+        .map(|row| WorkerView {
+            alive: (now - row.seen_at).to_std().is_ok_and(|d| d <= late) || row.seen_at > now,
+            row,
+        })
+        .collect();
+    Overview {
+        at: now,
+        defs: summaries,
+        orphans,
+        workers,
+    }
+}
