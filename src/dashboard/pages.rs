@@ -163,14 +163,14 @@ fn overview_body(state: &AppState, o: &Overview) -> Markup {
                                 @else { span.state.active { "active" } }
                             }
                             td.num data-count="in_flight" { a href=(link(&d.name, "in_flight", None, false)) { (d.total) } }
-                            td.num data-count="failing" class=[(d.failing > 0).then_some("warn")] {
+                            td.num.warn[d.failing > 0] data-count="failing" {
                                 a href=(link(&d.name, "in_flight", None, true)) { (d.failing) }
                             }
                             td.num data-count="awaiting" { a href=(link(&d.name, "in_flight", Some(Status::AwaitingConfirm), false)) { (d.awaiting) } }
-                            td.num class=[(d.oldest_due_secs > 60.0).then_some("warn")] { (age(d.oldest_due_secs)) }
+                            td.num.warn[d.oldest_due_secs > 60.0] { (age(d.oldest_due_secs)) }
                             td { (chart::hours(&d.last_24h)) }
                             td.num data-count="succeeded_24h" { a href=(link(&d.name, "history", Some(Status::Succeeded), false)) { (ok) } }
-                            td.num data-count="failed_24h" class=[(failed > 0).then_some("bad")] {
+                            td.num.bad[failed > 0] data-count="failed_24h" {
                                 a href=(link(&d.name, "history", Some(Status::FinalFailure), false)) { (failed) }
                             }
                         }

@@ -446,3 +446,66 @@ async fn refuses_a_public_address_without_a_token() {
     let error = refused.expect_err("refused").to_string();
     assert!(error.contains("without a token"), "{error}");
 }
+
+db_test!(
+    workers_write_heartbeats_and_stale_ones_show_as_gone,
+    |db: Arc<TestDb>| async move {
+        use sea_orm::{ActiveValue::Set, EntityTrait};
+        use solid_notify::{WorkerConfig, entity::notify_worker, ops::overview::overview};
+        let (notifier, _rec) = db.shipping().await;
+        db.insert_due("ship", 5, |_| 0).await;
+        // A worker gone an hour ago, and one gone two days ago.
+        let now = chrono::Utc::now().naive_utc();
+        for (id, ago) in [("old:1:0001", 1), ("ancient:2:0002", 48)] {
+            let at = now - chrono::Duration::hours(ago);
+            notify_worker::Entity::insert(notify_worker::ActiveModel {
+                id: Set(id.into()),
+                host: Set("elsewhere".into()),
+                pid: Set(1),
+                started_at: Set(at),
+                seen_at: Set(at),
+                sweeps: Set(3),
+                claimed: Set(0),
+                succeeded: Set(0),
+                failed: Set(0),
+            })
+            .exec(&db.db)
+            .await
+            .unwrap();
+        }
+        let worker = crate::faults::start(
+            notifier,
+            crate::faults::fast(WorkerConfig {
+                heartbeat_every: Duration::from_millis(100),
+                ..WorkerConfig::default()
+            }),
+        );
+        let seen = crate::support::eventually(20, "a heartbeat counting 5 successes", || async {
+            let o = overview(&db.db).await.unwrap();
+            let me = o.workers.iter().find(|w| w.row.host != "elsewhere")?;
+            (me.row.succeeded == 5).then_some(o)
+        })
+        .await;
+        let me = seen
+            .workers
+            .iter()
+            .find(|w| w.row.host != "elsewhere")
+            .unwrap();
+        assert!(
+            me.alive && me.row.sweeps > 0 && me.row.claimed == 5,
+            "{me:?}"
+        );
+        let old = seen
+            .workers
+            .iter()
+            .find(|w| w.row.id == "old:1:0001")
+            .unwrap();
+        assert!(!old.alive, "an hour silent is gone");
+        assert!(
+            seen.workers.iter().all(|w| w.row.id != "ancient:2:0002"),
+            "a day silent is deleted"
+        );
+        worker.stop.cancel();
+        worker.task.await.unwrap();
+    }
+);

@@ -9,6 +9,7 @@ mod receiver;
 mod proxy;
 
 mod amqp;
+mod browser;
 mod dashboard;
 mod defs;
 mod faults;

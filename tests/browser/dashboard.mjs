@@ -1,0 +1,76 @@
+// Drives the dashboard in Debian's headless Chromium (never a downloaded
+// browser): overview counts, filter to final failures, bulk requeue with a
+// reason. Prints one JSON line of what it saw; saves a screenshot of each
+// page. Usage: node dashboard.mjs BASE_URL SCREENSHOT_DIR
+import { chromium } from 'playwright-core';
+import { mkdtempSync, mkdirSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+
+const [base, shots] = process.argv.slice(2);
+mkdirSync(shots, { recursive: true });
+const profile = mkdtempSync(join(tmpdir(), 'sn-chromium-'));
+const context = await chromium.launchPersistentContext(profile, {
+  executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
+  headless: true,
+  viewport: { width: 1360, height: 900 },
+  args: [
+    '--headless', '--no-sandbox', '--disable-gpu', '--no-first-run',
+    '--disable-background-networking', '--disable-component-update', '--disable-sync',
+  ],
+});
+const seen = {};
+try {
+  const page = context.pages()[0] ?? await context.newPage();
+  page.setDefaultTimeout(20000);
+  const shot = (name) => page.screenshot({ path: join(shots, `${name}.png`), fullPage: true });
+
+  // 1. Overview: the counts of each definition.
+  await page.goto(`${base}/`);
+  seen.overview = {};
+  for (const row of await page.locator('tr[data-def]').all()) {
+    const def = await row.getAttribute('data-def');
+    const counts = {};
+    for (const cell of await row.locator('td[data-count]').all()) {
+      counts[await cell.getAttribute('data-count')] = Number((await cell.innerText()).trim());
+    }
+    seen.overview[def] = counts;
+  }
+  await shot('overview');
+
+  // 2. History, filtered to billing's final failures through the form.
+  await page.getByRole('link', { name: 'History' }).click();
+  await page.selectOption('select[name=def]', 'billing');
+  await page.selectOption('select[name=status]', 'final_failure');
+  await page.getByRole('button', { name: 'Filter' }).click();
+  await page.waitForURL(/status=final_failure/);
+  seen.listed = await page.locator('tr[data-id]').count();
+  await shot('history-final-failures');
+
+  // A notice's detail page.
+  await page.locator('tr[data-id] a').first().click();
+  await page.waitForURL(/\/notices\/\d+$/);
+  seen.detail_log = await page.locator('ol.timeline li').count();
+  await shot('notice-detail');
+  await page.goBack();
+
+  // 3. Bulk requeue with a reason, through the confirmation step.
+  await page.getByRole('link', { name: /Requeue every notice matching/ }).click();
+  seen.matched = Number(await page.locator('[data-matched]').getAttribute('data-matched'));
+  await shot('bulk-confirm');
+  await page.fill('input[name=reason]', 'browser replay');
+  await page.getByRole('button', { name: /^Requeue \d+ notices$/ }).click();
+  seen.changed = Number(await page.locator('[data-changed]').getAttribute('data-changed'));
+  await shot('bulk-done');
+
+  // The definitions page, and the in-flight list after the requeue.
+  await page.getByRole('link', { name: 'Definitions' }).click();
+  await shot('definitions');
+  await page.getByRole('link', { name: 'In flight' }).click();
+  seen.in_flight_rows = await page.locator('tr[data-id]').count();
+  await shot('in-flight');
+} finally {
+  await context.close();
+  rmSync(profile, { recursive: true, force: true });
+}
+console.log(JSON.stringify(seen));
