@@ -263,6 +263,7 @@ impl FilterArgs {
             until: range.and_then(|r| r.until).map(When::ago),
             ids: None,
             key: None,
+            max_id: None,
         }
     }
 }

@@ -43,12 +43,26 @@ pub(crate) fn link(span: &tracing::Span, stored: Option<&str>) {
 }
 
 /// The trace headers to send with a delivery made inside the current span:
-/// that span's context when it has one, the stored context otherwise; empty
+/// that span's context when it is in the stored trace (the attempt span,
+/// linked to it) or nothing is stored, the stored context otherwise; empty
 /// without either.
 pub(crate) fn headers(stored: Option<&str>) -> BTreeMap<String, String> {
-    let current = headers_of(&tracing::Span::current().context());
-    let headers = current.or_else(|| stored.and_then(parse).and_then(|cx| headers_of(&cx)));
-    headers.unwrap_or_default().into_iter().collect()
+    let stored = stored.and_then(parse);
+    let current = tracing::Span::current().context();
+    let same_trace = match &stored {
+        Some(s) => s.span().span_context().trace_id() == current.span().span_context().trace_id(),
+        None => true,
+    };
+    let headers = if same_trace {
+        headers_of(&current)
+    } else {
+        None
+    };
+    headers
+        .or_else(|| stored.and_then(|cx| headers_of(&cx)))
+        .unwrap_or_default()
+        .into_iter()
+        .collect()
 }
 
 /// The trace id (32 hex digits) of a stored context, if it is valid.

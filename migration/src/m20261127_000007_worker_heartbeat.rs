@@ -2,6 +2,10 @@
 //! seconds (its heartbeat), so operators see which workers are alive and
 //! what they swept. A row not refreshed for a while is a worker gone; rows
 //! gone for a day are deleted by the next heartbeat.
+//!
+//! Also indexes `notify_msg_history.last_call_time` (when a notice
+//! finished), so the dashboard's last-24-hours counts read a day of history,
+//! not all of it.
 
 use sea_orm_migration::{prelude::*, schema::*, sea_orm::DbBackend};
 
@@ -25,6 +29,7 @@ enum NotifyWorker {
     Claimed,
     Succeeded,
     Failed,
+    BeatSecs,
 }
 
 #[async_trait::async_trait]
@@ -44,7 +49,7 @@ impl MigrationTrait for Migration {
                 Table::create()
                     .table(NotifyWorker::Table)
                     .if_not_exists()
-                    .col(string_len(NotifyWorker::Id, 64).primary_key())
+                    .col(string_len(NotifyWorker::Id, 255).primary_key())
                     .col(string_len(NotifyWorker::Host, 255))
                     .col(integer(NotifyWorker::Pid))
                     .col(time(NotifyWorker::StartedAt))
@@ -53,12 +58,31 @@ impl MigrationTrait for Migration {
                     .col(big_integer(NotifyWorker::Claimed).default(0))
                     .col(big_integer(NotifyWorker::Succeeded).default(0))
                     .col(big_integer(NotifyWorker::Failed).default(0))
+                    .col(double(NotifyWorker::BeatSecs).default(5.0))
+                    .to_owned(),
+            )
+            .await?;
+        manager
+            .create_index(
+                Index::create()
+                    .name("idx_notify_msg_history_finished")
+                    .table(Alias::new("notify_msg_history"))
+                    .col(Alias::new("last_call_time"))
+                    .if_not_exists()
                     .to_owned(),
             )
             .await
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        manager
+            .drop_index(
+                Index::drop()
+                    .name("idx_notify_msg_history_finished")
+                    .table(Alias::new("notify_msg_history"))
+                    .to_owned(),
+            )
+            .await?;
         manager
             .drop_table(Table::drop().table(NotifyWorker::Table).to_owned())
             .await

@@ -70,7 +70,12 @@ impl HttpChannel {
             .header("x-notice-def", &notice.def)
             .header("x-notice-attempt", notice.attempt)
             .header("idempotency-key", &notice.idempotency_key);
-        for (name, value) in notice.trace_headers.iter().chain(&target.headers) {
+        // The target's own headers win over the trace's (no duplicates).
+        let trace = notice
+            .trace_headers
+            .iter()
+            .filter(|(name, _)| !target.headers.keys().any(|k| k.eq_ignore_ascii_case(name)));
+        for (name, value) in trace.chain(&target.headers) {
             request = request.header(name, value);
         }
         if let Some(name) = &target.signing_secret {

@@ -132,9 +132,9 @@ async fn one(state: AppState, actor: Actor, id: i64, body: ActionBody, requeue: 
     }
 }
 
-/// The body of `POST /api/bulk`: the listing's query fields (`place`
-/// decides the action: `history` requeues, `in_flight` cancels), a reason,
-/// and `dry_run`.
+/// The body of `POST /api/bulk`: the listing's query fields (`place`,
+/// required, decides the action: `history` requeues, `in_flight` cancels;
+/// at least one filter, or `"all": true`), a reason, and `dry_run`.
 #[derive(Debug, Deserialize)]
 pub(super) struct BulkBody {
     #[serde(flatten)]
@@ -143,6 +143,8 @@ pub(super) struct BulkBody {
     actor: Option<String>,
     #[serde(default)]
     dry_run: bool,
+    #[serde(default)]
+    all: bool,
 }
 
 /// `POST /api/bulk`: answers the [`BulkReport`](crate::ops::BulkReport).
@@ -153,6 +155,23 @@ pub(super) async fn bulk(
 ) -> Response {
     if let Err(f) = allowed(&state) {
         return f.json();
+    }
+    if body
+        .query
+        .place
+        .as_deref()
+        .is_none_or(|p| p.trim().is_empty())
+    {
+        return Failure::BadRequest(
+            "`place` is required: history (requeue) or in_flight (cancel)".into(),
+        )
+        .json();
+    }
+    if !body.all && !body.query.narrows() {
+        return Failure::BadRequest(
+            "a bulk action needs at least one filter, or \"all\": true".into(),
+        )
+        .json();
     }
     let query = NoticeQuery {
         before_id: None,

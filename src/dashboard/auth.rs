@@ -29,14 +29,32 @@ pub const LOGIN_WINDOW: Duration = Duration::from_secs(60);
 #[derive(Debug, Clone)]
 pub(super) struct Actor(pub String);
 
-/// Failed logins per client address: when the window started, how many.
+/// Most client addresses the limiter remembers; past that, the oldest
+/// windows are forgotten first.
+const MAX_TRACKED: usize = 10_000;
+
+/// Failed logins per client address (IPv6 by its /64): when the window
+/// started, how many.
 #[derive(Debug, Default)]
 pub(super) struct Limiter {
     failed: Mutex<HashMap<IpAddr, (Instant, u32)>>,
 }
 
+/// The key of a client address: IPv4 as is, IPv6 by its /64 (one host
+/// usually holds a whole /64).
+fn client(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => {
+            let s = v6.segments();
+            IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+        }
+        v4 => v4,
+    }
+}
+
 impl Limiter {
     fn blocked(&self, ip: IpAddr) -> bool {
+        let ip = client(ip);
         let failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
         failed
             .get(&ip)
@@ -44,11 +62,52 @@ impl Limiter {
     }
 
     fn fail(&self, ip: IpAddr) {
+        let ip = client(ip);
         let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
-        failed.retain(|_, (since, _)| since.elapsed() < LOGIN_WINDOW);
+        if failed.len() >= MAX_TRACKED {
+            failed.retain(|_, (since, _)| since.elapsed() < LOGIN_WINDOW);
+            if failed.len() >= MAX_TRACKED {
+                let oldest = failed
+                    .iter()
+                    .min_by_key(|(_, (since, _))| *since)
+                    .map(|(ip, _)| *ip);
+                if let Some(oldest) = oldest {
+                    failed.remove(&oldest);
+                }
+            }
+        }
         let entry = failed.entry(ip).or_insert((Instant::now(), 0));
+        if entry.0.elapsed() >= LOGIN_WINDOW {
+            *entry = (Instant::now(), 0);
+        }
         entry.1 += 1;
     }
+}
+
+/// Whether the request's `Host` is a loopback name (any port).
+fn loopback_host(request: &Request) -> bool {
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| request.uri().host())
+        .unwrap_or("");
+    let name = match host.rsplit_once(':') {
+        Some((name, port)) if port.chars().all(|c| c.is_ascii_digit()) => name,
+        _ => host,
+    };
+    matches!(
+        name.to_ascii_lowercase().as_str(),
+        "localhost" | "127.0.0.1" | "[::1]"
+    )
+}
+
+/// Constant-time comparison, also of the length: the SHA-256 digests.
+fn same_secret(given: &str, token: &str) -> bool {
+    use sha2::{Digest, Sha256};
+    let a = Sha256::digest(given.as_bytes());
+    let b = Sha256::digest(token.as_bytes());
+    bool::from(a[..].ct_eq(&b[..]))
 }
 
 /// The credentials of a request: `(user, secret)`.
@@ -82,6 +141,16 @@ pub(super) async fn layer(
     next: Next,
 ) -> Response {
     let Some(token) = state.config.token.as_deref().filter(|t| !t.is_empty()) else {
+        // Without a token only a loopback name may be asked for: a page of
+        // another site whose name was re-pointed at 127.0.0.1 (DNS
+        // rebinding) is refused.
+        if !loopback_host(&request) {
+            return (
+                StatusCode::MISDIRECTED_REQUEST,
+                "without a token the dashboard answers only to localhost, 127.0.0.1 or [::1]\n",
+            )
+                .into_response();
+        }
         request.extensions_mut().insert(Actor("dashboard".into()));
         return next.run(request).await;
     };
@@ -98,7 +167,7 @@ pub(super) async fn layer(
             .into_response();
     }
     match credentials(&request) {
-        Some((user, secret)) if bool::from(secret.as_bytes().ct_eq(token.as_bytes())) => {
+        Some((user, secret)) if same_secret(&secret, token) => {
             request.extensions_mut().insert(Actor(user));
             next.run(request).await
         }

@@ -3,7 +3,10 @@
 //! the same value in a hidden `csrf` field. A state-changing form whose field
 //! does not match its cookie is refused (403) before any handler runs. API
 //! writes must be `application/json` (a cross-site form cannot send that
-//! without the browser asking first), or they are refused (415).
+//! without the browser asking first), or they are refused (415). Every
+//! write is also refused (403) when the browser says it comes from another
+//! site or origin (`Sec-Fetch-Site`, `Origin`), which also stops a sibling
+//! subdomain that planted its own cookie.
 
 use axum::{
     body::{Body, to_bytes},
@@ -37,6 +40,26 @@ fn from_cookie(request: &Request) -> Option<String> {
         .map(|(_, value)| value.to_string())
 }
 
+/// Whether a write comes from the dashboard's own pages (or a tool that
+/// sends neither header): `Sec-Fetch-Site`, when sent, must be
+/// `same-origin` or `none`; `Origin`, when sent, must name the `Host`.
+fn same_origin(headers: &axum::http::HeaderMap) -> bool {
+    let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    if let Some(site) = get("sec-fetch-site")
+        && site != "same-origin"
+        && site != "none"
+    {
+        return false;
+    }
+    match (get("origin"), get("host")) {
+        (Some(origin), Some(host)) => origin
+            .split_once("://")
+            .is_some_and(|(_, rest)| rest.eq_ignore_ascii_case(host)),
+        (Some(_), None) => false,
+        (None, _) => true,
+    }
+}
+
 fn fresh() -> Option<String> {
     let mut bytes = [0u8; 16];
     getrandom::fill(&mut bytes).ok()?;
@@ -51,14 +74,16 @@ fn refuse(status: StatusCode, why: &'static str) -> Response {
 pub(super) async fn layer(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let cookie = from_cookie(&request);
     let (mut parts, body) = request.into_parts();
-    let api = parts
-        .uri
-        .path()
-        .strip_prefix(state.config.base_path.trim_end_matches('/'))
-        .unwrap_or(parts.uri.path())
-        .starts_with("/api/");
+    // A nested router sees its own paths (the mount point is stripped).
+    let api = parts.uri.path().starts_with("/api/");
     let mut body = body;
     if parts.method == Method::POST {
+        if !same_origin(&parts.headers) {
+            return refuse(
+                StatusCode::FORBIDDEN,
+                "cross-origin writes are refused (Origin / Sec-Fetch-Site)\n",
+            );
+        }
         if api {
             let json = parts
                 .headers

@@ -68,9 +68,22 @@ struct AppState {
 }
 
 impl AppState {
-    /// A link to `path` (starting with `/`) under the mount point.
+    /// A link to `path` (starting with `/`) under the mount point; the
+    /// root of a nested router is the mount point itself.
     fn link(&self, path: &str) -> String {
-        format!("{}{path}", self.config.base_path.trim_end_matches('/'))
+        let base = self.config.base_path.trim_end_matches('/');
+        match (base, path) {
+            ("", _) => path.to_string(),
+            (base, "/") => base.to_string(),
+            (base, path) => format!("{base}{path}"),
+        }
+    }
+
+    /// A link to a definition's `action` (its name percent-encoded as one
+    /// path segment).
+    fn def_link(&self, name: &str, action: &str) -> String {
+        let name = percent_encoding::utf8_percent_encode(name, percent_encoding::NON_ALPHANUMERIC);
+        self.link(&format!("/defs/{name}/{action}"))
     }
 }
 

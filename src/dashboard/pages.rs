@@ -164,7 +164,7 @@ fn overview_body(state: &AppState, o: &Overview) -> Markup {
                             }
                             td.num data-count="in_flight" { a href=(link(&d.name, "in_flight", None, false)) { (d.total) } }
                             td.num.warn[d.failing > 0] data-count="failing" {
-                                a href=(link(&d.name, "in_flight", None, true)) { (d.failing) }
+                                a href=(link(&d.name, "in_flight", Some(Status::Failed), false)) { (d.failing) }
                             }
                             td.num data-count="awaiting" { a href=(link(&d.name, "in_flight", Some(Status::AwaitingConfirm), false)) { (d.awaiting) } }
                             td.num.warn[d.oldest_due_secs > 60.0] { (age(d.oldest_due_secs)) }
@@ -468,7 +468,11 @@ pub(super) async fn bulk_confirm(
     if let Err(f) = allowed(&state) {
         return failure_page(&state, f);
     }
-    let (place, action) = match bulk_action(&state, &query, "dashboard", "(dry run)").await {
+    let pinned = match view::pinned(state.notifier.db(), &query).await {
+        Ok(pinned) => pinned,
+        Err(failure) => return failure_page(&state, failure),
+    };
+    let (place, action) = match bulk_action(&state, &pinned, "dashboard", "(dry run)").await {
         Ok(found) => found,
         Err(failure) => return failure_page(&state, failure),
     };
@@ -484,7 +488,7 @@ pub(super) async fn bulk_confirm(
         Place::History => "Requeue",
         Place::InFlight => "Cancel",
     };
-    let hidden = serde_json::to_value(&query).unwrap_or_default();
+    let hidden = serde_json::to_value(&pinned).unwrap_or_default();
     let body = html! {
         p.count { strong data-matched=(report.matched) { (report.matched) } " notices match." }
         @if !report.first_ids.is_empty() {
@@ -629,12 +633,12 @@ pub(super) async fn defs(
                 }
                 @if state.config.allow_actions {
                     @if paused.is_some() {
-                        form.action method="post" action=(state.link(&format!("/defs/{}/resume", d.name))) {
+                        form.action method="post" action=(state.def_link(&d.name, "resume")) {
                             (csrf_field(&token))
                             button type="submit" { "Resume" }
                         }
                     } @else {
-                        form.action method="post" action=(state.link(&format!("/defs/{}/pause", d.name))) {
+                        form.action method="post" action=(state.def_link(&d.name, "pause")) {
                             (csrf_field(&token))
                             label { "Reason " input type="text" name="reason" required size="30"; }
                             label { "Until " input type="text" name="until" placeholder="1h or 2026-11-24 08:00 (empty: until resumed)" size="30"; }

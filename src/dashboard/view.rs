@@ -33,6 +33,12 @@ pub(super) struct NoticeQuery {
     pub until: Option<String>,
     pub older_than: Option<String>,
     pub partition: Option<String>,
+    /// An exact idempotency key (what a search resolved to).
+    pub key: Option<String>,
+    /// Text the param contains (what a search resolved to).
+    pub param: Option<String>,
+    /// Only ids up to this one (set by a bulk confirmation).
+    pub max_id: Option<String>,
     pub before_id: Option<String>,
     pub limit: Option<String>,
 }
@@ -89,12 +95,34 @@ impl NoticeQuery {
                 .transpose()?,
             since: time(&self.since)?.map(When::ago),
             until: time(&self.until)?.map(When::ago),
-            ids: match self.search() {
-                Search::Id(id) => Some(vec![id]),
-                _ => None,
-            },
+            key: given(&self.key).map(str::to_string),
+            param_contains: given(&self.param).map(str::to_string),
+            max_id: given(&self.max_id)
+                .map(|s| {
+                    s.parse()
+                        .map_err(|_| format!("max_id `{s}` is not a number"))
+                })
+                .transpose()?,
             ..NoticeFilter::default()
         })
+    }
+
+    /// Whether any filter is set (a bulk API call needs one, or `all`).
+    pub fn narrows(&self) -> bool {
+        [
+            &self.def,
+            &self.status,
+            &self.failing,
+            &self.q,
+            &self.since,
+            &self.until,
+            &self.older_than,
+            &self.partition,
+            &self.key,
+            &self.param,
+        ]
+        .into_iter()
+        .any(|f| given(f).is_some())
     }
 
     pub fn page(&self) -> Result<Page, String> {
@@ -195,34 +223,83 @@ pub(super) const READ_ONLY: &str =
     "this dashboard is read-only: start it with --allow-actions to change notices";
 
 /// The filter a listing query means: its filters, and the search box read
-/// as an id, else as an idempotency key (when any notice of `place` has it),
-/// else as param text.
+/// as an id (when a notice of `place` has it), else as an idempotency key
+/// (when one has it), else as param text.
 pub(super) async fn resolved_filter(
     db: &sea_orm::DatabaseConnection,
     query: &NoticeQuery,
 ) -> Result<NoticeFilter, Failure> {
     let place = query.place().map_err(Failure::BadRequest)?;
     let filter = query.filter().map_err(Failure::BadRequest)?;
-    let Search::Text(text) = query.search() else {
-        return Ok(filter);
+    let one = Page {
+        before_id: None,
+        limit: 1,
+    };
+    let any = async |f: &NoticeFilter| crate::ops::find::list(db, place, f, one).await;
+    let text = match query.search() {
+        Search::None => return Ok(filter),
+        Search::Id(id) => {
+            let by_id = NoticeFilter {
+                ids: Some(vec![id]),
+                ..filter.clone()
+            };
+            if !any(&by_id).await?.is_empty() {
+                return Ok(by_id);
+            }
+            id.to_string()
+        }
+        Search::Text(text) => text,
     };
     let by_key = NoticeFilter {
         key: Some(text.clone()),
         ..filter.clone()
     };
-    let one = Page {
-        before_id: None,
-        limit: 1,
-    };
-    if !crate::ops::find::list(db, place, &by_key, one)
-        .await?
-        .is_empty()
-    {
+    if !any(&by_key).await?.is_empty() {
         return Ok(by_key);
     }
     Ok(NoticeFilter {
         param_contains: Some(text),
         ..filter
+    })
+}
+
+/// `query` pinned for a bulk confirmation: the search resolved to what it
+/// found (id, key or param text), relative times made absolute, and
+/// `max_id` set to the newest notice it matches now, so the action done
+/// after the confirmation acts on what was counted (less whatever changed
+/// meanwhile), never on notices added since.
+pub(super) async fn pinned(
+    db: &sea_orm::DatabaseConnection,
+    query: &NoticeQuery,
+) -> Result<NoticeQuery, Failure> {
+    let place = query.place().map_err(Failure::BadRequest)?;
+    let filter = resolved_filter(db, query).await?;
+    let newest = crate::ops::find::list(
+        db,
+        place,
+        &filter,
+        Page {
+            before_id: None,
+            limit: 1,
+        },
+    )
+    .await?;
+    let at =
+        |t: Option<chrono::NaiveDateTime>| t.map(|t| t.format("%Y-%m-%d %H:%M:%S%.f").to_string());
+    Ok(NoticeQuery {
+        q: filter
+            .ids
+            .as_ref()
+            .and_then(|ids| ids.first())
+            .map(|id| id.to_string()),
+        key: filter.key.clone(),
+        param: filter.param_contains.clone(),
+        since: at(filter.since),
+        until: at(filter.until),
+        max_id: Some(newest.first().map_or(0, |v| v.id).to_string()),
+        before_id: None,
+        limit: None,
+        ..query.clone()
     })
 }
 

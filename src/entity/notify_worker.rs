@@ -4,7 +4,7 @@ use sea_orm::entity::prelude::*;
 use serde::Serialize;
 
 /// A worker as it last reported itself.
-#[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel, Serialize)]
+#[derive(Clone, Debug, PartialEq, DeriveEntityModel, Serialize)]
 #[sea_orm(table_name = "notify_worker")]
 pub struct Model {
     /// `host:pid:random`, fixed for the worker's life.
@@ -26,6 +26,9 @@ pub struct Model {
     pub succeeded: i64,
     /// Attempts that failed (retried or final).
     pub failed: i64,
+    /// Seconds between its heartbeats.
+    #[sea_orm(column_type = "Double")]
+    pub beat_secs: f64,
 }
 
 /// No relations.

@@ -94,15 +94,15 @@ pub struct WorkerView {
     /// Its heartbeat row.
     #[serde(flatten)]
     pub row: notify_worker::Model,
-    /// Whether its heartbeat is fresh (within [`GONE_AFTER_BEATS`] beats of
-    /// [`DEFAULT_HEARTBEAT_EVERY`](crate::worker::DEFAULT_HEARTBEAT_EVERY)).
+    /// Whether its heartbeat is fresh: at most [`GONE_AFTER_BEATS`] of its
+    /// beats late, by the database's clock.
     pub alive: bool,
 }
 
 /// Everything the overview page shows.
 #[derive(Debug, Clone, Serialize)]
 pub struct Overview {
-    /// When it was read (UTC, this host's clock).
+    /// When it was read (UTC, the database's clock).
     pub at: NaiveDateTime,
     /// Every definition, by name.
     pub defs: Vec<DefSummary>,
@@ -130,9 +130,28 @@ fn hour_of(backend: DbBackend) -> Expr {
     })
 }
 
-/// Reads the overview.
+/// The database's current UTC time.
+async fn db_now<C: ConnectionTrait>(db: &C) -> Result<NaiveDateTime> {
+    let mut select = sea_orm::sea_query::Query::select();
+    select.expr(crate::state::clock::now(db.get_database_backend()));
+    let row = db
+        .query_one(&select)
+        .await?
+        .ok_or_else(|| sea_orm::DbErr::Custom("no time from the database".into()))?;
+    // SQLite answers text, the servers a timestamp.
+    match row.try_get_by_index::<NaiveDateTime>(0) {
+        Ok(t) => Ok(t),
+        Err(_) => {
+            let text: String = row.try_get_by_index(0)?;
+            NaiveDateTime::parse_from_str(&text, "%Y-%m-%d %H:%M:%S%.f")
+                .map_err(|e| crate::Error::Config(format!("database time `{text}`: {e}")))
+        }
+    }
+}
+
+/// Reads the overview. Times are the database's.
 pub async fn overview<C: ConnectionTrait>(db: &C) -> Result<Overview> {
-    let now = chrono::Utc::now().naive_utc();
+    let now = db_now(db).await?;
     let defs = notify_def::Entity::find()
         .order_by_asc(notify_def::Column::Name)
         .all(db)
@@ -164,7 +183,10 @@ pub async fn overview<C: ConnectionTrait>(db: &C) -> Result<Overview> {
         .order_by_desc(notify_worker::Column::SeenAt)
         .all(db)
         .await?;
-    Ok(assemble(now, first_hour, defs, groups, hours, workers))
+    let alive = crate::state::heartbeat::alive(db, GONE_AFTER_BEATS).await?;
+    Ok(assemble(
+        now, first_hour, defs, groups, hours, workers, &alive,
+    ))
 }
 
 fn assemble(
@@ -174,6 +196,7 @@ fn assemble(
     groups: Vec<Group>,
     hours: Vec<HourGroup>,
     workers: Vec<notify_worker::Model>,
+    alive: &[String],
 ) -> Overview {
     let mut summaries: Vec<DefSummary> = defs
         .into_iter()
@@ -251,11 +274,10 @@ fn assemble(
             hour.failed += h.n;
         }
     }
-    let late = crate::worker::DEFAULT_HEARTBEAT_EVERY * GONE_AFTER_BEATS;
     let workers = workers
         .into_iter()
         .map(|row| WorkerView {
-            alive: (now - row.seen_at).to_std().is_ok_and(|d| d <= late) || row.seen_at > now,
+            alive: alive.contains(&row.id),
             row,
         })
         .collect();

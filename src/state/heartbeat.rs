@@ -26,6 +26,8 @@ pub(crate) struct Beat {
     pub claimed: i64,
     pub succeeded: i64,
     pub failed: i64,
+    /// Seconds between beats.
+    pub beat_secs: f64,
 }
 
 /// Writes `beat`: inserts the worker's row on its first beat (started now),
@@ -46,6 +48,7 @@ pub(crate) async fn beat<C: ConnectionTrait>(db: &C, beat: &Beat) -> Result<(), 
             Column::Claimed,
             Column::Succeeded,
             Column::Failed,
+            Column::BeatSecs,
         ])
         .values_panic([
             beat.id.clone().into(),
@@ -57,6 +60,7 @@ pub(crate) async fn beat<C: ConnectionTrait>(db: &C, beat: &Beat) -> Result<(), 
             beat.claimed.into(),
             beat.succeeded.into(),
             beat.failed.into(),
+            beat.beat_secs.into(),
         ])
         .on_conflict(
             OnConflict::column(Column::Id)
@@ -66,6 +70,7 @@ pub(crate) async fn beat<C: ConnectionTrait>(db: &C, beat: &Beat) -> Result<(), 
                     Column::Claimed,
                     Column::Succeeded,
                     Column::Failed,
+                    Column::BeatSecs,
                 ])
                 .to_owned(),
         );
@@ -75,4 +80,30 @@ pub(crate) async fn beat<C: ConnectionTrait>(db: &C, beat: &Beat) -> Result<(), 
         .exec(db)
         .await?;
     Ok(())
+}
+
+/// Ids of the workers whose heartbeat is at most `beats` beats late, by the
+/// database's clock.
+pub(crate) async fn alive<C: ConnectionTrait>(db: &C, beats: u32) -> Result<Vec<String>, DbErr> {
+    let backend = db.get_database_backend();
+    // seen_at + beats × beat_secs >= now, as seconds since seen_at.
+    let late = match backend {
+        sea_orm::DbBackend::Postgres => {
+            "EXTRACT(EPOCH FROM ((statement_timestamp() AT TIME ZONE 'UTC') - seen_at))"
+        }
+        sea_orm::DbBackend::MySql => {
+            "TIMESTAMPDIFF(MICROSECOND, seen_at, UTC_TIMESTAMP(6)) / 1000000.0"
+        }
+        _ => "((julianday('now') - julianday(seen_at)) * 86400.0)",
+    };
+    let mut select = Query::select();
+    select
+        .column(Column::Id)
+        .from(notify_worker::Entity)
+        .and_where(Expr::cust(format!("{late} <= {beats} * beat_secs")));
+    db.query_all(&select)
+        .await?
+        .iter()
+        .map(|r| r.try_get_by_index::<String>(0))
+        .collect()
 }

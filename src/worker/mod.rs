@@ -454,7 +454,9 @@ async fn heartbeat(
         .and_then(|h| h.into_string().ok())
         .unwrap_or_else(|| "unknown".into());
     let pid = std::process::id();
-    let id = format!("{host}:{pid}:{:04x}", fastrand::u16(..));
+    // The columns hold 255 characters: host, `:pid:` and 16 hex digits fit.
+    let host: String = host.chars().take(200).collect();
+    let id = format!("{host}:{pid}:{:016x}", fastrand::u64(..));
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -472,6 +474,7 @@ async fn heartbeat(
             claimed: count(s.claimed),
             succeeded: count(s.succeeded + s.awaiting_confirm),
             failed: count(s.retried + s.final_failures),
+            beat_secs: every.as_secs_f64(),
         };
         if let Err(e) = crate::state::heartbeat::beat(notifier.db(), &beat).await {
             tracing::warn!(error = %e, "cannot write the worker heartbeat");

@@ -210,6 +210,15 @@ db_test!(pages_and_api_read_only, |db: Arc<TestDb>| async move {
         .unwrap();
     assert_eq!(found["notices"].as_array().unwrap().len(), 1);
 
+    // Without a token only loopback names are served (DNS rebinding).
+    let rebound = http
+        .get(format!("{base}/api/overview"))
+        .header(header::HOST, "attacker.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rebound.status(), StatusCode::MISDIRECTED_REQUEST);
+
     // Read-only: every write refused, nothing changed.
     let response = get(&format!("/notices/{id}")).await.unwrap();
     let token = csrf_cookie(&response);
@@ -315,6 +324,31 @@ db_test!(actions_need_auth_csrf_and_leave_audit_lines, |db: Arc<
         Status::FinalFailure
     );
 
+    // Another site's page cannot post, even with the right token pair.
+    let cross = http
+        .post(format!("{base}/notices/{id}/requeue"))
+        .basic_auth("alice", Some("s3cret"))
+        .header(header::COOKIE, format!("sn_csrf={token}"))
+        .header("sec-fetch-site", "same-site")
+        .form(&[("csrf", token.as_str()), ("reason", "x")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cross.status(), StatusCode::FORBIDDEN);
+    let foreign = http
+        .post(format!("{base}/api/notices/{id}/requeue"))
+        .bearer_auth("s3cret")
+        .header(header::ORIGIN, "http://attacker.example")
+        .json(&json!({ "reason": "x" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(foreign.status(), StatusCode::FORBIDDEN);
+    assert_eq!(
+        db.history_of(id).await.unwrap().status,
+        Status::FinalFailure
+    );
+
     // With it: requeued, the audit line names alice and the reason.
     let done = post(format!("/notices/{id}/requeue"), Some(&token), Some(&token))
         .await
@@ -341,6 +375,22 @@ db_test!(actions_need_auth_csrf_and_leave_audit_lines, |db: Arc<
         .await
         .unwrap();
     assert_eq!(plain.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+
+    // A bulk API call names its place and a filter (or all).
+    for body in [
+        json!({ "reason": "x" }),
+        json!({ "place": "in_flight", "reason": "x" }),
+    ] {
+        let refused = http
+            .post(format!("{base}/api/bulk"))
+            .bearer_auth("s3cret")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(refused.status(), StatusCode::BAD_REQUEST, "{body}");
+    }
+    assert_eq!(db.live().await.len(), 3 + 2 + 1, "nothing cancelled");
 
     // Bulk: the confirmation counts, the POST requeues the rest.
     let confirm = http
@@ -468,6 +518,7 @@ db_test!(
                 claimed: Set(0),
                 succeeded: Set(0),
                 failed: Set(0),
+                beat_secs: Set(5.0),
             })
             .exec(&db.db)
             .await
