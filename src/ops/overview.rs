@@ -39,7 +39,7 @@ pub(crate) async fn in_flight_groups<C: ConnectionTrait>(db: &C) -> Result<Vec<G
         .select_only()
         .column(Column::DefId)
         .column(Column::Status)
-        .expr_as(Func::count(Expr::col(Column::Id)), "n")
+        .expr_as(Expr::cust("COUNT(*)"), "n")
         .expr_as(Func::min(Expr::col(Column::NextCallTime)), "oldest")
         .group_by(Column::DefId)
         .group_by(Column::Status)
@@ -120,14 +120,28 @@ struct HourGroup {
     n: i64,
 }
 
-/// The hour a history row finished in, as text `YYYY-MM-DD HH`, in SQL.
-fn hour_of(backend: DbBackend) -> Expr {
+/// The hour a history row finished in, in SQL: what to group by, and the
+/// group's hour as text `YYYY-MM-DD HH` (on PostgreSQL formatted once per
+/// group, not per row).
+fn hour_of(backend: DbBackend) -> (Expr, Expr) {
     let col = "last_call_time";
-    Expr::cust(match backend {
-        DbBackend::Postgres => format!("to_char({col}, 'YYYY-MM-DD HH24')"),
-        DbBackend::MySql => format!("DATE_FORMAT({col}, '%Y-%m-%d %H')"),
-        _ => format!("strftime('%Y-%m-%d %H', {col})"),
-    })
+    let text = |sql: String| Expr::cust(sql);
+    match backend {
+        DbBackend::Postgres => (
+            text(format!("date_trunc('hour', {col})")),
+            text(format!(
+                "to_char(date_trunc('hour', {col}), 'YYYY-MM-DD HH24')"
+            )),
+        ),
+        DbBackend::MySql => {
+            let hour = format!("DATE_FORMAT({col}, '%Y-%m-%d %H')");
+            (text(hour.clone()), text(hour))
+        }
+        _ => {
+            let hour = format!("strftime('%Y-%m-%d %H', {col})");
+            (text(hour.clone()), text(hour))
+        }
+    }
 }
 
 /// The database's current UTC time.
@@ -156,29 +170,30 @@ pub async fn overview<C: ConnectionTrait>(db: &C) -> Result<Overview> {
         .order_by_asc(notify_def::Column::Name)
         .all(db)
         .await?;
-    let groups = in_flight_groups(db).await?;
     let first_hour = now
         .with_minute(0)
         .and_then(|t| t.with_second(0))
         .and_then(|t| t.with_nanosecond(0))
         .unwrap_or(now)
         - chrono::Duration::hours(23);
+    let (group, hour) = hour_of(db.get_database_backend());
     let hours = {
         use notify_msg_history::Column;
         notify_msg_history::Entity::find()
             .select_only()
             .column(Column::DefId)
             .column(Column::Status)
-            .expr_as(hour_of(db.get_database_backend()), "hour")
-            .expr_as(Func::count(Expr::col(Column::Id)), "n")
+            .expr_as(hour, "hour")
+            .expr_as(Expr::cust("COUNT(*)"), "n")
             .filter(Expr::col(Column::LastCallTime).gte(first_hour))
             .group_by(Column::DefId)
             .group_by(Column::Status)
-            .group_by(Expr::cust("hour"))
+            .group_by(group)
             .into_model::<HourGroup>()
             .all(db)
-            .await?
     };
+    // The two grouped reads at once (two pooled connections).
+    let (groups, hours) = futures::try_join!(in_flight_groups(db), async { Ok(hours.await?) })?;
     let workers = notify_worker::Entity::find()
         .order_by_desc(notify_worker::Column::SeenAt)
         .all(db)
