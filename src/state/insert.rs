@@ -448,6 +448,7 @@ mod tests {
             param: r#"{"a":"it's \ done"}"#.into(),
             description: "line\nnext'; DROP TABLE notify_msg; --".into(),
             idempotency_key: Some("k'\\$sn$".into()),
+            trace_context: Some(r#"{"traceparent":"a'b"}"#.into()),
             due: Due::Reserved(std::time::Duration::from_millis(1500)),
             ..row()
         };
@@ -463,7 +464,10 @@ mod tests {
         );
         assert!(sql.contains(r"$sn1$k'\$sn$$sn1$"), "{sql}");
         assert!(sql.contains("make_interval(secs => 1.5)"), "{sql}");
-        assert!(sql.contains("TRUE), (8, 1, "), "two rows: {sql}");
+        assert!(
+            sql.contains(r#"TRUE, $sn${"traceparent":"a'b"}$sn$), (8, 1, "#),
+            "two rows, the trace context quoted: {sql}"
+        );
         // Many small rows count their SQL, not only their text.
         let many: Vec<_> = (0..10_000).map(|id| (id, row())).collect();
         assert!(pg_insert_literal(&many).is_none());
