@@ -617,10 +617,18 @@ pub(super) async fn defs(
                     dt { "Channel" } dd { (d.channel) }
                     dt { "Target" } dd { code { (d.target) } }
                     dt { "Retry intervals" } dd { (d.retry_interval) }
-                    dt { "Max retries" } dd { (d.max_retry_times) }
-                    dt { "Max interval" } dd { (d.max_retry_interval) " s" }
-                    dt { "Alert" } dd { "type " (d.alert_trigger_type) ", after " (d.alert_trigger_fail_times) " failures, to " (if d.email.is_empty() { "nobody" } else { d.email.as_str() }) }
-                    dt { "Confirmation" } dd { @if d.need_confirm { "required, within " (d.max_confirm_delay) " s" } @else { "not required" } }
+                    dt { "Max retries" } dd { @if d.max_retry_times < 0 { "unlimited" } @else { (d.max_retry_times) } }
+                    dt { "Longest wait" } dd { @if d.max_retry_interval <= 0 { "no cap" } @else { (d.max_retry_interval) " min" } }
+                    dt { "Alert" } dd {
+                        (match d.alert_trigger_type {
+                            0 => "on final failure".to_string(),
+                            1 => "on every failure".to_string(),
+                            2 => "never".to_string(),
+                            _ => format!("after {} failures", d.alert_trigger_fail_times),
+                        })
+                        ", to " (if d.email.is_empty() { "nobody" } else { d.email.as_str() })
+                    }
+                    dt { "Confirmation" } dd { @if !d.need_confirm { "not required" } @else if d.max_confirm_delay <= 0 { "required, no deadline" } @else { "required, within " (d.max_confirm_delay) " s" } }
                     dt { "Circuit" } dd {
                         @if d.circuit_failures > 0 { "opens after " (d.circuit_failures) " failures within " (d.circuit_window) " s, cool-down " (d.circuit_cool_down) " s" }
                         @else { "off" }
