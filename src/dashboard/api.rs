@@ -139,8 +139,8 @@ async fn one(state: AppState, actor: Actor, id: i64, body: ActionBody, requeue: 
 pub(super) struct BulkBody {
     #[serde(flatten)]
     query: NoticeQuery,
-    reason: String,
-    actor: Option<String>,
+    #[serde(flatten)]
+    action: ActionBody,
     #[serde(default)]
     dry_run: bool,
     #[serde(default)]
@@ -178,12 +178,7 @@ pub(super) async fn bulk(
         limit: None,
         ..body.query
     };
-    let audit = match (ActionBody {
-        reason: body.reason,
-        actor: body.actor,
-    })
-    .audit(actor)
-    {
+    let audit = match body.action.audit(actor) {
         Ok(audit) => audit,
         Err(f) => return f.json(),
     };
@@ -216,8 +211,8 @@ pub(super) async fn bulk(
 /// The body of `POST /api/defs/{name}/pause`.
 #[derive(Debug, Deserialize)]
 pub(super) struct PauseBody {
-    reason: String,
-    actor: Option<String>,
+    #[serde(flatten)]
+    action: ActionBody,
     /// A UTC time or a duration from now; absent: until resumed.
     #[serde(default)]
     until: String,
@@ -237,12 +232,7 @@ pub(super) async fn pause(
         Ok(end) => end,
         Err(failure) => return failure.json(),
     };
-    let audit = match (ActionBody {
-        reason: body.reason,
-        actor: body.actor,
-    })
-    .audit(actor)
-    {
+    let audit = match body.action.audit(actor) {
         Ok(audit) => audit,
         Err(f) => return f.json(),
     };

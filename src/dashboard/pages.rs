@@ -410,7 +410,9 @@ fn allowed(state: &AppState) -> Result<(), Failure> {
     }
 }
 
-fn reason_of(reason: &str) -> Result<String, Failure> {
+/// An action may run (actions allowed, a reason given): the reason.
+fn permitted(state: &AppState, reason: &str) -> Result<String, Failure> {
+    allowed(state)?;
     let reason = reason.trim();
     if reason.is_empty() {
         return Err(Failure::BadRequest("a reason is required".into()));
@@ -439,10 +441,7 @@ pub(super) async fn cancel(
 }
 
 async fn one(state: AppState, actor: Actor, id: i64, form: ReasonForm, requeue: bool) -> Response {
-    if let Err(f) = allowed(&state) {
-        return failure_page(&state, f);
-    }
-    let reason = match reason_of(&form.reason) {
+    let reason = match permitted(&state, &form.reason) {
         Ok(r) => r,
         Err(f) => return failure_page(&state, f),
     };
@@ -557,10 +556,7 @@ pub(super) async fn bulk_run(
     Extension(actor): Extension<Actor>,
     Form(form): Form<BulkForm>,
 ) -> Response {
-    if let Err(f) = allowed(&state) {
-        return failure_page(&state, f);
-    }
-    let reason = match reason_of(&form.reason) {
+    let reason = match permitted(&state, &form.reason) {
         Ok(r) => r,
         Err(f) => return failure_page(&state, f),
     };
@@ -687,10 +683,7 @@ pub(super) async fn pause(
     Path(name): Path<String>,
     Form(form): Form<PauseForm>,
 ) -> Response {
-    if let Err(f) = allowed(&state) {
-        return failure_page(&state, f);
-    }
-    let reason = match reason_of(&form.reason) {
+    let reason = match permitted(&state, &form.reason) {
         Ok(r) => r,
         Err(f) => return failure_page(&state, f),
     };
