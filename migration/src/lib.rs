@@ -18,6 +18,7 @@ mod m20261124_000004_wake_trigger;
 mod m20261125_000005_pause;
 mod m20261126_000006_trace_context;
 mod m20261127_000007_worker_heartbeat;
+mod m20261128_000008_error_policy;
 
 pub use m20261124_000004_wake_trigger::WAKE_CHANNEL;
 
@@ -38,6 +39,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261125_000005_pause::Migration),
             Box::new(m20261126_000006_trace_context::Migration),
             Box::new(m20261127_000007_worker_heartbeat::Migration),
+            Box::new(m20261128_000008_error_policy::Migration),
         ]
     }
 

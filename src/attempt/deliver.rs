@@ -108,10 +108,12 @@ pub(crate) async fn deliver(
         load_balance_num: row.load_balance_num,
         trace_headers: crate::trace::headers(row.trace_context.as_deref()),
     };
-    let run = crate::channel::send(inner, &target, notice, &row.param, timeout);
+    let run = crate::channel::send(inner, &target, notice, &row.param, timeout, def.on_error);
     match tokio::time::timeout(timeout, AssertUnwindSafe(run).catch_unwind()).await {
         Ok(Ok(outcome)) => outcome,
-        Ok(Err(panic)) => Outcome::retry(format!("handler panicked: {}", panic_message(&panic))),
+        Ok(Err(panic)) => def
+            .on_error
+            .outcome(format!("handler panicked: {}", panic_message(&panic))),
         Err(_) => Outcome::retry(format!("attempt timed out after {timeout:?}")),
     }
 }

@@ -37,13 +37,14 @@ pub(crate) async fn send(
     notice: Notice,
     raw_param: &str,
     timeout: std::time::Duration,
+    on_error: crate::def::OnError,
 ) -> Outcome {
     match target {
         Target::Handler(t) => match inner.handlers.get(&t.handler) {
             Some(handler) => handler
                 .handle(notice)
                 .await
-                .unwrap_or_else(|e| Outcome::retry(format!("handler error: {e}"))),
+                .unwrap_or_else(|e| on_error.outcome(format!("handler error: {e}"))),
             None => Outcome::retry(format!("handler `{}` is not registered", t.handler)),
         },
         Target::Http(t) => {

@@ -625,6 +625,9 @@ pub(super) async fn defs(
                         ", to " (if d.email.is_empty() { "nobody" } else { d.email.as_str() })
                     }
                     dt { "Confirmation" } dd { @if !d.need_confirm { "not required" } @else if d.max_confirm_delay <= 0 { "required, no deadline" } @else { "required, within " (d.max_confirm_delay) " s" } }
+                    @if d.channel == "handler" {
+                        dt { "Handler errors" } dd { @if d.on_error == "fail" { "fail for good" } @else { "retried" } }
+                    }
                     dt { "Circuit" } dd {
                         @if d.circuit_failures > 0 { "opens after " (d.circuit_failures) " failures within " (d.circuit_window) " s, cool-down " (d.circuit_cool_down) " s" }
                         @else { "off" }

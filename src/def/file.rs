@@ -172,8 +172,9 @@ fn parse_each(text: &str, source: &str) -> Result<Vec<Result<DefSpec>>> {
         .collect())
 }
 
-const KNOWN: [&str; 13] = [
+const KNOWN: [&str; 14] = [
     "circuit",
+    "on_error",
     "channel",
     "target",
     "retry_interval",
@@ -240,6 +241,9 @@ fn spec_from_table(name: &str, mut t: Table) -> FieldResult<DefSpec> {
     }
     if let Some(v) = take_str(&mut t, "description")? {
         spec.description = v;
+    }
+    if let Some(v) = take_str(&mut t, "on_error")? {
+        spec.on_error = v;
     }
     if let Some(v) = t.remove("circuit") {
         circuit_from_toml(&mut spec, v)?;
@@ -349,5 +353,23 @@ mod tests {
         );
         assert_eq!(problem("[a]\nchannel = \"handler\"\n").field, "target");
         assert_eq!(problem("[a]\nchannel = \"handler\"\ntarget = {handler = \"h\"}\nretry_interval = \"soon\"\n").field, "retry_interval");
+    }
+
+    #[test]
+    fn on_error_is_retry_or_fail() {
+        let specs = parse(
+            "[a]\nchannel = \"handler\"\ntarget = { handler = \"h\" }\non_error = \"fail\"\n",
+            "t.toml",
+        )
+        .unwrap();
+        assert_eq!(specs[0].on_error, "fail");
+        assert_eq!(
+            specs[0].validate(1, "t.toml").unwrap().on_error,
+            crate::def::OnError::Fail
+        );
+        let e = problem(
+            "[a]\nchannel = \"handler\"\ntarget = { handler = \"h\" }\non_error = \"ignore\"\n",
+        );
+        assert_eq!(e.field, "on_error", "{e}");
     }
 }

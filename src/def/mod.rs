@@ -106,6 +106,47 @@ pub struct Def {
     pub paused_until: Option<chrono::NaiveDateTime>,
     /// Circuit breaker; `None`: off.
     pub circuit: Option<Circuit>,
+    /// What a handler's `Err` or panic means.
+    pub on_error: OnError,
+}
+
+/// What a handler's `Err` or panic means for the notice (`on_error`).
+/// [`Outcome::permanent`](crate::Outcome::permanent) always fails for good,
+/// whatever this says; errors of the built-in channels are not affected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnError {
+    /// A retryable failure: retried on the definition's schedule. The
+    /// default.
+    #[default]
+    Retry,
+    /// A final failure at once: the notice moves to history (and alerts as
+    /// its definition says), as seed 000's default exception strategy does.
+    Fail,
+}
+
+impl OnError {
+    /// The column value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnError::Retry => "retry",
+            OnError::Fail => "fail",
+        }
+    }
+
+    /// The outcome of a handler that failed for `reason`.
+    pub fn outcome(self, reason: String) -> crate::Outcome {
+        match self {
+            OnError::Retry => crate::Outcome::retry(reason),
+            OnError::Fail => crate::Outcome::permanent(format!("{reason} (on_error = \"fail\")")),
+        }
+    }
+}
+
+/// Default [`DefSpec::on_error`]: `retry`.
+pub const DEFAULT_ON_ERROR: &str = "retry";
+
+fn default_on_error() -> String {
+    DEFAULT_ON_ERROR.into()
 }
 
 impl Def {
@@ -156,6 +197,11 @@ pub struct DefSpec {
     /// [`DEFAULT_CIRCUIT_COOL_DOWN`].
     #[serde(default = "default_circuit_cool_down")]
     pub circuit_cool_down: i64,
+    /// What a handler's `Err` or panic means: `retry` (retried on the
+    /// schedule) or `fail` (a final failure at once). Default
+    /// [`DEFAULT_ON_ERROR`].
+    #[serde(default = "default_on_error")]
+    pub on_error: String,
 }
 
 /// Default circuit window: 60 seconds.
@@ -201,6 +247,7 @@ impl DefSpec {
             circuit_failures: 0,
             circuit_window: DEFAULT_CIRCUIT_WINDOW,
             circuit_cool_down: DEFAULT_CIRCUIT_COOL_DOWN,
+            on_error: DEFAULT_ON_ERROR.into(),
         }
     }
 
@@ -228,6 +275,7 @@ impl DefSpec {
             circuit_failures: row.circuit_failures.into(),
             circuit_window: row.circuit_window.into(),
             circuit_cool_down: row.circuit_cool_down.into(),
+            on_error: row.on_error.clone(),
         })
     }
 
@@ -341,6 +389,16 @@ impl DefSpec {
                 })
             }
         };
+        let on_error = match self.on_error.as_str() {
+            "retry" => OnError::Retry,
+            "fail" => OnError::Fail,
+            other => {
+                return Err(fail(
+                    "on_error",
+                    format!("`{other}` is not \"retry\" or \"fail\""),
+                ));
+            }
+        };
         Ok(Def {
             id,
             name: self.name.clone(),
@@ -357,6 +415,7 @@ impl DefSpec {
             description: self.description.clone(),
             paused_until: None,
             circuit,
+            on_error,
         })
     }
 }

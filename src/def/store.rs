@@ -94,6 +94,7 @@ fn write_spec(active: &mut notify_def::ActiveModel, spec: &DefSpec) {
     active.circuit_failures = Set(int(spec.circuit_failures));
     active.circuit_window = Set(int(spec.circuit_window));
     active.circuit_cool_down = Set(int(spec.circuit_cool_down));
+    active.on_error = Set(spec.on_error.clone());
 }
 
 /// Validates a stored row.

@@ -54,6 +54,8 @@ pub struct Model {
     pub circuit_window: i32,
     /// Circuit cool-down, seconds.
     pub circuit_cool_down: i32,
+    /// What a handler's `Err` or panic means: `retry` or `fail`.
+    pub on_error: String,
 }
 
 /// No relations are declared: `notify_msg.def_id` is a plain column so that

@@ -321,3 +321,84 @@ db_test!(
         assert_eq!(db.due_now().await, 1);
     }
 );
+
+db_test!(
+    on_error_fail_makes_handler_errors_and_panics_final,
+    |db: Arc<TestDb>| async move {
+        // Seed 000's exception strategy: an error or a panic moves the notice
+        // to history as a final failure at once; a retry outcome still retries.
+        db.def("strict", "strict", |s| s.on_error = "fail".into())
+            .await;
+        db.def("lenient", "lenient", |_| {}).await;
+        let notifier = db
+            .notifier()
+            .handler("strict", |n: solid_notify::Notice| async move {
+                match n.param["do"].as_str() {
+                    Some("err") => Err::<Outcome, _>("connection reset".into()),
+                    Some("panic") => panic!("handler bug"),
+                    _ => Ok(Outcome::retry("busy, later")),
+                }
+            })
+            .handler("lenient", |_n| async move {
+                Err::<Outcome, _>("connection reset".into())
+            })
+            .build()
+            .unwrap();
+        let tx = notifier.begin().await.unwrap();
+        let err = tx
+            .add_notice("strict", &json!({"do": "err"}), "")
+            .await
+            .unwrap();
+        let panicked = tx
+            .add_notice("strict", &json!({"do": "panic"}), "")
+            .await
+            .unwrap();
+        let retried = tx
+            .add_notice("strict", &json!({"do": "retry"}), "")
+            .await
+            .unwrap();
+        let lenient = tx.add_notice("lenient", &json!({}), "").await.unwrap();
+        let reports = tx.commit_and_wait().await.unwrap();
+        let result = |id: i64| {
+            reports
+                .iter()
+                .find(|r| r.notice_id == id)
+                .unwrap()
+                .result
+                .clone()
+        };
+        assert!(
+            matches!(result(err), AttemptResult::FinalFailure { attempt: 1, .. }),
+            "{:?}",
+            result(err)
+        );
+        assert!(matches!(
+            result(panicked),
+            AttemptResult::FinalFailure { attempt: 1, .. }
+        ));
+        assert!(matches!(result(retried), AttemptResult::WillRetry { .. }));
+        assert!(matches!(result(lenient), AttemptResult::WillRetry { .. }));
+        for (id, why) in [
+            (err, "handler error: connection reset"),
+            (panicked, "handler panicked: handler bug"),
+        ] {
+            let row = db.history_of(id).await.expect("in history");
+            assert_eq!((row.status, row.retry_times), (Status::FinalFailure, 1));
+            assert!(
+                row.errors.contains(why) && row.errors.contains("on_error = \"fail\""),
+                "{}",
+                row.errors
+            );
+        }
+        let live = db.live().await;
+        assert_eq!(
+            live.len(),
+            2,
+            "the retry outcome and the lenient error stay in flight"
+        );
+        assert!(
+            live.iter()
+                .all(|r| r.status == Status::Failed && r.retry_times == 1)
+        );
+    }
+);
