@@ -6,7 +6,6 @@ use axum::{
     extract::{Path, Query, State},
     response::{IntoResponse, Response},
 };
-use sea_orm::{EntityTrait, QueryOrder};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -16,10 +15,7 @@ use super::{
     pages::pause_end,
     view::{self, Failure, NoticeQuery, READ_ONLY},
 };
-use crate::{
-    entity::notify_def,
-    ops::{Audit, BulkAction, Place},
-};
+use crate::ops::{Audit, BulkAction, Place};
 
 fn allowed(state: &AppState) -> Result<(), Failure> {
     if state.config.allow_actions {
@@ -64,13 +60,9 @@ pub(super) async fn notice(State(state): State<AppState>, Path(id): Path<i64>) -
 
 /// `GET /api/defs`: the stored definitions.
 pub(super) async fn defs(State(state): State<AppState>) -> Response {
-    match notify_def::Entity::find()
-        .order_by_asc(notify_def::Column::Name)
-        .all(state.notifier.db())
-        .await
-    {
+    match crate::def::store::rows(state.notifier.db()).await {
         Ok(defs) => Json(defs).into_response(),
-        Err(e) => Failure::from(crate::Error::from(e)).json(),
+        Err(e) => Failure::from(e).json(),
     }
 }
 

@@ -9,7 +9,6 @@ use axum::{
 };
 use chrono::NaiveDateTime;
 use maud::{DOCTYPE, Markup, html};
-use sea_orm::{EntityTrait, QueryOrder};
 use serde::Deserialize;
 
 use super::{
@@ -215,13 +214,9 @@ pub(super) async fn notices(
     State(state): State<AppState>,
     Query(query): Query<NoticeQuery>,
 ) -> Response {
-    let defs = match notify_def::Entity::find()
-        .order_by_asc(notify_def::Column::Name)
-        .all(state.notifier.db())
-        .await
-    {
+    let defs = match crate::def::store::rows(state.notifier.db()).await {
         Ok(defs) => defs,
-        Err(e) => return failure_page(&state, crate::Error::from(e).into()),
+        Err(e) => return failure_page(&state, e.into()),
     };
     let (place, page_, found) = match view::find(state.notifier.db(), &query).await {
         Ok(found) => found,
@@ -589,13 +584,9 @@ pub(super) async fn defs(
     Extension(token): Extension<Token>,
 ) -> Response {
     let now = chrono::Utc::now().naive_utc();
-    let defs = match notify_def::Entity::find()
-        .order_by_asc(notify_def::Column::Name)
-        .all(state.notifier.db())
-        .await
-    {
+    let defs = match crate::def::store::rows(state.notifier.db()).await {
         Ok(defs) => defs,
-        Err(e) => return failure_page(&state, crate::Error::from(e).into()),
+        Err(e) => return failure_page(&state, e.into()),
     };
     let body = html! {
         @for d in &defs {

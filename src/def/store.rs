@@ -104,15 +104,20 @@ pub fn validate_row(row: &notify_def::Model) -> Result<Def, DefinitionError> {
     Ok(def)
 }
 
+/// Every row of `notify_def`, as stored, by name.
+pub async fn rows<C: ConnectionTrait>(db: &C) -> Result<Vec<notify_def::Model>> {
+    Ok(notify_def::Entity::find()
+        .order_by_asc(notify_def::Column::Name)
+        .all(db)
+        .await?)
+}
+
 /// Every row of `notify_def` by name, each with its validation result.
 pub async fn list<C: ConnectionTrait>(
     db: &C,
 ) -> Result<Vec<(notify_def::Model, Result<Def, DefinitionError>)>> {
-    let rows = notify_def::Entity::find()
-        .order_by_asc(notify_def::Column::Name)
-        .all(db)
-        .await?;
-    Ok(rows
+    Ok(rows(db)
+        .await?
         .into_iter()
         .map(|row| {
             let def = validate_row(&row);

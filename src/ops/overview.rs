@@ -166,10 +166,7 @@ async fn db_now<C: ConnectionTrait>(db: &C) -> Result<NaiveDateTime> {
 /// Reads the overview. Times are the database's.
 pub async fn overview<C: ConnectionTrait>(db: &C) -> Result<Overview> {
     let now = db_now(db).await?;
-    let defs = notify_def::Entity::find()
-        .order_by_asc(notify_def::Column::Name)
-        .all(db)
-        .await?;
+    let defs = crate::def::store::rows(db).await?;
     let first_hour = now
         .with_minute(0)
         .and_then(|t| t.with_second(0))
