@@ -5,6 +5,8 @@
 //! n-th entry; once the list is used up the last entry repeats. Every wait is
 //! capped by `max_retry_interval`, and `max_retry_times` (retries after the
 //! first attempt, `-1` = unlimited) decides when a notice fails for good.
+//! A `retry_jitter` of p% spreads every wait uniformly over ±p% of it (never
+//! past the cap), so notices that failed together do not retry together.
 
 use std::{fmt, str::FromStr, time::Duration};
 
@@ -105,6 +107,9 @@ pub struct RetryPolicy {
     pub max_retries: Option<u32>,
     /// Cap on any single wait; `None` = no cap (`0` in the table).
     pub cap: Option<Duration>,
+    /// Each wait is spread by ± this percentage (`retry_jitter`, 0–100;
+    /// default 0: exact waits).
+    pub jitter_percent: u32,
 }
 
 impl RetryPolicy {
@@ -115,6 +120,28 @@ impl RetryPolicy {
             Some(cap) => wait.min(cap),
             None => wait,
         }
+    }
+
+    /// The wait before the `retry`-th retry with jitter: [`delay`](Self::delay)
+    /// moved by `unit` (from -1 to 1) times the jitter share, never past the
+    /// cap and never below zero.
+    pub fn jittered(&self, retry: u32, unit: f64) -> Duration {
+        let wait = self.delay(retry);
+        if self.jitter_percent == 0 {
+            return wait;
+        }
+        let share = f64::from(self.jitter_percent) / 100.0 * unit.clamp(-1.0, 1.0);
+        let moved = Duration::try_from_secs_f64(wait.as_secs_f64() * (1.0 + share).max(0.0))
+            .unwrap_or(wait);
+        match self.cap {
+            Some(cap) => moved.min(cap),
+            None => moved,
+        }
+    }
+
+    /// The wait before the `retry`-th retry, jittered at random.
+    pub fn next_wait(&self, retry: u32) -> Duration {
+        self.jittered(retry, fastrand::f64() * 2.0 - 1.0)
     }
 
     /// Whether a notice that has failed `failures` times has used up its retries.
@@ -170,11 +197,31 @@ mod tests {
     }
 
     #[test]
+    fn jitter_spreads_waits() {
+        let policy = RetryPolicy {
+            intervals: "100s".parse().unwrap(),
+            max_retries: None,
+            cap: None,
+            jitter_percent: 20,
+        };
+        assert_eq!(policy.jittered(1, -1.0), secs(80));
+        assert_eq!(policy.jittered(1, 1.0), secs(120));
+        assert_eq!(policy.jittered(1, 0.0), secs(100));
+        let waits: std::collections::BTreeSet<Duration> =
+            (0..100).map(|_| policy.next_wait(1)).collect();
+        assert!(
+            waits.len() > 50,
+            "a thousand failures must not retry together"
+        );
+    }
+
+    #[test]
     fn cap_and_exhaustion() {
         let policy = RetryPolicy {
             intervals: "5s,5m,1h,1d".parse().unwrap(),
             max_retries: Some(3),
             cap: Some(secs(600)),
+            jitter_percent: 0,
         };
         assert_eq!(policy.delay(2), secs(300));
         assert_eq!(policy.delay(3), secs(600));
@@ -206,10 +253,36 @@ mod tests {
                 intervals: RetryIntervals(list.iter().copied().map(Duration::from_secs).collect()),
                 max_retries: None,
                 cap: cap.map(Duration::from_secs),
+                jitter_percent: 0,
             };
             let d = policy.delay(retry).as_secs();
             prop_assert!(cap.is_none_or(|c| d <= c));
             prop_assert!(list.iter().any(|e| *e == d || cap == Some(d)));
+        }
+
+        #[test]
+        fn jitter_stays_within_its_share_and_the_cap(
+            wait in 1u64..10 * 365 * 86_400,
+            cap in proptest::option::of(1u64..10 * 365 * 86_400),
+            percent in 0u32..=100,
+            unit in -1.5f64..1.5,
+        ) {
+            let policy = RetryPolicy {
+                intervals: RetryIntervals(vec![Duration::from_secs(wait)]),
+                max_retries: None,
+                cap: cap.map(Duration::from_secs),
+                jitter_percent: percent,
+            };
+            let base = policy.delay(1).as_secs_f64();
+            let got = policy.jittered(1, unit).as_secs_f64();
+            let share = f64::from(percent) / 100.0;
+            // A millisecond of slack for floating point at ten years.
+            let slack = 1e-3;
+            prop_assert!(got >= base * (1.0 - share) - slack, "{got} < {base} - {percent}%");
+            prop_assert!(got <= base * (1.0 + share) + slack, "{got} > {base} + {percent}%");
+            prop_assert!(cap.is_none_or(|c| got <= c as f64 + slack));
+            let random = policy.next_wait(1).as_secs_f64();
+            prop_assert!(random >= base * (1.0 - share) - slack && random <= base * (1.0 + share) + slack);
         }
 
         #[test]

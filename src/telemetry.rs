@@ -57,7 +57,7 @@ fn outcome(result: &AttemptResult) -> &'static str {
         AttemptResult::WillRetry { .. } => "will_retry",
         AttemptResult::FinalFailure { .. } => "final_failure",
         AttemptResult::LostClaim => "lost_claim",
-        AttemptResult::Skipped { .. } => "skipped",
+        AttemptResult::Skipped { .. } | AttemptResult::AlreadyAdded => "skipped",
         AttemptResult::Released { .. } => "released",
         AttemptResult::Parked { .. } => "parked",
         AttemptResult::Error { .. } => "error",

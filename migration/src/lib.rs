@@ -19,6 +19,7 @@ mod m20261125_000005_pause;
 mod m20261126_000006_trace_context;
 mod m20261127_000007_worker_heartbeat;
 mod m20261128_000008_error_policy;
+mod m20261129_000009_retry_shape;
 
 pub use m20261124_000004_wake_trigger::WAKE_CHANNEL;
 
@@ -40,6 +41,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261126_000006_trace_context::Migration),
             Box::new(m20261127_000007_worker_heartbeat::Migration),
             Box::new(m20261128_000008_error_policy::Migration),
+            Box::new(m20261129_000009_retry_shape::Migration),
         ]
     }
 

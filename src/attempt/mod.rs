@@ -40,6 +40,7 @@ use crate::{
     Notifier,
     def::DefRef,
     entity::notify_msg,
+    handler::Outcome,
     state::{Lease, claim},
 };
 
@@ -88,6 +89,10 @@ pub enum AttemptResult {
         /// Why.
         reason: String,
     },
+    /// Nothing written, nothing attempted: an idempotent add found an
+    /// existing notice of the definition with the same key (the report's
+    /// `notice_id`), in flight or in history.
+    AlreadyAdded,
     /// The database could not be reached to record the outcome; the row is
     /// due again when its lease ends.
     Error {
@@ -193,20 +198,52 @@ pub(crate) async fn run(
                 Box::pin(record::release(notifier, lease, reason, &stop.give_up)).await,
             );
         }
-        // Boxed: the delivery's state (any channel's) is freed as soon as
-        // it ends, while the attempt may still wait for its recording.
-        let delivery = Box::pin(deliver::deliver(inner, &def, &lease, timeout));
-        let outcome = tokio::select! {
-            outcome = delivery => Some(outcome),
-            _ = stop.abort.cancelled() => None,
-        };
-        if let Some(outcome) = &outcome {
+        let mut lease = lease;
+        let outcome = loop {
+            // Boxed: the delivery's state (any channel's) is freed as soon
+            // as it ends, while the attempt may still wait for its recording.
+            let delivery = Box::pin(deliver::deliver(inner, &def, &lease, timeout));
+            let outcome = tokio::select! {
+                outcome = delivery => outcome,
+                _ = stop.abort.cancelled() => break None,
+            };
             // Right at delivery, before the slot frees: deliveries may run
             // ahead of their recording, and the next one must see a circuit
             // this one opened.
-            crate::circuit::observe(notifier, &def, outcome);
-        }
+            crate::circuit::observe(notifier, &def, &outcome);
+            let Outcome::Retry { reason } = &outcome else {
+                break Some(outcome);
+            };
+            // Immediate retries: only while the next try (its delay, the
+            // timeout, the margin) fits in the lease, and never into an
+            // open circuit or after a probe.
+            let immediate = def.immediate;
+            if lease.tries() >= immediate.count
+                || lease.remaining() < immediate.delay + needed
+                || inner.circuits.is_open(def.id, lease.claimed_at())
+                || inner.circuits.is_probing(def.id)
+            {
+                break Some(outcome);
+            }
+            let failed_at = notifier.app_now();
+            let waited = tokio::select! {
+                _ = tokio::time::sleep(immediate.delay) => true,
+                _ = stop.abort.cancelled() => false,
+            };
+            if !waited {
+                // Shutting down between tries: this failure is the attempt's.
+                break Some(outcome);
+            }
+            tracing::debug!(notice_id = lease.id(), tries = lease.tries() + 1, %reason, "retrying at once");
+            lease.failed_try(failed_at, reason);
+        };
         drop(permit);
+        // A success after failed tries writes their lines: recorded inline.
+        let recorder = if lease.tries() > 0 {
+            &Recorder::Inline
+        } else {
+            recorder
+        };
         match outcome {
             Some(outcome) => match record::batchable(&def, outcome, recorder) {
                 Ok(batch) => match batch.hand_over(lease) {

@@ -22,7 +22,9 @@ use crate::{
     def::{Confirm, DefRef},
     handler::Outcome,
     state::{
-        Deadline, Final, Held, Lease, Retry, Scheduled, clock::Due, errors_log::append_error,
+        Deadline, Final, Held, Lease, Retry, Scheduled,
+        clock::Due,
+        errors_log::{append_error, append_try},
         insert::NewRow,
     },
 };
@@ -217,9 +219,18 @@ async fn fail(
     let attempt = lease.attempt();
     let failures = attempt;
     let is_final = permanent || def.retry.exhausted(failures);
-    let errors = append_error(&lease.row().errors, notifier.app_now(), attempt, &reason);
+    let errors = match lease.tries() {
+        0 => append_error(&lease.row().errors, notifier.app_now(), attempt, &reason),
+        tries => append_try(
+            lease.errors_so_far(),
+            notifier.app_now(),
+            attempt,
+            tries + 1,
+            &reason,
+        ),
+    };
     let retry_times = i32::try_from(failures).unwrap_or(i32::MAX);
-    let delay = def.retry.delay(failures);
+    let delay = def.retry.next_wait(failures);
     let alerts = def.alert.fires(failures, is_final);
     let mut event = FailureEvent {
         notice_id: lease.id(),

@@ -17,6 +17,9 @@
 //! need_confirm = false
 //! max_confirm_delay = 0              # seconds; 0 = forever
 //! target = { url = "http://127.0.0.1:8080/hook", expected_body = "success" }
+//! immediate_retries = 2              # tries again at once, within the claim
+//! immediate_retry_delay = "200ms"    # before each of them
+//! retry_jitter = "20%"               # spread each scheduled wait by ±20%
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -172,7 +175,10 @@ fn parse_each(text: &str, source: &str) -> Result<Vec<Result<DefSpec>>> {
         .collect())
 }
 
-const KNOWN: [&str; 14] = [
+const KNOWN: [&str; 17] = [
+    "immediate_retries",
+    "immediate_retry_delay",
+    "retry_jitter",
     "circuit",
     "on_error",
     "channel",
@@ -223,6 +229,7 @@ fn spec_from_table(name: &str, mut t: Table) -> FieldResult<DefSpec> {
             &mut spec.alert_trigger_fail_times,
         ),
         ("max_confirm_delay", &mut spec.max_confirm_delay),
+        ("immediate_retries", &mut spec.immediate_retries),
     ] {
         if let Some(v) = t.remove(key) {
             *slot = v
@@ -244,6 +251,21 @@ fn spec_from_table(name: &str, mut t: Table) -> FieldResult<DefSpec> {
     }
     if let Some(v) = take_str(&mut t, "on_error")? {
         spec.on_error = v;
+    }
+    if let Some(v) = take_str(&mut t, "immediate_retry_delay")? {
+        let d = humantime::parse_duration(&v)
+            .map_err(|e| ("immediate_retry_delay".to_string(), format!("`{v}`: {e}")))?;
+        spec.immediate_retry_delay = i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+    }
+    if let Some(v) = take_str(&mut t, "retry_jitter")? {
+        spec.retry_jitter = v
+            .trim()
+            .strip_suffix('%')
+            .and_then(|n| n.trim().parse().ok())
+            .ok_or((
+                "retry_jitter".to_string(),
+                format!("`{v}` is not a percentage like \"20%\""),
+            ))?;
     }
     if let Some(v) = t.remove("circuit") {
         circuit_from_toml(&mut spec, v)?;
@@ -353,6 +375,36 @@ mod tests {
         );
         assert_eq!(problem("[a]\nchannel = \"handler\"\n").field, "target");
         assert_eq!(problem("[a]\nchannel = \"handler\"\ntarget = {handler = \"h\"}\nretry_interval = \"soon\"\n").field, "retry_interval");
+    }
+
+    #[test]
+    fn retry_shape_fields() {
+        let specs = parse(
+            "[a]\nchannel = \"handler\"\ntarget = { handler = \"h\" }\nimmediate_retries = 2\nimmediate_retry_delay = \"250ms\"\nretry_jitter = \"20%\"\n",
+            "t.toml",
+        )
+        .unwrap();
+        let def = specs[0].validate(1, "t.toml").unwrap();
+        assert_eq!(def.immediate.count, 2);
+        assert_eq!(def.immediate.delay, std::time::Duration::from_millis(250));
+        assert_eq!(def.retry.jitter_percent, 20);
+        let base = "[a]\nchannel = \"handler\"\ntarget = { handler = \"h\" }\n";
+        for (extra, field) in [
+            ("immediate_retries = \"2\"", "immediate_retries"),
+            ("immediate_retries = 11", "immediate_retries"),
+            ("immediate_retry_delay = \"soon\"", "immediate_retry_delay"),
+            ("immediate_retry_delay = \"2m\"", "immediate_retry_delay"),
+            ("immediate_retry_delay = 200", "immediate_retry_delay"),
+            ("retry_jitter = \"20\"", "retry_jitter"),
+            ("retry_jitter = \"150%\"", "retry_jitter"),
+        ] {
+            let e = problem(&format!("{base}{extra}\n"));
+            assert_eq!(
+                (e.origin.as_str(), e.def.as_str(), e.field.as_str()),
+                ("t.toml", "a", field),
+                "{extra}: {e}"
+            );
+        }
     }
 
     #[test]

@@ -108,6 +108,41 @@ pub struct Def {
     pub circuit: Option<Circuit>,
     /// What a handler's `Err` or panic means.
     pub on_error: OnError,
+    /// Tries again within the same claim before the schedule takes over.
+    pub immediate: ImmediateRetries,
+}
+
+/// Retries run at once, within the claim of the attempt that failed, before
+/// the notice is handed to its retry schedule (seed 002: try a few times at
+/// once, then queue it for later).
+///
+/// The tries of one claim are one attempt: together they count once toward
+/// `max_retry_times`, and a retryable failure of the last of them schedules
+/// the next attempt. A permanent failure is never tried again. A try starts
+/// only while it fits in what is left of the lease (its delay, the attempt
+/// timeout and the lease margin), so fewer are run rather than overrun it;
+/// none are run while the definition's circuit is open or probing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ImmediateRetries {
+    /// Extra tries after a retryable failure (`immediate_retries`, default
+    /// 0: none).
+    pub count: u32,
+    /// Wait before each of them (`immediate_retry_delay`, default
+    /// [`DEFAULT_IMMEDIATE_RETRY_DELAY_MS`] milliseconds).
+    pub delay: Duration,
+}
+
+/// Default `immediate_retry_delay`: 100 milliseconds.
+pub const DEFAULT_IMMEDIATE_RETRY_DELAY_MS: i64 = 100;
+/// Most `immediate_retries` accepted: 10 (more belongs on the schedule).
+pub const MAX_IMMEDIATE_RETRIES: u32 = 10;
+/// Longest `immediate_retry_delay` accepted: one minute.
+pub const MAX_IMMEDIATE_RETRY_DELAY_MS: u32 = 60_000;
+/// Largest `retry_jitter` accepted, in percent.
+pub const MAX_RETRY_JITTER: u32 = 100;
+
+fn default_immediate_retry_delay() -> i64 {
+    DEFAULT_IMMEDIATE_RETRY_DELAY_MS
 }
 
 /// What a handler's `Err` or panic means for the notice (`on_error`).
@@ -202,6 +237,19 @@ pub struct DefSpec {
     /// [`DEFAULT_ON_ERROR`].
     #[serde(default = "default_on_error")]
     pub on_error: String,
+    /// Extra tries within the same claim after a retryable failure, 0 to
+    /// [`MAX_IMMEDIATE_RETRIES`]. Default 0. See [`ImmediateRetries`].
+    #[serde(default)]
+    pub immediate_retries: i64,
+    /// Milliseconds before each immediate retry, 0 to
+    /// [`MAX_IMMEDIATE_RETRY_DELAY_MS`]. Default
+    /// [`DEFAULT_IMMEDIATE_RETRY_DELAY_MS`]. (TOML: `"200ms"`, `"1s"`.)
+    #[serde(default = "default_immediate_retry_delay")]
+    pub immediate_retry_delay: i64,
+    /// Each scheduled wait is spread by ± this percentage, 0 to
+    /// [`MAX_RETRY_JITTER`]. Default 0. (TOML: `"20%"`.)
+    #[serde(default)]
+    pub retry_jitter: i64,
 }
 
 /// Default circuit window: 60 seconds.
@@ -248,6 +296,9 @@ impl DefSpec {
             circuit_window: DEFAULT_CIRCUIT_WINDOW,
             circuit_cool_down: DEFAULT_CIRCUIT_COOL_DOWN,
             on_error: DEFAULT_ON_ERROR.into(),
+            immediate_retries: 0,
+            immediate_retry_delay: DEFAULT_IMMEDIATE_RETRY_DELAY_MS,
+            retry_jitter: 0,
         }
     }
 
@@ -276,6 +327,9 @@ impl DefSpec {
             circuit_window: row.circuit_window.into(),
             circuit_cool_down: row.circuit_cool_down.into(),
             on_error: row.on_error.clone(),
+            immediate_retries: row.immediate_retries.into(),
+            immediate_retry_delay: row.immediate_retry_delay.into(),
+            retry_jitter: row.retry_jitter.into(),
         })
     }
 
@@ -399,6 +453,42 @@ impl DefSpec {
                 ));
             }
         };
+        let immediate = ImmediateRetries {
+            count: non_negative(self.immediate_retries)
+                .filter(|n| *n <= MAX_IMMEDIATE_RETRIES)
+                .ok_or_else(|| {
+                    fail(
+                        "immediate_retries",
+                        format!(
+                            "{} is not a count from 0 to {MAX_IMMEDIATE_RETRIES}",
+                            self.immediate_retries
+                        ),
+                    )
+                })?,
+            delay: non_negative(self.immediate_retry_delay)
+                .filter(|n| *n <= MAX_IMMEDIATE_RETRY_DELAY_MS)
+                .map(|ms| Duration::from_millis(ms.into()))
+                .ok_or_else(|| {
+                    fail(
+                        "immediate_retry_delay",
+                        format!(
+                            "{} ms is not from 0 to {MAX_IMMEDIATE_RETRY_DELAY_MS} ms",
+                            self.immediate_retry_delay
+                        ),
+                    )
+                })?,
+        };
+        let jitter_percent = non_negative(self.retry_jitter)
+            .filter(|n| *n <= MAX_RETRY_JITTER)
+            .ok_or_else(|| {
+                fail(
+                    "retry_jitter",
+                    format!(
+                        "{}% is not from 0% to {MAX_RETRY_JITTER}%",
+                        self.retry_jitter
+                    ),
+                )
+            })?;
         Ok(Def {
             id,
             name: self.name.clone(),
@@ -408,6 +498,7 @@ impl DefSpec {
                 intervals,
                 max_retries,
                 cap,
+                jitter_percent,
             },
             alert,
             alert_emails,
@@ -416,6 +507,7 @@ impl DefSpec {
             paused_until: None,
             circuit,
             on_error,
+            immediate,
         })
     }
 }
@@ -501,6 +593,14 @@ mod tests {
             ),
             ("max_confirm_delay", Box::new(|s| s.max_confirm_delay = -5)),
             ("name", Box::new(|s| s.name = " ".into())),
+            ("immediate_retries", Box::new(|s| s.immediate_retries = -1)),
+            ("immediate_retries", Box::new(|s| s.immediate_retries = 11)),
+            (
+                "immediate_retry_delay",
+                Box::new(|s| s.immediate_retry_delay = 60_001),
+            ),
+            ("retry_jitter", Box::new(|s| s.retry_jitter = 101)),
+            ("retry_jitter", Box::new(|s| s.retry_jitter = -1)),
         ];
         for (field, edit) in cases {
             let mut s = spec();

@@ -95,6 +95,9 @@ fn write_spec(active: &mut notify_def::ActiveModel, spec: &DefSpec) {
     active.circuit_window = Set(int(spec.circuit_window));
     active.circuit_cool_down = Set(int(spec.circuit_cool_down));
     active.on_error = Set(spec.on_error.clone());
+    active.immediate_retries = Set(int(spec.immediate_retries));
+    active.immediate_retry_delay = Set(int(spec.immediate_retry_delay));
+    active.retry_jitter = Set(i16::try_from(spec.retry_jitter).unwrap_or(i16::MAX));
 }
 
 /// Validates a stored row.

@@ -56,6 +56,12 @@ pub struct Model {
     pub circuit_cool_down: i32,
     /// What a handler's `Err` or panic means: `retry` or `fail`.
     pub on_error: String,
+    /// Tries again within the same claim before the schedule takes over.
+    pub immediate_retries: i32,
+    /// Milliseconds between immediate retries.
+    pub immediate_retry_delay: i32,
+    /// Percentage each scheduled wait is spread by (±).
+    pub retry_jitter: i16,
 }
 
 /// No relations are declared: `notify_msg.def_id` is a plain column so that

@@ -25,6 +25,22 @@ pub(crate) fn append_error(log: &str, at: NaiveDateTime, attempt: u32, reason: &
     append_line(log, at, &format!("attempt {attempt}: {}", clean(reason)))
 }
 
+/// Appends `time attempt N, try K: reason` to `log`: one failed try of an
+/// attempt tried again at once within its claim (immediate retries).
+pub(crate) fn append_try(
+    log: &str,
+    at: NaiveDateTime,
+    attempt: u32,
+    try_no: u32,
+    reason: &str,
+) -> String {
+    append_line(
+        log,
+        at,
+        &format!("attempt {attempt}, try {try_no}: {}", clean(reason)),
+    )
+}
+
 /// Appends `time what` to `log` (an operator's audit line, say), keeping it
 /// under [`MAX_LOG_BYTES`].
 pub(crate) fn append_note(log: &str, at: NaiveDateTime, what: &str) -> String {

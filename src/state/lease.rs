@@ -25,6 +25,10 @@ pub(crate) struct Lease {
     deadline: Instant,
     store: Store,
     settled: bool,
+    /// Failed tries of this attempt tried again at once (immediate retries).
+    tries: u32,
+    /// `errors` with a line per failed try, once there is one.
+    tries_log: Option<String>,
 }
 
 impl Lease {
@@ -35,14 +39,42 @@ impl Lease {
         self.row.version == 0 && self.row.last_call_time.is_none()
     }
 
-    /// The columns every outcome sets: not leased any more, and for a
-    /// reservation the time of its (only) call.
-    fn outcome_sets(&self) -> Vec<Set> {
+    /// The columns every outcome sets: not leased any more, for a
+    /// reservation the time of its (only) call, and the log of failed tries
+    /// (unless the outcome writes `errors` itself: `with_tries = false`).
+    fn outcome_sets(&self, with_tries: bool) -> Vec<Set> {
         let mut sets = vec![(Column::Leased, Expr::val(false))];
         if self.reserved() {
             sets.push((Column::LastCallTime, clock::now(self.store.backend())));
         }
+        if with_tries && let Some(log) = &self.tries_log {
+            sets.push((Column::Errors, Expr::val(log.clone())));
+        }
         sets
+    }
+
+    /// Notes a failed try that is tried again at once within this claim:
+    /// its line goes into `errors` with whatever outcome is recorded.
+    pub fn failed_try(&mut self, at: NaiveDateTime, reason: &str) {
+        self.tries += 1;
+        let log = self.errors_so_far().to_string();
+        self.tries_log = Some(super::errors_log::append_try(
+            &log,
+            at,
+            self.attempt(),
+            self.tries,
+            reason,
+        ));
+    }
+
+    /// Failed tries of this attempt so far.
+    pub fn tries(&self) -> u32 {
+        self.tries
+    }
+
+    /// `errors` as it stands: the row's, with a line per failed try.
+    pub fn errors_so_far(&self) -> &str {
+        self.tries_log.as_deref().unwrap_or(&self.row.errors)
     }
 }
 
@@ -112,6 +144,8 @@ impl Lease {
             row,
             store,
             settled: false,
+            tries: 0,
+            tries_log: None,
         }
     }
 
@@ -194,7 +228,7 @@ impl Lease {
     /// with its alert notice in the same transaction. `None`: lost.
     pub async fn retry(self, retry: &Retry) -> Result<Option<Scheduled>, Held> {
         let backend = self.backend();
-        let mut sets = self.outcome_sets();
+        let mut sets = self.outcome_sets(false);
         sets.extend([
             (Column::Status, Expr::val(Status::Failed as i16)),
             (Column::Errors, Expr::val(retry.errors.clone())),
@@ -234,7 +268,7 @@ impl Lease {
     /// Moves the row to history as succeeded, appending `note` to its
     /// description. `false`: lost.
     pub async fn succeed(self, note: Option<&str>) -> Result<bool, Held> {
-        let mut sets = self.outcome_sets();
+        let mut sets = self.outcome_sets(true);
         sets.push((Column::Status, Expr::val(Status::Succeeded as i16)));
         if let Some(note) = note {
             sets.push((Column::Description, Expr::val(self.with_note(note))));
@@ -248,7 +282,7 @@ impl Lease {
     /// Moves the row to history as a final failure, with its alert notice in
     /// the same transaction. `None`: lost; otherwise the alert's id, if any.
     pub async fn fail_for_good(self, fail: &Final) -> Result<Option<Option<i64>>, Held> {
-        let mut sets = self.outcome_sets();
+        let mut sets = self.outcome_sets(false);
         sets.extend([
             (Column::Status, Expr::val(Status::FinalFailure as i16)),
             (Column::Errors, Expr::val(fail.errors.clone())),
@@ -272,7 +306,7 @@ impl Lease {
             Deadline::After(d) => clock::after(backend, d),
             Deadline::Forever => Expr::val(clock::far_future()),
         };
-        let mut sets = self.outcome_sets();
+        let mut sets = self.outcome_sets(true);
         sets.extend([
             (Column::Status, Expr::val(Status::AwaitingConfirm as i16)),
             (Column::NextCallTime, deadline),

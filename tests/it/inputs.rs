@@ -148,6 +148,43 @@ db_test!(definitions_edited_in_the_table_take_effect, |db: Arc<
     assert!(e.origin.starts_with("notify_def#"), "{}", e.origin);
     tx.rollback().await.unwrap();
     assert_eq!(db.counts().await, (1, 1));
+
+    // Each delivery-policy column broken in place is named.
+    let valid = [
+        ("retry_interval", "'2h'"),
+        ("immediate_retries", "0"),
+        ("immediate_retry_delay", "100"),
+        ("retry_jitter", "0"),
+        ("on_error", "'retry'"),
+    ];
+    for (field, bad) in [
+        ("immediate_retries", "11"),
+        ("immediate_retries", "-1"),
+        ("immediate_retry_delay", "600000"),
+        ("retry_jitter", "101"),
+        ("on_error", "'ignore'"),
+    ] {
+        let set: Vec<String> = valid
+            .iter()
+            .map(|(col, ok)| format!("{col} = {}", if *col == field { bad } else { ok }))
+            .collect();
+        let set = set.join(", ");
+        db.db
+            .execute_unprepared(&format!(
+                "UPDATE notify_def SET {set} WHERE name = 'editable'"
+            ))
+            .await
+            .unwrap();
+        notifier.reload_defs();
+        let tx = notifier.begin().await.unwrap();
+        let err = tx.add_notice("editable", &json!({}), "").await.unwrap_err();
+        let Error::InvalidDef(e) = err else {
+            panic!("expected InvalidDef for {set}, got {err}")
+        };
+        assert_eq!(e.field, field, "{set}: {e}");
+        tx.rollback().await.unwrap();
+    }
+    assert_eq!(db.counts().await, (1, 1));
 });
 
 db_test!(

@@ -402,3 +402,163 @@ db_test!(
         );
     }
 );
+
+db_test!(
+    immediate_retries_run_within_one_claim_and_fit_the_lease,
+    |db: Arc<TestDb>| async move {
+        // Seed 002: try again at once a few times, then hand the notice to
+        // the schedule. Every call of one attempt shares its claim (version).
+        db.def("flaky", "flaky", |s| {
+            s.immediate_retries = 2;
+            s.immediate_retry_delay = 50;
+        })
+        .await;
+        // More tries than the lease holds: fewer are run.
+        db.def("greedy", "greedy", |s| {
+            s.immediate_retries = 10;
+            s.immediate_retry_delay = 300;
+        })
+        .await;
+        let calls: Arc<std::sync::Mutex<Vec<(i64, i32, std::time::Instant)>>> = Arc::default();
+        let (flaky_calls, greedy_calls) = (calls.clone(), calls.clone());
+        let notifier = db
+            .notifier()
+            .config(Config {
+                lease: Duration::from_secs(2),
+                attempt_timeout: Duration::from_millis(500),
+                ..test_config()
+            })
+            .handler("flaky", move |n: solid_notify::Notice| {
+                let calls = flaky_calls.clone();
+                async move {
+                    let seen = {
+                        let mut calls = calls.lock().unwrap();
+                        calls.push((n.id, n.version, std::time::Instant::now()));
+                        calls.iter().filter(|c| c.0 == n.id).count() as u64
+                    };
+                    match n.param["fail"].as_u64() {
+                        Some(fails) if seen <= fails => Ok(Outcome::retry(format!("busy {seen}"))),
+                        None => Ok(Outcome::permanent("bad order")),
+                        _ => Ok(Outcome::success()),
+                    }
+                }
+            })
+            .handler("greedy", move |n: solid_notify::Notice| {
+                let calls = greedy_calls.clone();
+                async move {
+                    calls
+                        .lock()
+                        .unwrap()
+                        .push((n.id, n.version, std::time::Instant::now()));
+                    Ok(Outcome::retry("still busy"))
+                }
+            })
+            .build()
+            .unwrap();
+        let tx = notifier.begin().await.unwrap();
+        let second_try = tx
+            .add_notice("flaky", &json!({"fail": 1}), "")
+            .await
+            .unwrap();
+        let exhausted = tx
+            .add_notice("flaky", &json!({"fail": 5}), "")
+            .await
+            .unwrap();
+        let permanent = tx.add_notice("flaky", &json!({}), "").await.unwrap();
+        let greedy = tx.add_notice("greedy", &json!({}), "").await.unwrap();
+        let reports = tx.commit_and_wait().await.unwrap();
+        let result = |id: i64| {
+            reports
+                .iter()
+                .find(|r| r.notice_id == id)
+                .unwrap()
+                .result
+                .clone()
+        };
+        let calls = calls.lock().unwrap().clone();
+        let calls_of = |id: i64| -> Vec<(i64, i32, std::time::Instant)> {
+            calls.iter().filter(|c| c.0 == id).cloned().collect()
+        };
+        let one_claim = |id: i64| {
+            let of = calls_of(id);
+            assert!(of.iter().all(|c| c.1 == of[0].1), "one version: {of:?}");
+            of.len()
+        };
+
+        // Failed once, succeeded on the second call: in history, both
+        // calls in `errors` as tries of attempt 1.
+        assert_eq!(result(second_try), AttemptResult::Succeeded);
+        assert_eq!(one_claim(second_try), 2);
+        let row = db.history_of(second_try).await.expect("in history");
+        assert_eq!((row.status, row.retry_times), (Status::Succeeded, 0));
+        assert!(
+            row.errors.contains("attempt 1, try 1: busy 1"),
+            "{}",
+            row.errors
+        );
+
+        // Failed on every call: N+1 calls, then one failure on the
+        // schedule (the tries count once toward max_retry_times).
+        assert!(
+            matches!(
+                result(exhausted),
+                AttemptResult::WillRetry { attempt: 1, .. }
+            ),
+            "{:?}",
+            result(exhausted)
+        );
+        assert_eq!(one_claim(exhausted), 3);
+        let row = db
+            .live()
+            .await
+            .into_iter()
+            .find(|r| r.id == exhausted)
+            .expect("in flight");
+        assert_eq!((row.status, row.retry_times), (Status::Failed, 1));
+        for n in 1..=3 {
+            assert!(
+                row.errors
+                    .contains(&format!("attempt 1, try {n}: busy {n}")),
+                "{}",
+                row.errors
+            );
+        }
+        let of = calls_of(exhausted);
+        assert!(
+            of[1].2 - of[0].2 >= Duration::from_millis(50),
+            "the delay between tries"
+        );
+
+        // A permanent failure is never tried again.
+        assert!(matches!(
+            result(permanent),
+            AttemptResult::FinalFailure { attempt: 1, .. }
+        ));
+        assert_eq!(one_claim(permanent), 1);
+
+        // Lease 2 s, timeout 0.5 s, margin 0.2 s, delay 0.3 s: a try starts
+        // only while 1 s of the lease is left, so at most 5 calls, not 11,
+        // and the last one starts early enough to end within the lease.
+        let n = one_claim(greedy);
+        assert!((2..=5).contains(&n), "{n} calls");
+        let of = calls_of(greedy);
+        let last_start = of[n - 1].2 - of[0].2;
+        assert!(
+            last_start + Duration::from_millis(500) < Duration::from_secs(2),
+            "a try may not outrun the lease: last began {last_start:?} after the first"
+        );
+        let row = db
+            .live()
+            .await
+            .into_iter()
+            .find(|r| r.id == greedy)
+            .expect("in flight");
+        assert_eq!(row.retry_times, 1);
+        assert!(
+            row.errors
+                .contains(&format!("attempt 1, try {n}: still busy")),
+            "{}",
+            row.errors
+        );
+    }
+);
