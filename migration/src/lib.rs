@@ -20,6 +20,7 @@ mod m20261126_000006_trace_context;
 mod m20261127_000007_worker_heartbeat;
 mod m20261128_000008_error_policy;
 mod m20261129_000009_retry_shape;
+mod m20261130_000010_idempotency_key;
 
 pub use m20261124_000004_wake_trigger::WAKE_CHANNEL;
 
@@ -42,6 +43,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261127_000007_worker_heartbeat::Migration),
             Box::new(m20261128_000008_error_policy::Migration),
             Box::new(m20261129_000009_retry_shape::Migration),
+            Box::new(m20261130_000010_idempotency_key::Migration),
         ]
     }
 

@@ -34,6 +34,9 @@ pub struct PendingNotice {
     pub(crate) written: Instant,
     /// How its after-commit attempt gets hold of the row.
     start: Start,
+    /// PostgreSQL, [`Notifier::begin`](crate::Notifier::begin): the row is
+    /// buffered and written with the `COMMIT`.
+    pub(crate) on_commit: bool,
 }
 
 /// How an after-commit attempt gets hold of its row.
@@ -54,6 +57,8 @@ enum Start {
     /// Not attempted after commit (after-commit attempts are off, or the
     /// notifier is shutting down): due now for a sweeper.
     Sweeper,
+    /// Nothing was written: an idempotent add found this existing notice.
+    Existing,
 }
 
 impl PendingNotice {
@@ -70,6 +75,16 @@ impl PendingNotice {
             def,
             written,
             start,
+            on_commit: false,
+        }
+    }
+
+    /// An idempotent add that found notice `id` with the same key: nothing
+    /// was written, nothing is attempted.
+    pub(crate) fn existing(id: i64, row: NewRow, def: DefRef) -> Self {
+        PendingNotice {
+            start: Start::Existing,
+            ..PendingNotice::new(id, row, def, Instant::now())
         }
     }
 
@@ -95,19 +110,26 @@ impl PendingNotice {
         PendingNotice { start, ..self }
     }
 
-    /// The new notice's id.
+    /// The notice's id: the new notice's, or for an idempotent add that
+    /// found one, the existing notice's.
     pub fn id(&self) -> i64 {
         self.id
     }
 
-    /// Whether the row was reserved for an after-commit attempt.
+    /// Whether the add wrote a new notice (`false`: an idempotent add found
+    /// an existing notice with its key and wrote nothing).
+    pub fn is_new(&self) -> bool {
+        self.start != Start::Existing
+    }
+
+    /// Whether the row was written reserved for an after-commit attempt.
     pub(crate) fn reserved(&self) -> bool {
-        self.row.due.reserved()
+        self.is_new() && self.row.due.reserved()
     }
 
     /// Whether an after-commit attempt may run in this process.
     fn attempted_here(&self) -> bool {
-        self.start != Start::Sweeper
+        !matches!(self.start, Start::Sweeper | Start::Existing)
     }
 
     /// The row as inserted (times are not known here and are not used).
@@ -202,6 +224,9 @@ async fn attempt(notifier: &Notifier, p: PendingNotice) -> AttemptReport {
     let inner = &notifier.inner;
     let notice_id = p.id;
     let report = |result| AttemptReport { notice_id, result };
+    if !p.is_new() {
+        return report(AttemptResult::AlreadyAdded);
+    }
     if !p.attempted_here() {
         let reason = if inner.config.immediate_attempt {
             "committed during shutdown: due now for a sweeper"
@@ -223,7 +248,9 @@ async fn attempt(notifier: &Notifier, p: PendingNotice) -> AttemptReport {
             Ok(Some(Lease::new(inner.store.clone(), p.model(), p.written)))
         }
         Start::ClaimReservation => claim::claim_reserved(&inner.store, &p.model(), p.written).await,
-        Start::ClaimDue | Start::Sweeper => claim::claim_one(&inner.store, &p.model()).await,
+        Start::ClaimDue | Start::Sweeper | Start::Existing => {
+            claim::claim_one(&inner.store, &p.model()).await
+        }
     };
     let lease = match claimed {
         Ok(Some(lease)) => lease,

@@ -20,7 +20,9 @@
 //! failing insert fails the commit with nothing committed. Elsewhere (and for
 //! [`Notifier::wrap`] and [`Notifier::add`]) each notice is inserted when it
 //! is added, on PostgreSQL inside a savepoint so that a database error rolls
-//! back only the notice.
+//! back only the notice. A notice with an idempotency key is written when
+//! it is added on every backend ([`crate::state::keyed`]), so that the key's
+//! unique index can answer at once with the notice that already holds it.
 
 mod pg;
 
@@ -41,7 +43,10 @@ use crate::{
     Notifier,
     attempt::{AttemptReport, PendingNotice, background, merged_target},
     error::{Error, Result},
-    state::insert::{self, NewRow},
+    state::{
+        insert::{self, NewRow},
+        keyed::Keyed,
+    },
 };
 
 /// A notice to add: definition name, param, and optional overrides.
@@ -90,8 +95,14 @@ impl NewNotice {
         self
     }
 
-    /// Key receivers use to de-duplicate (at most 255 characters, no NUL).
-    /// Default: the notice id.
+    /// Makes the add idempotent: if the definition already has a notice
+    /// with this key, in flight or in history, the add returns that notice's
+    /// id and writes nothing. Two transactions adding one key at once end
+    /// with one notice (the second waits for the first). The key is also
+    /// what receivers de-duplicate by. At most 255 characters, no NUL. A key
+    /// is used once per definition until its notice is purged from history.
+    /// Default: none (every add writes a notice; receivers get the id as
+    /// their key).
     pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
         self.idempotency_key = Some(key.into());
         self
@@ -117,14 +128,14 @@ impl Notifier {
     {
         let (row, def) = self.prepare(conn, notice).await?;
         let written = std::time::Instant::now();
-        let id = insert::insert(conn, &row).await.map_err(|e| {
+        let inserted = insert::insert(conn, &row).await.map_err(|e| {
             if e.aborted {
                 Error::TransactionAborted(e.error.to_string())
             } else {
                 Error::Db(e.error)
             }
         })?;
-        Ok(PendingNotice::new(id, row, def, written))
+        Ok(pending(inserted, row, def, written))
     }
 
     /// Checks a notice and builds its row; no SQL but the definition lookup
@@ -350,9 +361,20 @@ impl NoticeTx {
             },
             Kind::Pg(pg) => {
                 let (row, def) = self.notifier.prepare(self, notice).await?;
-                let id = pg.next_id(&self.notifier.inner.ids).await?;
-                // Written with the commit; `written` is set again then.
-                Ok(PendingNotice::new(id, row, def, std::time::Instant::now()))
+                if row.idempotency_key.is_some() {
+                    // Keyed: written now, so that the key's index decides
+                    // (a failure here fails the commit, as a buffered
+                    // insert's would).
+                    let written = std::time::Instant::now();
+                    let inserted = insert::write(self, &row).await?;
+                    Ok(pending(inserted, row, def, written))
+                } else {
+                    let id = pg.next_id(&self.notifier.inner.ids).await?;
+                    // Written with the commit; `written` is set again then.
+                    let mut p = PendingNotice::new(id, row, def, std::time::Instant::now());
+                    p.on_commit = true;
+                    Ok(p)
+                }
             }
         };
         let pending = added?;
@@ -392,9 +414,13 @@ impl NoticeTx {
         let committed = match self.kind {
             Kind::Sea(sea) => sea.commit().await,
             Kind::Pg(pg) => {
-                let rows: Vec<_> = pending.iter().map(|p| (p.id, p.row.clone())).collect();
+                let rows: Vec<_> = pending
+                    .iter()
+                    .filter(|p| p.on_commit)
+                    .map(|p| (p.id, p.row.clone()))
+                    .collect();
                 let written = std::time::Instant::now();
-                for p in &mut pending {
+                for p in pending.iter_mut().filter(|p| p.on_commit) {
                     p.written = written;
                 }
                 pg.commit(&rows).await
@@ -412,6 +438,20 @@ impl NoticeTx {
             pending = pending.into_iter().map(PendingNotice::committed).collect();
         }
         Ok((self.notifier, pending))
+    }
+}
+
+/// The pending notice of an add: the new row's, or the existing notice an
+/// idempotent add found (nothing to attempt).
+fn pending(
+    inserted: Keyed,
+    row: NewRow,
+    def: crate::def::DefRef,
+    written: std::time::Instant,
+) -> PendingNotice {
+    match inserted {
+        Keyed::New(id) => PendingNotice::new(id, row, def, written),
+        Keyed::Existing(id) => PendingNotice::existing(id, row, def),
     }
 }
 

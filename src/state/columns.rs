@@ -52,7 +52,7 @@ pub(crate) enum Table {
 }
 
 impl Table {
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Table::Live => "notify_msg",
             Table::History => "notify_msg_history",

@@ -24,6 +24,7 @@ use sea_orm::{
 use super::{
     clock::{self, Due},
     columns::Column,
+    keyed::Keyed,
 };
 use crate::entity::notify_msg;
 
@@ -146,7 +147,7 @@ const NEW_ROW: [(Column, Init); 14] = [
     (Column::TraceContext, Init::TraceContext),
 ];
 
-fn statement(backend: DbBackend, row: &NewRow) -> InsertStatement {
+pub(super) fn statement(backend: DbBackend, row: &NewRow) -> InsertStatement {
     let mut insert = Query::insert();
     insert
         .into_table(notify_msg::Entity)
@@ -294,42 +295,42 @@ pub(crate) async fn insert_plain<C: ConnectionTrait>(conn: &C, row: &NewRow) -> 
 }
 
 /// Inserts `row` through `conn` (the caller's transaction, guarded by a
-/// savepoint on PostgreSQL); returns the new notice id.
-pub(crate) async fn insert<C>(conn: &C, row: &NewRow) -> Result<i64, InsertError>
+/// savepoint on PostgreSQL); returns the new notice id, or with an
+/// idempotency key the existing notice's ([`keyed`](super::keyed)).
+pub(crate) async fn insert<C>(conn: &C, row: &NewRow) -> Result<Keyed, InsertError>
 where
     C: ConnectionTrait + TransactionTrait,
 {
-    let backend = conn.get_database_backend();
-    let mut stmt = statement(backend, row);
     let plain = |error| InsertError {
         error,
         aborted: false,
     };
-    if backend != DbBackend::Postgres {
-        let done = conn.execute(&stmt).await.map_err(plain)?;
-        return i64::try_from(done.last_insert_id()).map_err(|_| plain(DbErr::UnpackInsertId));
+    if conn.get_database_backend() != DbBackend::Postgres {
+        return write(conn, row).await.map_err(plain);
     }
-    stmt.returning_col(Column::Id);
     let savepoint = conn.begin().await.map_err(plain)?;
-    let inserted = savepoint.query_one(&stmt).await;
-    let id = match inserted {
-        Ok(Some(row)) => row.try_get_by_index::<i64>(0),
-        Ok(None) => Err(DbErr::UnpackInsertId),
-        Err(e) => Err(e),
-    };
-    match id {
-        Ok(id) => {
+    match write(&savepoint, row).await {
+        Ok(written) => {
             savepoint.commit().await.map_err(|error| InsertError {
                 error,
                 aborted: true,
             })?;
-            Ok(id)
+            Ok(written)
         }
         Err(error) => {
             let aborted = savepoint.rollback().await.is_err();
             Err(InsertError { error, aborted })
         }
     }
+}
+
+/// Writes `row`: keyed ([`keyed::insert`](super::keyed::insert)) when it has
+/// an idempotency key, plainly otherwise.
+pub(crate) async fn write<C: ConnectionTrait>(conn: &C, row: &NewRow) -> Result<Keyed, DbErr> {
+    if row.idempotency_key.is_some() {
+        return super::keyed::insert(conn, row).await;
+    }
+    insert_plain(conn, row).await.map(Keyed::New)
 }
 
 /// PostgreSQL: writes buffered rows (ids handed out beforehand from

@@ -40,6 +40,7 @@ pub mod errors_log;
 pub mod heartbeat;
 pub mod ids;
 pub mod insert;
+pub(crate) mod keyed;
 mod lease;
 pub mod operator;
 pub mod pause;

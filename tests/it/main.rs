@@ -15,6 +15,7 @@ mod defs;
 mod faults;
 mod history;
 mod http;
+mod idempotent;
 mod inputs;
 mod mail;
 mod ops;

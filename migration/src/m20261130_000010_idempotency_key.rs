@@ -1,0 +1,90 @@
+//! Makes `idempotency_key` unique per definition among notices in flight:
+//! a unique index on `notify_msg (def_id, idempotency_key)` (partial, `WHERE
+//! idempotency_key IS NOT NULL`, on PostgreSQL and SQLite; rows without a
+//! key are never in conflict on any backend, NULLs being distinct), and a
+//! plain index on the same columns of `notify_msg_history` for the lookup
+//! an idempotent add makes there.
+//!
+//! Notices already in flight that share a key would make the unique index
+//! impossible: the migration then stops before changing anything and names
+//! them, so that an operator decides (finish or cancel the extras, or clear
+//! their keys) rather than the migration dropping anything.
+
+use sea_orm_migration::prelude::*;
+use sea_orm_migration::sea_orm::{ConnectionTrait, DbBackend, Statement};
+
+pub struct Migration;
+
+impl MigrationName for Migration {
+    fn name(&self) -> &str {
+        "m20261130_000010_idempotency_key"
+    }
+}
+
+const UNIQUE: &str = "idx_notify_msg_def_key";
+const HISTORY: &str = "idx_notify_msg_history_def_key";
+
+#[async_trait::async_trait]
+impl MigrationTrait for Migration {
+    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        let db = manager.get_connection();
+        let backend = manager.get_database_backend();
+        let dupes = db
+            .query_all_raw(Statement::from_string(
+                backend,
+                "SELECT def_id, idempotency_key, COUNT(*) AS n, MIN(id) AS first_id \
+                 FROM notify_msg WHERE idempotency_key IS NOT NULL \
+                 GROUP BY def_id, idempotency_key HAVING COUNT(*) > 1 \
+                 ORDER BY def_id, idempotency_key",
+            ))
+            .await?;
+        if !dupes.is_empty() {
+            let mut listed = Vec::new();
+            for row in dupes.iter().take(10) {
+                let def_id: i64 = row.try_get("", "def_id")?;
+                let key: String = row.try_get("", "idempotency_key")?;
+                let n: i64 = row.try_get("", "n")?;
+                listed.push(format!("def_id {def_id} key {key:?}: {n} notices"));
+            }
+            return Err(DbErr::Migration(format!(
+                "{} idempotency keys are shared by several notices in flight ({}{}); \
+                 idempotency keys become unique per definition. Finish or cancel the extra \
+                 notices (`solid-notify show --key K`, `solid-notify cancel`), or clear their \
+                 keys (UPDATE notify_msg SET idempotency_key = NULL WHERE id = …), then migrate again",
+                dupes.len(),
+                listed.join("; "),
+                if dupes.len() > 10 { "; …" } else { "" },
+            )));
+        }
+        let unique = match backend {
+            DbBackend::MySql => {
+                format!("CREATE UNIQUE INDEX {UNIQUE} ON notify_msg (def_id, idempotency_key)")
+            }
+            _ => format!(
+                "CREATE UNIQUE INDEX IF NOT EXISTS {UNIQUE} ON notify_msg (def_id, idempotency_key) \
+                 WHERE idempotency_key IS NOT NULL"
+            ),
+        };
+        db.execute_unprepared(&unique).await?;
+        manager
+            .create_index(
+                Index::create()
+                    .name(HISTORY)
+                    .table(Alias::new("notify_msg_history"))
+                    .col(Alias::new("def_id"))
+                    .col(Alias::new("idempotency_key"))
+                    .if_not_exists()
+                    .to_owned(),
+            )
+            .await
+    }
+
+    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        for (name, table) in [(UNIQUE, "notify_msg"), (HISTORY, "notify_msg_history")] {
+            manager
+                .drop_index(Index::drop().name(name).table(Alias::new(table)).to_owned())
+                .await?;
+        }
+        Ok(())
+    }
+}
