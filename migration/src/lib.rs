@@ -1,7 +1,7 @@
 //! Schema migrations of solid-notify.
 //!
 //! Creates `notify_def`, `notify_msg`, `notify_msg_history` and
-//! `notify_worker` on SQLite,
+//! `notify_worker` and `notify_rate` on SQLite,
 //! PostgreSQL and MySQL/MariaDB. The migrator keeps its own tracking table,
 //! [`MIGRATION_TABLE`], so it never collides with the application's migrator.
 //!
@@ -21,6 +21,7 @@ mod m20261127_000007_worker_heartbeat;
 mod m20261128_000008_error_policy;
 mod m20261129_000009_retry_shape;
 mod m20261130_000010_idempotency_key;
+mod m20261201_000011_rate_limit;
 
 pub use m20261124_000004_wake_trigger::WAKE_CHANNEL;
 
@@ -44,6 +45,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261128_000008_error_policy::Migration),
             Box::new(m20261129_000009_retry_shape::Migration),
             Box::new(m20261130_000010_idempotency_key::Migration),
+            Box::new(m20261201_000011_rate_limit::Migration),
         ]
     }
 

@@ -3,7 +3,9 @@
 //! idempotency_key IS NOT NULL`, on PostgreSQL and SQLite; rows without a
 //! key are never in conflict on any backend, NULLs being distinct), and a
 //! plain index on the same columns of `notify_msg_history` for the lookup
-//! an idempotent add makes there.
+//! an idempotent add makes there. On MySQL/MariaDB the key column of both
+//! tables gets a binary collation first, so keys compare byte for byte as on
+//! the other backends (not case-, accent- or trailing-space-blind).
 //!
 //! Notices already in flight that share a key would make the unique index
 //! impossible: the migration then stops before changing anything and names
@@ -55,6 +57,36 @@ impl MigrationTrait for Migration {
                 listed.join("; "),
                 if dupes.len() > 10 { "; …" } else { "" },
             )));
+        }
+        if backend == DbBackend::MySql {
+            // Keys compare byte for byte, as on the other backends: the
+            // default collation would make `Order-1` and `order-1` (or
+            // `k` and `k `) one key, and the second notice would be
+            // taken for the first. A no-pad binary collation where the
+            // server has one.
+            let collation = ["utf8mb4_nopad_bin", "utf8mb4_0900_bin", "utf8mb4_bin"];
+            let mut chosen = "utf8mb4_bin";
+            for name in collation {
+                let found = db
+                    .query_one_raw(Statement::from_string(
+                        backend,
+                        format!(
+                            "SELECT 1 FROM information_schema.COLLATIONS WHERE COLLATION_NAME = '{name}'"
+                        ),
+                    ))
+                    .await?;
+                if found.is_some() {
+                    chosen = name;
+                    break;
+                }
+            }
+            for table in ["notify_msg", "notify_msg_history"] {
+                db.execute_unprepared(&format!(
+                    "ALTER TABLE {table} MODIFY idempotency_key VARCHAR(255) \
+                     CHARACTER SET utf8mb4 COLLATE {chosen} NULL"
+                ))
+                .await?;
+            }
         }
         let unique = match backend {
             DbBackend::MySql => {

@@ -37,6 +37,8 @@ pub struct PendingNotice {
     /// PostgreSQL, [`Notifier::begin`](crate::Notifier::begin): the row is
     /// buffered and written with the `COMMIT`.
     pub(crate) on_commit: bool,
+    /// Claim the reservation even after a commit the library saw.
+    claim_after_commit: bool,
 }
 
 /// How an after-commit attempt gets hold of its row.
@@ -76,6 +78,7 @@ impl PendingNotice {
             written,
             start,
             on_commit: false,
+            claim_after_commit: false,
         }
     }
 
@@ -104,10 +107,20 @@ impl PendingNotice {
     /// The same notice, its transaction seen to commit by the library.
     pub(crate) fn committed(self) -> Self {
         let start = match self.start {
-            Start::ClaimReservation => Start::Held,
+            Start::ClaimReservation if !self.claim_after_commit => Start::Held,
             other => other,
         };
         PendingNotice { start, ..self }
+    }
+
+    /// The same notice, whose row the caller could still roll back to a
+    /// savepoint of its own: its attempt claims the reservation even after
+    /// a commit the library saw.
+    pub(crate) fn claim_after_commit(self) -> Self {
+        PendingNotice {
+            claim_after_commit: true,
+            ..self
+        }
     }
 
     /// The notice's id: the new notice's, or for an idempotent add that

@@ -41,7 +41,7 @@ use crate::{
     def::DefRef,
     entity::notify_msg,
     handler::Outcome,
-    state::{Lease, claim},
+    state::{Lease, claim, rate},
 };
 
 /// How one attempt of one notice ended.
@@ -199,7 +199,47 @@ pub(crate) async fn run(
             );
         }
         let mut lease = lease;
+        // A failed try to be tried again: logged once the next try starts,
+        // else it is the attempt's outcome.
+        let mut retrying: Option<(chrono::NaiveDateTime, Outcome)> = None;
         let outcome = loop {
+            // Every try takes a unit of the definition's rate budget. Over
+            // the limit, the first try is released uncharged until the next
+            // window; an immediate retry ends the attempt with the failure
+            // it retried.
+            if let Some(limit) = def.rate_limit {
+                let refused = match crate::state::rate::take(&inner.store, def.id, limit).await {
+                    Ok(rate::Take::Granted) => None,
+                    Ok(rate::Take::Full(wait)) => Some((
+                        wait,
+                        format!("rate limit {limit} of `{}` reached", def.name),
+                    )),
+                    Err(e) => Some((
+                        std::time::Duration::ZERO,
+                        format!("cannot take from the rate budget of `{}`: {e}", def.name),
+                    )),
+                };
+                if let Some((wait, reason)) = refused {
+                    if let Some((_, failure)) = retrying.take() {
+                        break Some(failure);
+                    }
+                    drop(permit);
+                    return Ran::Done(
+                        Box::pin(record::release_for(
+                            notifier,
+                            lease,
+                            wait,
+                            reason,
+                            &stop.give_up,
+                        ))
+                        .await,
+                    );
+                }
+            }
+            if let Some((at, Outcome::Retry { reason })) = retrying.take() {
+                tracing::debug!(notice_id = lease.id(), tries = lease.tries() + 1, %reason, "retrying at once");
+                lease.failed_try(at, &reason);
+            }
             // Boxed: the delivery's state (any channel's) is freed as soon
             // as it ends, while the attempt may still wait for its recording.
             let delivery = Box::pin(deliver::deliver(inner, &def, &lease, timeout));
@@ -211,9 +251,9 @@ pub(crate) async fn run(
             // ahead of their recording, and the next one must see a circuit
             // this one opened.
             crate::circuit::observe(notifier, &def, &outcome);
-            let Outcome::Retry { reason } = &outcome else {
+            if !matches!(outcome, Outcome::Retry { .. }) {
                 break Some(outcome);
-            };
+            }
             // Immediate retries: only while the next try (its delay, the
             // timeout, the margin) fits in the lease, and never into an
             // open circuit or after a probe.
@@ -230,12 +270,16 @@ pub(crate) async fn run(
                 _ = tokio::time::sleep(immediate.delay) => true,
                 _ = stop.abort.cancelled() => false,
             };
-            if !waited {
-                // Shutting down between tries: this failure is the attempt's.
+            // Shutting down between tries, a sleep that overran, or a claim
+            // lost meanwhile (an operator cancelled the notice): this
+            // failure is the attempt's.
+            if !waited
+                || lease.remaining() < needed
+                || !matches!(claim::still_held(&inner.store, &lease).await, Ok(true))
+            {
                 break Some(outcome);
             }
-            tracing::debug!(notice_id = lease.id(), tries = lease.tries() + 1, %reason, "retrying at once");
-            lease.failed_try(failed_at, reason);
+            retrying = Some((failed_at, outcome));
         };
         drop(permit);
         // A success after failed tries writes their lines: recorded inline.

@@ -127,7 +127,18 @@ pub(crate) async fn release(
     reason: String,
     give_up: &CancellationToken,
 ) -> AttemptResult {
-    match persist(lease, give_up, Lease::release).await {
+    release_for(notifier, lease, Duration::ZERO, reason, give_up).await
+}
+
+/// Releases a lease that will not be attempted now, due again after `wait`.
+pub(crate) async fn release_for(
+    notifier: &Notifier,
+    lease: Lease,
+    wait: Duration,
+    reason: String,
+    give_up: &CancellationToken,
+) -> AttemptResult {
+    match persist(lease, give_up, |l| l.release_for(wait)).await {
         Ok(true) => {
             notifier.inner.count_released(1);
             AttemptResult::Released { reason }

@@ -607,6 +607,7 @@ pub(super) async fn defs(
                     dt { "Max retries" } dd { @if d.max_retry_times < 0 { "unlimited" } @else { (d.max_retry_times) } }
                     dt { "Longest wait" } dd { @if d.max_retry_interval <= 0 { "no cap" } @else { (d.max_retry_interval) " min" } }
                     @if d.retry_jitter > 0 { dt { "Jitter" } dd { "±" (d.retry_jitter) "% of each wait" } }
+                    @if !d.rate_limit.is_empty() { dt { "Rate limit" } dd { (d.rate_limit) ", across all workers" } }
                     @if d.immediate_retries > 0 { dt { "Immediate retries" } dd { (d.immediate_retries) ", " (d.immediate_retry_delay) " ms apart, within the claim" } }
                     dt { "Alert" } dd {
                         (match d.alert_trigger_type {

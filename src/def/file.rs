@@ -20,6 +20,7 @@
 //! immediate_retries = 2              # tries again at once, within the claim
 //! immediate_retry_delay = "200ms"    # before each of them
 //! retry_jitter = "20%"               # spread each scheduled wait by ±20%
+//! rate_limit = "50/s"                # tries started per second across all workers
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -175,7 +176,8 @@ fn parse_each(text: &str, source: &str) -> Result<Vec<Result<DefSpec>>> {
         .collect())
 }
 
-const KNOWN: [&str; 17] = [
+const KNOWN: [&str; 18] = [
+    "rate_limit",
     "immediate_retries",
     "immediate_retry_delay",
     "retry_jitter",
@@ -248,6 +250,9 @@ fn spec_from_table(name: &str, mut t: Table) -> FieldResult<DefSpec> {
     }
     if let Some(v) = take_str(&mut t, "description")? {
         spec.description = v;
+    }
+    if let Some(v) = take_str(&mut t, "rate_limit")? {
+        spec.rate_limit = v;
     }
     if let Some(v) = take_str(&mut t, "on_error")? {
         spec.on_error = v;
@@ -397,6 +402,8 @@ mod tests {
             ("immediate_retry_delay = 200", "immediate_retry_delay"),
             ("retry_jitter = \"20\"", "retry_jitter"),
             ("retry_jitter = \"150%\"", "retry_jitter"),
+            ("rate_limit = 50", "rate_limit"),
+            ("rate_limit = \"fast\"", "rate_limit"),
         ] {
             let e = problem(&format!("{base}{extra}\n"));
             assert_eq!(

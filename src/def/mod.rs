@@ -110,6 +110,59 @@ pub struct Def {
     pub on_error: OnError,
     /// Tries again within the same claim before the schedule takes over.
     pub immediate: ImmediateRetries,
+    /// Most tries started per window, across all workers; `None`: no limit.
+    pub rate_limit: Option<RateLimit>,
+}
+
+/// A definition's `rate_limit`: at most `count` tries start in each aligned
+/// window of `per` (by the database's clock), across every worker and
+/// after-commit attempt, counted in `notify_rate`
+/// ([`crate::state::rate`]). A notice over the limit is not attempted and
+/// not charged: its claim is released, due when the next window begins.
+/// Windows are fixed, so up to twice `count` may start within one period
+/// that straddles a boundary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateLimit {
+    /// Tries per window (1 to [`MAX_RATE_COUNT`]).
+    pub count: u32,
+    /// The window: one second, minute or hour.
+    pub per: Duration,
+}
+
+/// Largest count a `rate_limit` accepts.
+pub const MAX_RATE_COUNT: u32 = 1_000_000;
+
+impl RateLimit {
+    /// Parses `50/s`, `600/m` or `1000/h`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let bad = || format!("`{text}` is not a rate like \"50/s\", \"600/m\" or \"1000/h\"");
+        let (count, unit) = text.trim().split_once('/').ok_or_else(bad)?;
+        let count: u32 = count.trim().parse().map_err(|_| bad())?;
+        if count == 0 || count > MAX_RATE_COUNT {
+            return Err(format!(
+                "{}: the count must be 1 to {MAX_RATE_COUNT}",
+                bad()
+            ));
+        }
+        let per = match unit.trim() {
+            "s" => Duration::from_secs(1),
+            "m" => Duration::from_secs(60),
+            "h" => Duration::from_secs(3_600),
+            _ => return Err(bad()),
+        };
+        Ok(RateLimit { count, per })
+    }
+}
+
+impl std::fmt::Display for RateLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let unit = match self.per.as_secs() {
+            1 => "s",
+            60 => "m",
+            _ => "h",
+        };
+        write!(f, "{}/{unit}", self.count)
+    }
 }
 
 /// Retries run at once, within the claim of the attempt that failed, before
@@ -250,6 +303,11 @@ pub struct DefSpec {
     /// [`MAX_RETRY_JITTER`]. Default 0. (TOML: `"20%"`.)
     #[serde(default)]
     pub retry_jitter: i64,
+    /// Most tries started per second, minute or hour across all workers:
+    /// `50/s`, `600/m`, `1000/h`; empty: no limit. Default empty. See
+    /// [`RateLimit`].
+    #[serde(default)]
+    pub rate_limit: String,
 }
 
 /// Default circuit window: 60 seconds.
@@ -299,6 +357,7 @@ impl DefSpec {
             immediate_retries: 0,
             immediate_retry_delay: DEFAULT_IMMEDIATE_RETRY_DELAY_MS,
             retry_jitter: 0,
+            rate_limit: String::new(),
         }
     }
 
@@ -330,6 +389,7 @@ impl DefSpec {
             immediate_retries: row.immediate_retries.into(),
             immediate_retry_delay: row.immediate_retry_delay.into(),
             retry_jitter: row.retry_jitter.into(),
+            rate_limit: row.rate_limit.clone(),
         })
     }
 
@@ -489,6 +549,10 @@ impl DefSpec {
                     ),
                 )
             })?;
+        let rate_limit = match self.rate_limit.trim() {
+            "" => None,
+            text => Some(RateLimit::parse(text).map_err(|p| fail("rate_limit", p))?),
+        };
         Ok(Def {
             id,
             name: self.name.clone(),
@@ -508,6 +572,7 @@ impl DefSpec {
             circuit,
             on_error,
             immediate,
+            rate_limit,
         })
     }
 }
@@ -601,11 +666,31 @@ mod tests {
             ),
             ("retry_jitter", Box::new(|s| s.retry_jitter = 101)),
             ("retry_jitter", Box::new(|s| s.retry_jitter = -1)),
+            ("rate_limit", Box::new(|s| s.rate_limit = "50".into())),
+            ("rate_limit", Box::new(|s| s.rate_limit = "0/s".into())),
+            ("rate_limit", Box::new(|s| s.rate_limit = "5/d".into())),
         ];
         for (field, edit) in cases {
             let mut s = spec();
             edit(&mut s);
             assert_eq!(field_of(s), field);
+        }
+    }
+
+    #[test]
+    fn rate_limits_parse_and_print() {
+        for text in ["50/s", "600/m", "1000/h"] {
+            assert_eq!(RateLimit::parse(text).unwrap().to_string(), text);
+        }
+        assert_eq!(
+            RateLimit::parse(" 7 / s ").unwrap(),
+            RateLimit {
+                count: 7,
+                per: Duration::from_secs(1)
+            }
+        );
+        for bad in ["", "s", "/s", "-1/s", "1.5/s", "1/x", "1000001/s"] {
+            assert!(RateLimit::parse(bad).is_err(), "{bad}");
         }
     }
 

@@ -98,6 +98,7 @@ fn write_spec(active: &mut notify_def::ActiveModel, spec: &DefSpec) {
     active.immediate_retries = Set(int(spec.immediate_retries));
     active.immediate_retry_delay = Set(int(spec.immediate_retry_delay));
     active.retry_jitter = Set(i16::try_from(spec.retry_jitter).unwrap_or(i16::MAX));
+    active.rate_limit = Set(spec.rate_limit.clone());
 }
 
 /// Validates a stored row.

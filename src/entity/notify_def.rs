@@ -62,6 +62,8 @@ pub struct Model {
     pub immediate_retry_delay: i32,
     /// Percentage each scheduled wait is spread by (±).
     pub retry_jitter: i16,
+    /// Most tries per window across all workers (`50/s`); empty: none.
+    pub rate_limit: String,
 }
 
 /// No relations are declared: `notify_msg.def_id` is a plain column so that

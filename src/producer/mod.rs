@@ -187,7 +187,7 @@ impl Notifier {
         if pending.is_empty() {
             return Vec::new();
         }
-        if pending.iter().any(|p| !p.reserved()) {
+        if pending.iter().any(|p| p.is_new() && !p.reserved()) {
             self.wake_workers();
         }
         if wait {
@@ -362,12 +362,14 @@ impl NoticeTx {
             Kind::Pg(pg) => {
                 let (row, def) = self.notifier.prepare(self, notice).await?;
                 if row.idempotency_key.is_some() {
-                    // Keyed: written now, so that the key's index decides
-                    // (a failure here fails the commit, as a buffered
-                    // insert's would).
+                    // Keyed: written now, so that the key's index decides,
+                    // inside a savepoint (an error rolls back only the
+                    // notice). The caller may still roll back to a
+                    // savepoint of its own, so the attempt after the commit
+                    // claims the row first.
                     let written = std::time::Instant::now();
-                    let inserted = insert::write(self, &row).await?;
-                    Ok(pending(inserted, row, def, written))
+                    let inserted = pg_keyed(self, &row).await?;
+                    Ok(pending(inserted, row, def, written).claim_after_commit())
                 } else {
                     let id = pg.next_id(&self.notifier.inner.ids).await?;
                     // Written with the commit; `written` is set again then.
@@ -438,6 +440,31 @@ impl NoticeTx {
             pending = pending.into_iter().map(PendingNotice::committed).collect();
         }
         Ok((self.notifier, pending))
+    }
+}
+
+/// PostgreSQL, [`Notifier::begin`]: writes a keyed notice now, inside a
+/// savepoint of its own.
+async fn pg_keyed(tx: &NoticeTx, row: &NewRow) -> Result<Keyed> {
+    tx.execute_unprepared("SAVEPOINT solid_notify_key").await?;
+    match insert::write(tx, row).await {
+        Ok(inserted) => {
+            tx.execute_unprepared("RELEASE SAVEPOINT solid_notify_key")
+                .await?;
+            Ok(inserted)
+        }
+        Err(e) => {
+            if let Err(undo) = tx
+                .execute_unprepared("ROLLBACK TO SAVEPOINT solid_notify_key")
+                .await
+            {
+                return Err(Error::TransactionAborted(format!("{e}; then {undo}")));
+            }
+            tx.execute_unprepared("RELEASE SAVEPOINT solid_notify_key")
+                .await
+                .ok();
+            Err(Error::Db(e))
+        }
     }
 }
 

@@ -242,6 +242,19 @@ pub(crate) async fn claim_one(
     Ok(Some(Lease::new(store.clone(), claimed, started)))
 }
 
+/// Whether `lease`'s row is still in flight at the claimed version (checked
+/// before an immediate retry: an operator may have cancelled it).
+pub(crate) async fn still_held(store: &Store, lease: &Lease) -> Result<bool, DbErr> {
+    Ok(notify_msg::Entity::find()
+        .select_only()
+        .column(Column::Id)
+        .filter(columns::at_version(lease.id(), lease.version()))
+        .into_tuple::<i64>()
+        .one(&store.db)
+        .await?
+        .is_some())
+}
+
 /// Claims the reservation of a new notice (version 0, written `leased` for
 /// its after-commit attempt) for an attempt that cannot know the row was
 /// committed: bumps the version and stamps `last_call_time`, keeping the

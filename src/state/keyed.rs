@@ -113,8 +113,10 @@ async fn insert_unless_taken<C: ConnectionTrait>(
 }
 
 /// Whether `e` is the unique key index refusing a second notice of a key.
-fn is_key_conflict(e: &DbErr) -> bool {
-    matches!(e.sql_err(), Some(SqlErr::UniqueConstraintViolation(msg)) if msg.contains(UNIQUE_KEY_INDEX))
+pub(crate) fn is_key_conflict(e: &DbErr) -> bool {
+    // PostgreSQL and MySQL name the index; SQLite names the columns.
+    matches!(e.sql_err(), Some(SqlErr::UniqueConstraintViolation(msg))
+        if msg.contains(UNIQUE_KEY_INDEX) || msg.contains("notify_msg.idempotency_key"))
 }
 
 /// The oldest notice of `def_id` with `key` in `table`.

@@ -209,12 +209,18 @@ impl Lease {
         self.done(())
     }
 
-    /// Makes the row due again at once, for any sender. `false`: lost.
-    pub async fn release(self) -> Result<bool, Held> {
-        let sets = vec![
+    /// Makes the row due again after `wait` (by the database's clock; zero:
+    /// at once), for any sender, uncharged: an attempt not made here, or a
+    /// try the rate limit did not allow. `false`: lost.
+    pub async fn release_for(self, wait: Duration) -> Result<bool, Held> {
+        let mut sets = vec![
             (Column::Leased, Expr::val(false)),
-            (Column::NextCallTime, clock::now(self.backend())),
+            (Column::NextCallTime, clock::after(self.backend(), wait)),
         ];
+        // Tries that failed before the attempt was abandoned keep their lines.
+        if let Some(log) = &self.tries_log {
+            sets.push((Column::Errors, Expr::val(log.clone())));
+        }
         let guard = columns::at_version(self.id(), self.version());
         match db::on_conflict_retry(|| columns::update(&self.store.db, guard.clone(), sets.clone()))
             .await
@@ -397,12 +403,16 @@ impl Drop for Lease {
             "lease dropped without an outcome; releasing it"
         );
         let store = self.store.clone();
+        let tries_log = self.tries_log.take();
         runtime.spawn(async move {
             let pairs = [(id, version)];
-            let sets = vec![
+            let mut sets = vec![
                 (Column::Leased, Expr::val(false)),
                 (Column::NextCallTime, clock::now(store.backend())),
             ];
+            if let Some(log) = tries_log {
+                sets.push((Column::Errors, Expr::val(log)));
+            }
             if let Err(e) = columns::update(&store.db, columns::at_versions(&pairs), sets).await {
                 tracing::warn!(notice_id = id, error = %e, "cannot release a dropped lease; it runs out by itself");
             }

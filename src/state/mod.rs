@@ -10,7 +10,8 @@
 //! |---|---|---|---|
 //! | — | insert, in the caller's transaction | 0, due now or reserved for the after-commit attempt | [`insert`] |
 //! | 0 / 2 / 4 due (or reserved) | claim: version + 1, `leased`, lease from the DB clock | same status, leased | [`claim`] |
-//! | leased | release: due now | same status | [`Lease::release`] |
+//! | leased | release: due now | same status | [`Lease::release_for`] |
+//! | leased, over its rate limit | release until the next window, uncharged | same status | [`Lease::release_for`], [`rate`] |
 //! | leased | retry at T: errors + line, `retry_times` + 1 | 2 | [`Lease::retry`] |
 //! | leased | succeed | history 1 | [`Lease::succeed`], [`batch::succeed_many`] |
 //! | leased | fail for good (+ alert notice, same transaction) | history 3 | [`Lease::fail_for_good`] |
@@ -44,6 +45,7 @@ pub(crate) mod keyed;
 mod lease;
 pub mod operator;
 pub mod pause;
+pub(crate) mod rate;
 pub(crate) mod retention;
 
 use std::time::Duration;

@@ -130,10 +130,27 @@ pub(crate) async fn requeue(
         ),
         (Column::Errors, audited(rows, note, at)),
     ];
-    let guard =
-        guard(rows)
-            .add(Expr::col(Column::Status).is_in(
-                [Status::FinalFailure, Status::Cancelled, Status::Parked].map(|s| s as i16),
-            ));
-    move_guarded(store, Table::History, Table::Live, guard, sets).await
+    let requeueable = |rows: &[Seen]| {
+        guard(rows).add(
+            Expr::col(Column::Status)
+                .is_in([Status::FinalFailure, Status::Cancelled, Status::Parked].map(|s| s as i16)),
+        )
+    };
+    match move_guarded(store, Table::History, Table::Live, requeueable(rows), sets).await {
+        Err(e) if super::keyed::is_key_conflict(&e) && rows.len() > 1 => {
+            // A notice of the same key is in flight (or twice in this
+            // batch, from before keys were unique): one at a time, leaving
+            // in history each one whose key is taken.
+            let mut moved = Vec::new();
+            for row in rows {
+                moved.extend(Box::pin(requeue(store, std::slice::from_ref(row), note, at)).await?);
+            }
+            Ok(moved)
+        }
+        Err(e) if super::keyed::is_key_conflict(&e) => {
+            tracing::warn!(notice_id = rows[0].id, error = %e, "not requeued: a notice with its idempotency key is in flight");
+            Ok(Vec::new())
+        }
+        other => other,
+    }
 }

@@ -217,7 +217,11 @@ db_test!(the_migration_names_keys_already_shared, |db: Arc<
 >| async move {
     use migration::MigratorTrait;
     db.def("ship", "ship", |_| {}).await;
-    migration::Migrator::down(&db.db, Some(1)).await.unwrap();
+    // Back to before migration 10 (the unique key index).
+    let after_ten = migration::Migrator::migrations().len() as u32 - 9;
+    migration::Migrator::down(&db.db, Some(after_ten))
+        .await
+        .unwrap();
     let insert = "INSERT INTO notify_msg (def_id, param, description, idempotency_key) \
                       SELECT id, '{}', '', 'dup' FROM notify_def WHERE name = 'ship'";
     db.db.execute_unprepared(insert).await.unwrap();
@@ -235,3 +239,88 @@ db_test!(the_migration_names_keys_already_shared, |db: Arc<
     migration::Migrator::up(&db.db, None).await.unwrap();
     assert_eq!(rows_with_key(&db, "dup").await, (1, 0));
 });
+
+db_test!(
+    keys_compare_byte_for_byte_and_requeue_skips_a_taken_key,
+    |db: Arc<TestDb>| async move {
+        db.def("ship", "ship", |s| s.max_retry_times = 0).await;
+        let rec = Recorder::default();
+        let notifier = db
+            .notifier()
+            .handler("ship", rec.handler(|_| Outcome::retry("down")))
+            .build()
+            .unwrap();
+        // Case, accents and a trailing space make different keys on every
+        // backend (MariaDB's default collation would merge them).
+        let tx = notifier.begin().await.unwrap();
+        let mut ids = Vec::new();
+        for key in ["Order-1", "order-1", "ordér-1", "order-1 "] {
+            ids.push(
+                tx.add(NewNotice::new("ship", &json!({})).idempotency_key(key))
+                    .await
+                    .unwrap(),
+            );
+        }
+        let reports = tx.commit_and_wait().await.unwrap();
+        let distinct: std::collections::HashSet<i64> = ids.iter().copied().collect();
+        assert_eq!(distinct.len(), 4, "{ids:?}");
+        assert!(
+            reports
+                .iter()
+                .all(|r| matches!(r.result, AttemptResult::FinalFailure { .. }))
+        );
+
+        // "Order-1" failed for good; a plain-SQL producer adds the key again
+        // (the index covers notices in flight only). Requeueing the failed
+        // one would make two: it stays in history, the others go.
+        db.db
+            .execute_unprepared(
+                "INSERT INTO notify_msg (def_id, param, description, idempotency_key) \
+                 SELECT id, '{}', '', 'Order-1' FROM notify_def WHERE name = 'ship'",
+            )
+            .await
+            .unwrap();
+        let action = solid_notify::ops::BulkAction::new(
+            solid_notify::ops::NoticeFilter {
+                def: Some("ship".into()),
+                ..Default::default()
+            },
+            solid_notify::ops::Audit::new("ops", "replay"),
+        );
+        let report = notifier.requeue_where(&action).await.unwrap();
+        assert_eq!(report.changed, 3, "{report:?}");
+        assert_eq!(rows_with_key(&db, "Order-1").await, (1, 1));
+        assert!(db.history_of(ids[0]).await.is_some(), "left in history");
+    }
+);
+
+db_test!(
+    a_keyed_notice_rolled_back_to_a_savepoint_is_never_sent,
+    |db: Arc<TestDb>| async move {
+        if db.db.get_database_backend() != DbBackend::Postgres {
+            return; // buffered PostgreSQL transactions only: see the closing note
+        }
+        let (notifier, rec) = db.shipping().await;
+        let tx = notifier.begin().await.unwrap();
+        db.insert_order(&tx, 1).await;
+        tx.execute_unprepared("SAVEPOINT mine").await.unwrap();
+        let gone = tx
+            .add(NewNotice::new("ship", &json!({})).idempotency_key("k1"))
+            .await
+            .unwrap();
+        tx.execute_unprepared("ROLLBACK TO SAVEPOINT mine")
+            .await
+            .unwrap();
+        let kept = tx
+            .add(NewNotice::new("ship", &json!({})).idempotency_key("k1"))
+            .await
+            .unwrap();
+        assert_ne!(gone, kept, "the rolled-back notice does not hold the key");
+        let reports = tx.commit_and_wait().await.unwrap();
+        assert_eq!(reports[0].result, AttemptResult::LostClaim, "{reports:?}");
+        assert_eq!(reports[1].result, AttemptResult::Succeeded);
+        assert_eq!(rec.count_for(gone), 0);
+        assert_eq!(rec.count_for(kept), 1);
+        assert_eq!(rows_with_key(&db, "k1").await, (0, 1));
+    }
+);

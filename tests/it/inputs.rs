@@ -156,6 +156,7 @@ db_test!(definitions_edited_in_the_table_take_effect, |db: Arc<
         ("immediate_retry_delay", "100"),
         ("retry_jitter", "0"),
         ("on_error", "'retry'"),
+        ("rate_limit", "''"),
     ];
     for (field, bad) in [
         ("immediate_retries", "11"),
@@ -163,6 +164,8 @@ db_test!(definitions_edited_in_the_table_take_effect, |db: Arc<
         ("immediate_retry_delay", "600000"),
         ("retry_jitter", "101"),
         ("on_error", "'ignore'"),
+        ("rate_limit", "'fast'"),
+        ("rate_limit", "'0/s'"),
     ] {
         let set: Vec<String> = valid
             .iter()

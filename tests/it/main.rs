@@ -20,6 +20,7 @@ mod inputs;
 mod mail;
 mod ops;
 mod producer;
+mod rate;
 mod retry;
 mod smtp;
 mod trace;

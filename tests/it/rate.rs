@@ -1,0 +1,87 @@
+//! Rate limit: a definition's `rate_limit` holds across every worker.
+
+use std::{
+    collections::{BTreeMap, HashSet},
+    sync::{Arc, Mutex},
+};
+
+use solid_notify::{Outcome, Status, WorkerConfig};
+
+use crate::{
+    db_test,
+    faults::{fast, quiet, start},
+    support::{TestDb, eventually},
+};
+
+/// A delivered notice and when its handler ran.
+type Call = (i64, chrono::DateTime<chrono::Utc>);
+
+db_test!(a_rate_limit_holds_across_three_workers, |db: Arc<
+    TestDb,
+>| async move {
+    const N: usize = 150;
+    const LIMIT: usize = 20;
+    db.def("throttled", "throttled", |s| {
+        s.rate_limit = format!("{LIMIT}/s")
+    })
+    .await;
+    let calls: Arc<Mutex<Vec<Call>>> = Arc::default();
+    let workers: Vec<_> = (0..3)
+        .map(|_| {
+            let calls = calls.clone();
+            let notifier = db
+                .notifier()
+                .config(quiet())
+                .handler("throttled", move |n: solid_notify::Notice| {
+                    let calls = calls.clone();
+                    async move {
+                        calls.lock().unwrap().push((n.id, chrono::Utc::now()));
+                        Ok(Outcome::success())
+                    }
+                })
+                .build()
+                .unwrap();
+            start(notifier, fast(WorkerConfig::default()))
+        })
+        .collect();
+    db.insert_due("throttled", N, |_| 0).await;
+    eventually(30, "every notice delivered", || async {
+        (db.counts().await == (0, N as u64)).then_some(())
+    })
+    .await;
+    for worker in workers {
+        worker.stop().await;
+    }
+    let calls = calls.lock().unwrap().clone();
+    let ids: HashSet<i64> = calls.iter().map(|c| c.0).collect();
+    assert_eq!((calls.len(), ids.len()), (N, N), "each delivered once");
+    // At most LIMIT tries start per aligned second, by the database's
+    // clock (this machine's): a try granted just before a boundary may
+    // reach the handler just after it, hence a little slack.
+    let mut per_second: BTreeMap<i64, usize> = BTreeMap::new();
+    for (_, at) in &calls {
+        *per_second.entry(at.timestamp()).or_default() += 1;
+    }
+    assert!(
+        per_second.values().all(|n| *n <= LIMIT + 3),
+        "calls per second: {per_second:?}"
+    );
+    let first = calls.iter().map(|c| c.1).min().unwrap();
+    let last = calls.iter().map(|c| c.1).max().unwrap();
+    assert!(
+        last - first >= chrono::Duration::milliseconds((N / LIMIT - 1) as i64 * 1000),
+        "{N} at {LIMIT}/s took only {:?}",
+        last - first
+    );
+    // Held back, never charged: no failure, no retry counted.
+    let history = db.history().await;
+    assert!(
+        history
+            .iter()
+            .all(|r| r.status == Status::Succeeded && r.retry_times == 0 && r.errors.is_empty()),
+        "{:?}",
+        history
+            .iter()
+            .find(|r| r.retry_times != 0 || !r.errors.is_empty())
+    );
+});
