@@ -44,6 +44,10 @@ use crate::{
     state::{Lease, claim, rate},
 };
 
+/// How long a claim waits when the rate budget cannot be read (a database
+/// error): one second, then it is due again.
+const RATE_ERROR_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// How one attempt of one notice ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "result", rename_all = "snake_case")]
@@ -214,8 +218,9 @@ pub(crate) async fn run(
                         wait,
                         format!("rate limit {limit} of `{}` reached", def.name),
                     )),
+                    // Not at once: the error would come back at once too.
                     Err(e) => Some((
-                        std::time::Duration::ZERO,
+                        RATE_ERROR_WAIT,
                         format!("cannot take from the rate budget of `{}`: {e}", def.name),
                     )),
                 };
@@ -235,6 +240,20 @@ pub(crate) async fn run(
                         .await,
                     );
                 }
+            }
+            // The checks above took round trips: the try must still fit.
+            if lease.remaining() < needed {
+                if let Some((_, failure)) = retrying.take() {
+                    break Some(failure);
+                }
+                drop(permit);
+                let reason = format!(
+                    "only {:?} of the lease left; an attempt needs {needed:?}",
+                    lease.remaining()
+                );
+                return Ran::Done(
+                    Box::pin(record::release(notifier, lease, reason, &stop.give_up)).await,
+                );
             }
             if let Some((at, Outcome::Retry { reason })) = retrying.take() {
                 tracing::debug!(notice_id = lease.id(), tries = lease.tries() + 1, %reason, "retrying at once");

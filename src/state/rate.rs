@@ -4,8 +4,9 @@
 //! `notify_rate` holds one row per rate-limited definition: the number of
 //! the current window (`floor(epoch seconds / period)`, by the database's
 //! clock) and the tries started in it. Each try takes one unit with a single
-//! guarded `UPDATE` (a new window starts at 1; a full one changes nothing),
-//! so at most `count` tries start in any aligned window, across all
+//! guarded `UPDATE` (a new window starts at 1; a full one changes nothing;
+//! a take that read the clock before the window moved on cannot move it
+//! back), so at most `count` tries start in any aligned window, across all
 //! processes. Windows are fixed, not sliding: up to twice `count` can start
 //! within one period that straddles a window boundary.
 
@@ -31,7 +32,10 @@ fn epoch(backend: DbBackend) -> &'static str {
         DbBackend::Postgres => {
             "SELECT CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION)"
         }
-        DbBackend::MySql => "SELECT CAST(UNIX_TIMESTAMP(NOW(6)) AS DOUBLE)",
+        // Arithmetic on UTC datetimes: no session time zone involved.
+        DbBackend::MySql => {
+            "SELECT CAST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) AS DOUBLE) / 1000000"
+        }
         _ => "SELECT CAST((julianday('now') - 2440587.5) * 86400.0 AS REAL)",
     }
 }
@@ -56,11 +60,11 @@ pub(crate) async fn take(store: &Store, def_id: i64, limit: RateLimit) -> Result
         match backend {
             DbBackend::Postgres => {
                 "UPDATE notify_rate SET used = CASE WHEN window_no = $1 THEN used + 1 ELSE 1 END, \
-                 window_no = $1 WHERE def_id = $2 AND (window_no <> $1 OR used < $3)"
+                 window_no = $1 WHERE def_id = $2 AND (window_no < $1 OR (window_no = $1 AND used < $3))"
             }
             _ => {
                 "UPDATE notify_rate SET used = CASE WHEN window_no = ? THEN used + 1 ELSE 1 END, \
-                 window_no = ? WHERE def_id = ? AND (window_no <> ? OR used < ?)"
+                 window_no = ? WHERE def_id = ? AND (window_no < ? OR (window_no = ? AND used < ?))"
             }
         },
         match backend {
@@ -73,6 +77,7 @@ pub(crate) async fn take(store: &Store, def_id: i64, limit: RateLimit) -> Result
                 (window as i64).into(),
                 (window as i64).into(),
                 def_id.into(),
+                (window as i64).into(),
                 (window as i64).into(),
                 i64::from(limit.count).into(),
             ],

@@ -8,7 +8,7 @@ use serde_json::json;
 use solid_notify::{AttemptResult, NewNotice, Outcome, Status};
 
 use crate::{
-    db_test,
+    db_test, pg_test,
     support::{Recorder, TestDb, eventually},
 };
 
@@ -294,12 +294,9 @@ db_test!(
     }
 );
 
-db_test!(
+pg_test!(
     a_keyed_notice_rolled_back_to_a_savepoint_is_never_sent,
     |db: Arc<TestDb>| async move {
-        if db.db.get_database_backend() != DbBackend::Postgres {
-            return; // buffered PostgreSQL transactions only: see the closing note
-        }
         let (notifier, rec) = db.shipping().await;
         let tx = notifier.begin().await.unwrap();
         db.insert_order(&tx, 1).await;
