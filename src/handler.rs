@@ -75,6 +75,9 @@ pub struct Notice {
     /// `tracestate` when set), sent with HTTP and AMQP deliveries; empty
     /// when the producer had no OpenTelemetry span. See [`crate::trace`].
     pub trace_headers: std::collections::BTreeMap<String, String>,
+    /// The producer's ordering key; with `ordering = "per_key"` this attempt
+    /// runs only after every older notice of the key finished.
+    pub ordering_key: Option<String>,
 }
 
 /// Delivers notices of definitions whose target is `{ "handler": "<name>" }`.

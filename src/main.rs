@@ -84,7 +84,9 @@ enum Command {
     /// required). Each gets an audit line.
     Requeue(Box<BulkArgs>),
     /// Cancel notices in flight: one id, or every one a filter finds (then
-    /// --reason is required). Each moves to history with an audit line.
+    /// --reason is required). Each moves to history with an audit line. One
+    /// id may also be a final failure or parked notice in history: it is
+    /// given up for good (cancelled), releasing its ordering key.
     Cancel(Box<BulkArgs>),
     /// Delete old succeeded and cancelled history in batches.
     Purge {

@@ -61,9 +61,6 @@ pub(crate) struct Inner {
     pub circuits: crate::circuit::Circuits,
     /// Rows released (due again at once) so far.
     released: AtomicU64,
-    /// Bumped whenever notices become due through this notifier; workers
-    /// built on it watch it (in-process wake-ups).
-    wakes: tokio::sync::watch::Sender<u64>,
     /// The earliest time a notice recorded through this notifier falls due
     /// again (a retry, a confirmation deadline), for workers built on it.
     due_hint: tokio::sync::watch::Sender<Option<std::time::Instant>>,
@@ -80,7 +77,7 @@ impl Inner {
 
     /// Wakes the workers built on this notifier: notices are due now.
     pub fn wake_workers(&self) {
-        self.wakes.send_modify(|n| *n = n.wrapping_add(1));
+        self.store.wake_workers();
     }
 
     /// Tells the workers built on this notifier that a notice falls due
@@ -163,7 +160,7 @@ impl Notifier {
 
     /// A receiver that changes whenever [`wake_workers`](Self::wake_workers) is called.
     pub(crate) fn subscribe_wakes(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.inner.wakes.subscribe()
+        self.inner.store.wakes.subscribe()
     }
 
     /// A receiver of the earliest due time recorded in this process.
@@ -208,12 +205,13 @@ impl Notifier {
     }
 
     /// When a new notice is first due: reserved for the after-commit attempt
-    /// when this notifier makes them.
-    pub(crate) fn first_due(&self) -> Due {
-        if self.attempts_after_commit() {
-            Due::Reserved(self.inner.config.lease)
-        } else {
-            Due::Now
+    /// when this notifier makes them, or for a notice that waits its turn
+    /// (`in_turn`: it has an ordering key), due now and claimed in turn.
+    pub(crate) fn first_due(&self, in_turn: bool) -> Due {
+        match (self.attempts_after_commit(), in_turn) {
+            (true, false) => Due::Reserved(self.inner.config.lease),
+            (true, true) => Due::InTurn,
+            (false, _) => Due::Now,
         }
     }
 }
@@ -269,7 +267,6 @@ impl NotifierBuilder {
                 circuits: crate::circuit::Circuits::default(),
                 ids: Default::default(),
                 released: AtomicU64::new(0),
-                wakes: tokio::sync::watch::channel(0).0,
                 due_hint: tokio::sync::watch::channel(None).0,
                 handlers: self.handlers,
                 config: self.config,

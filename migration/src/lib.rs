@@ -22,6 +22,7 @@ mod m20261128_000008_error_policy;
 mod m20261129_000009_retry_shape;
 mod m20261130_000010_idempotency_key;
 mod m20261201_000011_rate_limit;
+mod m20261202_000012_ordering;
 
 pub use m20261124_000004_wake_trigger::WAKE_CHANNEL;
 
@@ -46,6 +47,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261129_000009_retry_shape::Migration),
             Box::new(m20261130_000010_idempotency_key::Migration),
             Box::new(m20261201_000011_rate_limit::Migration),
+            Box::new(m20261202_000012_ordering::Migration),
         ]
     }
 

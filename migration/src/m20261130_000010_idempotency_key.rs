@@ -64,22 +64,7 @@ impl MigrationTrait for Migration {
             // `k` and `k `) one key, and the second notice would be
             // taken for the first. A no-pad binary collation where the
             // server has one.
-            let collation = ["utf8mb4_nopad_bin", "utf8mb4_0900_bin", "utf8mb4_bin"];
-            let mut chosen = "utf8mb4_bin";
-            for name in collation {
-                let found = db
-                    .query_one_raw(Statement::from_string(
-                        backend,
-                        format!(
-                            "SELECT 1 FROM information_schema.COLLATIONS WHERE COLLATION_NAME = '{name}'"
-                        ),
-                    ))
-                    .await?;
-                if found.is_some() {
-                    chosen = name;
-                    break;
-                }
-            }
+            let chosen = binary_collation(db).await?;
             for table in ["notify_msg", "notify_msg_history"] {
                 db.execute_unprepared(&format!(
                     "ALTER TABLE {table} MODIFY idempotency_key VARCHAR(255) \
@@ -119,4 +104,23 @@ impl MigrationTrait for Migration {
         }
         Ok(())
     }
+}
+
+/// MySQL/MariaDB: the collation keys compare under, byte for byte, without
+/// padding where the server has such a collation.
+pub(crate) async fn binary_collation<C: ConnectionTrait>(db: &C) -> Result<&'static str, DbErr> {
+    for name in ["utf8mb4_nopad_bin", "utf8mb4_0900_bin"] {
+        let found = db
+            .query_one_raw(Statement::from_string(
+                DbBackend::MySql,
+                format!(
+                    "SELECT 1 FROM information_schema.COLLATIONS WHERE COLLATION_NAME = '{name}'"
+                ),
+            ))
+            .await?;
+        if found.is_some() {
+            return Ok(name);
+        }
+    }
+    Ok("utf8mb4_bin")
 }

@@ -56,6 +56,9 @@ enum Start {
     /// Written due now (an alert): claimed like any due row, so a sweeper
     /// may take it first, and an ambiguous commit never leaves it waiting.
     ClaimDue,
+    /// Written due now with an ordering key: claimed only if no older notice
+    /// of its key is unfinished (else a sweeper takes it in its turn).
+    ClaimInTurn,
     /// Not attempted after commit (after-commit attempts are off, or the
     /// notifier is shutting down): due now for a sweeper.
     Sweeper,
@@ -69,6 +72,7 @@ impl PendingNotice {
     pub(crate) fn new(id: i64, row: NewRow, def: DefRef, written: Instant) -> Self {
         let start = match row.due {
             Due::Reserved(_) => Start::ClaimReservation,
+            Due::InTurn => Start::ClaimInTurn,
             Due::Now => Start::Sweeper,
         };
         PendingNotice {
@@ -165,6 +169,7 @@ impl PendingNotice {
             target_override: r.target_override.clone(),
             leased: self.reserved(),
             trace_context: r.trace_context.clone(),
+            ordering_key: r.ordering_key.clone(),
         }
     }
 }
@@ -261,12 +266,18 @@ async fn attempt(notifier: &Notifier, p: PendingNotice) -> AttemptReport {
             Ok(Some(Lease::new(inner.store.clone(), p.model(), p.written)))
         }
         Start::ClaimReservation => claim::claim_reserved(&inner.store, &p.model(), p.written).await,
+        Start::ClaimInTurn => claim::claim_in_turn(&inner.store, p.id).await,
         Start::ClaimDue | Start::Sweeper | Start::Existing => {
             claim::claim_one(&inner.store, &p.model()).await
         }
     };
     let lease = match claimed {
         Ok(Some(lease)) => lease,
+        Ok(None) if p.start == Start::ClaimInTurn => {
+            return report(AttemptResult::Skipped {
+                reason: "not its turn: an older notice of its ordering key is unfinished (or a sweeper took it); sent in its turn".into(),
+            });
+        }
         Ok(None) => return report(AttemptResult::LostClaim),
         Err(e) => {
             return report(AttemptResult::Error {

@@ -107,6 +107,7 @@ pub(crate) async fn deliver(
             .unwrap_or_else(|| row.id.to_string()),
         load_balance_num: row.load_balance_num,
         trace_headers: crate::trace::headers(row.trace_context.as_deref()),
+        ordering_key: row.ordering_key.clone(),
     };
     let run = crate::channel::send(inner, &target, notice, &row.param, timeout, def.on_error);
     match tokio::time::timeout(timeout, AssertUnwindSafe(run).catch_unwind()).await {

@@ -122,6 +122,7 @@ async fn park_alert(
         idempotency_key: None,
         target_override: None,
         trace_context: crate::trace::capture(),
+        ordering_key: None,
         due: Due::Now,
     }))
 }

@@ -344,6 +344,7 @@ pub(crate) async fn alert_row(
         idempotency_key: None,
         target_override: None,
         trace_context: crate::trace::capture(),
+        ordering_key: None,
         due: Due::Now,
     };
     Ok((row, def))

@@ -353,6 +353,7 @@ pub(super) async fn notice(
             }
             dt { "Partition" } dd { (v.partition) }
             dt { "Idempotency key" } dd { (v.idempotency_key.as_deref().unwrap_or("—")) }
+            @if let Some(key) = &v.ordering_key { dt { "Ordering key" } dd { (key) " (sent after the older notices of this key finish)" } }
             dt { "Trace id" } dd { code { (v.trace_id.as_deref().unwrap_or("—")) } }
             dt { "Version" } dd { (v.version) }
             @if let Some(over) = &v.target_override { dt { "Target override" } dd { code { (over) } } }
@@ -373,6 +374,9 @@ pub(super) async fn notice(
             }
             @if v.place == Place::InFlight {
                 (action_form(&state, &token, &format!("/notices/{id}/cancel"), "Cancel", "Moves it to history as cancelled; a running attempt loses its claim."))
+            }
+            @if v.place == Place::History && v.ordering_key.is_some() && matches!(v.status, Status::FinalFailure | Status::Parked) {
+                (action_form(&state, &token, &format!("/notices/{id}/cancel"), "Cancel", "Gives it up for good (cancelled): the later notices of its ordering key go on."))
             }
         }
     };
@@ -608,6 +612,7 @@ pub(super) async fn defs(
                     dt { "Longest wait" } dd { @if d.max_retry_interval <= 0 { "no cap" } @else { (d.max_retry_interval) " min" } }
                     @if d.retry_jitter > 0 { dt { "Jitter" } dd { "±" (d.retry_jitter) "% of each wait" } }
                     @if !d.rate_limit.is_empty() { dt { "Rate limit" } dd { (d.rate_limit) ", across all workers" } }
+                    @if d.ordering == "per_key" { dt { "Ordering" } dd { "one at a time per ordering key, oldest first; " @if d.stop_on_failure { "a final failure holds its key until requeued or cancelled" } @else { "a final failure does not hold its key" } } }
                     @if d.immediate_retries > 0 { dt { "Immediate retries" } dd { (d.immediate_retries) ", " (d.immediate_retry_delay) " ms apart, within the claim" } }
                     dt { "Alert" } dd {
                         (match d.alert_trigger_type {

@@ -21,6 +21,8 @@
 //! immediate_retry_delay = "200ms"    # before each of them
 //! retry_jitter = "20%"               # spread each scheduled wait by ±20%
 //! rate_limit = "50/s"                # tries started per second across all workers
+//! ordering = "per_key"               # one at a time per ordering_key, oldest first
+//! stop_on_failure = true             # a final failure holds its key's later notices
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -176,7 +178,9 @@ fn parse_each(text: &str, source: &str) -> Result<Vec<Result<DefSpec>>> {
         .collect())
 }
 
-const KNOWN: [&str; 18] = [
+const KNOWN: [&str; 20] = [
+    "ordering",
+    "stop_on_failure",
     "rate_limit",
     "immediate_retries",
     "immediate_retry_delay",
@@ -239,11 +243,15 @@ fn spec_from_table(name: &str, mut t: Table) -> FieldResult<DefSpec> {
                 .ok_or((key.to_string(), format!("must be an integer, got {v}")))?;
         }
     }
-    if let Some(v) = t.remove("need_confirm") {
-        spec.need_confirm = v.as_bool().ok_or((
-            "need_confirm".to_string(),
-            format!("must be true or false, got {v}"),
-        ))?;
+    for (key, slot) in [
+        ("need_confirm", &mut spec.need_confirm),
+        ("stop_on_failure", &mut spec.stop_on_failure),
+    ] {
+        if let Some(v) = t.remove(key) {
+            *slot = v
+                .as_bool()
+                .ok_or((key.to_string(), format!("must be true or false, got {v}")))?;
+        }
     }
     if let Some(v) = take_str(&mut t, "email")? {
         spec.email = v;
@@ -253,6 +261,9 @@ fn spec_from_table(name: &str, mut t: Table) -> FieldResult<DefSpec> {
     }
     if let Some(v) = take_str(&mut t, "rate_limit")? {
         spec.rate_limit = v;
+    }
+    if let Some(v) = take_str(&mut t, "ordering")? {
+        spec.ordering = v;
     }
     if let Some(v) = take_str(&mut t, "on_error")? {
         spec.on_error = v;
@@ -383,6 +394,31 @@ mod tests {
     }
 
     #[test]
+    fn ordering_fields() {
+        let base = "[a]\nchannel = \"handler\"\ntarget = { handler = \"h\" }\n";
+        let def = |extra: &str| {
+            parse(&format!("{base}{extra}"), "t.toml").unwrap()[0]
+                .validate(1, "t.toml")
+                .unwrap()
+                .ordering
+        };
+        use crate::def::Ordering;
+        assert_eq!(def(""), Ordering::Unordered);
+        assert_eq!(
+            def("ordering = \"per_key\"\n"),
+            Ordering::PerKey {
+                stop_on_failure: true
+            }
+        );
+        assert_eq!(
+            def("ordering = \"per_key\"\nstop_on_failure = false\n"),
+            Ordering::PerKey {
+                stop_on_failure: false
+            }
+        );
+    }
+
+    #[test]
     fn retry_shape_fields() {
         let specs = parse(
             "[a]\nchannel = \"handler\"\ntarget = { handler = \"h\" }\nimmediate_retries = 2\nimmediate_retry_delay = \"250ms\"\nretry_jitter = \"20%\"\n",
@@ -404,6 +440,9 @@ mod tests {
             ("retry_jitter = \"150%\"", "retry_jitter"),
             ("rate_limit = 50", "rate_limit"),
             ("rate_limit = \"fast\"", "rate_limit"),
+            ("ordering = \"per_customer\"", "ordering"),
+            ("ordering = true", "ordering"),
+            ("stop_on_failure = \"no\"", "stop_on_failure"),
         ] {
             let e = problem(&format!("{base}{extra}\n"));
             assert_eq!(

@@ -112,7 +112,41 @@ pub struct Def {
     pub immediate: ImmediateRetries,
     /// Most tries started per window, across all workers; `None`: no limit.
     pub rate_limit: Option<RateLimit>,
+    /// Whether notices with an `ordering_key` go one at a time per key.
+    pub ordering: Ordering,
 }
+
+/// A definition's `ordering`: whether notices sharing an `ordering_key` are
+/// delivered one at a time, oldest first ([`crate::state::claim`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Ordering {
+    /// `ordering = ""` (the default): notices go independently, in any order.
+    #[default]
+    Unordered,
+    /// `ordering = "per_key"`: a notice with an `ordering_key` is not
+    /// claimed while an older notice of its definition and key is in flight
+    /// (due, retrying, being sent or awaiting confirmation); notices without
+    /// a key go independently. Keys never wait for each other.
+    PerKey {
+        /// `stop_on_failure` (default true): a final failure (or a parked
+        /// notice) also holds back the later notices of its key until it is
+        /// requeued or cancelled. `false`: they go on after it.
+        stop_on_failure: bool,
+    },
+}
+
+impl Ordering {
+    /// The `ordering` column value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Ordering::Unordered => "",
+            Ordering::PerKey { .. } => PER_KEY,
+        }
+    }
+}
+
+/// The `ordering` value of an ordered definition.
+pub const PER_KEY: &str = "per_key";
 
 /// A definition's `rate_limit`: at most `count` tries start in each aligned
 /// window of `per` (by the database's clock), across every worker and
@@ -308,6 +342,19 @@ pub struct DefSpec {
     /// [`RateLimit`].
     #[serde(default)]
     pub rate_limit: String,
+    /// `per_key` to deliver notices sharing an `ordering_key` one at a time,
+    /// oldest first; empty: unordered. Default empty. See [`Ordering`].
+    #[serde(default)]
+    pub ordering: String,
+    /// With `ordering = "per_key"`: whether a final failure holds back the
+    /// later notices of its key until it is requeued or cancelled. Default
+    /// true.
+    #[serde(default = "default_stop_on_failure")]
+    pub stop_on_failure: bool,
+}
+
+fn default_stop_on_failure() -> bool {
+    true
 }
 
 /// Default circuit window: 60 seconds.
@@ -358,6 +405,8 @@ impl DefSpec {
             immediate_retry_delay: DEFAULT_IMMEDIATE_RETRY_DELAY_MS,
             retry_jitter: 0,
             rate_limit: String::new(),
+            ordering: String::new(),
+            stop_on_failure: true,
         }
     }
 
@@ -390,6 +439,8 @@ impl DefSpec {
             immediate_retry_delay: row.immediate_retry_delay.into(),
             retry_jitter: row.retry_jitter.into(),
             rate_limit: row.rate_limit.clone(),
+            ordering: row.ordering.clone(),
+            stop_on_failure: row.stop_on_failure,
         })
     }
 
@@ -553,6 +604,18 @@ impl DefSpec {
             "" => None,
             text => Some(RateLimit::parse(text).map_err(|p| fail("rate_limit", p))?),
         };
+        let ordering = match self.ordering.trim() {
+            "" => Ordering::Unordered,
+            PER_KEY => Ordering::PerKey {
+                stop_on_failure: self.stop_on_failure,
+            },
+            other => {
+                return Err(fail(
+                    "ordering",
+                    format!("`{other}` is not \"{PER_KEY}\" (or empty: unordered)"),
+                ));
+            }
+        };
         Ok(Def {
             id,
             name: self.name.clone(),
@@ -573,6 +636,7 @@ impl DefSpec {
             on_error,
             immediate,
             rate_limit,
+            ordering,
         })
     }
 }

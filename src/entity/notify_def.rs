@@ -64,6 +64,12 @@ pub struct Model {
     pub retry_jitter: i16,
     /// Most tries per window across all workers (`50/s`); empty: none.
     pub rate_limit: String,
+    /// `per_key`: notices sharing an `ordering_key` go one at a time, oldest
+    /// first; empty: unordered.
+    pub ordering: String,
+    /// With `per_key`: a final failure holds back the later notices of its
+    /// key until it is requeued or cancelled.
+    pub stop_on_failure: bool,
 }
 
 /// No relations are declared: `notify_msg.def_id` is a plain column so that

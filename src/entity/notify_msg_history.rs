@@ -51,6 +51,10 @@ pub struct Model {
     /// the producer had no OpenTelemetry span. See [`crate::trace`].
     #[sea_orm(column_type = "Text", nullable)]
     pub trace_context: Option<String>,
+    /// Notices of an ordered definition (`ordering = "per_key"`) sharing
+    /// this key go one at a time, oldest (`create_time`, then `id`) first.
+    /// `None`: no order.
+    pub ordering_key: Option<String>,
 }
 
 /// See [`super::notify_def::Relation`].

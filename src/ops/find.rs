@@ -88,6 +88,8 @@ pub struct NoticeView {
     pub partition: i32,
     /// The producer's idempotency key.
     pub idempotency_key: Option<String>,
+    /// The producer's ordering key (`ordering = "per_key"` definitions).
+    pub ordering_key: Option<String>,
     /// The param: JSON, or the stored text when it is not JSON.
     pub param: serde_json::Value,
     /// The producer's description (plus handlers' success notes).
@@ -122,6 +124,7 @@ macro_rules! view_from {
                     version: row.version,
                     partition: row.load_balance_num,
                     idempotency_key: row.idempotency_key,
+                    ordering_key: row.ordering_key,
                     param: serde_json::from_str(&row.param)
                         .unwrap_or(serde_json::Value::String(row.param)),
                     description: row.description,

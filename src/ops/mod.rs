@@ -154,6 +154,10 @@ impl Notifier {
     /// Cancels a notice in flight: it moves to history with status 5 and is
     /// not attempted again. An attempt already running may still deliver it;
     /// its outcome is then discarded (its claim is gone).
+    ///
+    /// A final failure or parked notice in history is cancelled in place
+    /// (status 5, an audit line): it is given up for good, and with
+    /// `stop_on_failure` the later notices of its ordering key go on.
     pub async fn cancel(&self, id: i64) -> Result<()> {
         self.cancel_audited(id, &Audit::operator()).await
     }
@@ -169,6 +173,30 @@ impl Notifier {
             match (requeue, view.place) {
                 (true, Place::History) if view.status.is_requeueable() => {}
                 (false, Place::InFlight) => {}
+                (false, Place::History)
+                    if matches!(
+                        view.status,
+                        crate::Status::FinalFailure | crate::Status::Parked
+                    ) =>
+                {
+                    let seen = crate::state::operator::Seen {
+                        id,
+                        version: view.version,
+                        errors: view.errors.join("\n"),
+                    };
+                    let note = format!("cancelled by {audit}");
+                    let done = crate::state::operator::cancel_finished(
+                        &self.inner.store,
+                        std::slice::from_ref(&seen),
+                        &note,
+                        self.app_now(),
+                    )
+                    .await?;
+                    if done.len() == 1 {
+                        return Ok(());
+                    }
+                    continue;
+                }
                 (true, _) => {
                     return Err(Error::WrongState {
                         id,

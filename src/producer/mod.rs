@@ -58,6 +58,7 @@ pub struct NewNotice {
     load_balance_num: Option<i32>,
     load_balance_key: Option<String>,
     idempotency_key: Option<String>,
+    ordering_key: Option<String>,
     target_override: Option<Value>,
 }
 
@@ -71,6 +72,7 @@ impl NewNotice {
             load_balance_num: None,
             load_balance_key: None,
             idempotency_key: None,
+            ordering_key: None,
             target_override: None,
         }
     }
@@ -105,6 +107,20 @@ impl NewNotice {
     /// their key).
     pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
         self.idempotency_key = Some(key.into());
+        self
+    }
+
+    /// Orders the notice after every older notice of its definition with
+    /// this key: it is not sent while one of them is unfinished (and, with
+    /// `stop_on_failure`, while one failed for good and was not requeued or
+    /// cancelled). Older means committed earlier: notices are ordered by the
+    /// database's time of their insert, then by id. The definition must have
+    /// `ordering = "per_key"` ([`Ordering`](crate::def::Ordering)); an add
+    /// with a key to an unordered definition is refused
+    /// ([`Error::InvalidNotice`]). At most 255 characters, no NUL, compared
+    /// byte for byte. Default: none (no order).
+    pub fn ordering_key(mut self, key: impl Into<String>) -> Self {
+        self.ordering_key = Some(key.into());
         self
     }
 
@@ -165,6 +181,12 @@ impl Notifier {
             }
             None => None,
         };
+        if notice.ordering_key.is_some() && def.ordering == crate::def::Ordering::Unordered {
+            return Err(invalid(
+                "ordering_key is set, but the definition is not ordered (ordering = \"per_key\")"
+                    .into(),
+            ));
+        }
         let row = NewRow {
             def_id: def.id,
             param,
@@ -173,7 +195,8 @@ impl Notifier {
             idempotency_key: notice.idempotency_key,
             target_override,
             trace_context: crate::trace::capture(),
-            due: self.first_due(),
+            due: self.first_due(notice.ordering_key.is_some()),
+            ordering_key: notice.ordering_key,
         };
         insert::check(&row, self.inner.config.max_param_bytes).map_err(invalid)?;
         Ok((row, def))

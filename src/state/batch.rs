@@ -57,14 +57,17 @@ pub(crate) async fn succeed_many(
     })
     .await;
     match moved {
-        Ok(moved) => Ok(leases
-            .into_iter()
-            .map(|lease| {
-                let id = lease.id();
-                lease.settle();
-                (id, moved.contains(&id))
-            })
-            .collect()),
+        Ok(moved) => {
+            store.finished(leases.iter().map(|l| &l.row().ordering_key));
+            Ok(leases
+                .into_iter()
+                .map(|lease| {
+                    let id = lease.id();
+                    lease.settle();
+                    (id, moved.contains(&id))
+                })
+                .collect())
+        }
         Err(error) => Err(HeldMany { leases, error }),
     }
 }
@@ -129,6 +132,7 @@ pub(crate) async fn park_many(
     .await;
     match parked {
         Ok(parked) => {
+            store.finished(leases.iter().map(|l| &l.row().ordering_key));
             leases.into_iter().for_each(Lease::settle);
             Ok(parked)
         }

@@ -70,13 +70,15 @@ fn claim_sets(store: &Store) -> Vec<Set> {
     ]
 }
 
-/// Rows in flight matching `filter` (due or not), of definitions not paused
-/// right now by the database's clock ([`pause`](super::pause)).
+/// Rows in flight matching `filter` (due or not) and in their key's turn
+/// ([`order`](super::order)), of definitions not paused right now by the
+/// database's clock ([`pause`](super::pause)).
 fn wanted(filter: &DueFilter, backend: DbBackend) -> Condition {
     wanted_paused_too(filter).add(Column::DefId.not_in_subquery(super::pause::paused_now(backend)))
 }
 
-/// Rows in flight matching `filter` (due or not), paused or not.
+/// Rows in flight matching `filter` (due or not) and in their turn, paused
+/// or not.
 fn wanted_paused_too(filter: &DueFilter) -> Condition {
     let mut wanted = Condition::all();
     match &filter.defs {
@@ -96,13 +98,14 @@ fn wanted_paused_too(filter: &DueFilter) -> Condition {
     Condition::all()
         .add(wanted)
         .add(Column::Status.is_in(Status::DUE))
+        .add(super::order::in_turn())
 }
 
-/// Due rows matching `filter`, oldest first.
-fn due_rows(store: &Store, filter: &DueFilter, limit: u64) -> Select<notify_msg::Entity> {
+/// Due rows matching `wanted`, oldest first.
+fn due_rows(store: &Store, wanted: Condition, limit: u64) -> Select<notify_msg::Entity> {
     notify_msg::Entity::find()
         .filter(Expr::col(Column::NextCallTime).lte(clock::now(store.backend())))
-        .filter(wanted(filter, store.backend()))
+        .filter(wanted)
         .order_by_asc(Column::NextCallTime)
         .limit(limit)
 }
@@ -147,8 +150,22 @@ pub(crate) async fn claim_due(
     if filter.is_empty() || limit == 0 {
         return Ok(Vec::new());
     }
+    claim_where(store, wanted(filter, store.backend()), limit).await
+}
+
+/// Claims notice `id` if it is due and in its key's turn: the after-commit
+/// attempt of a notice with an ordering key. `None`: not its turn yet (or
+/// another attempt took it, or its definition is paused); a sweeper sends
+/// it in its turn.
+pub(crate) async fn claim_in_turn(store: &Store, id: i64) -> Result<Option<Lease>, DbErr> {
+    let wanted = wanted(&DueFilter::default(), store.backend()).add(Expr::col(Column::Id).eq(id));
+    Ok(claim_where(store, wanted, 1).await?.pop())
+}
+
+/// Claims up to `limit` due rows matching `wanted`, oldest first.
+async fn claim_where(store: &Store, wanted: Condition, limit: u64) -> Result<Vec<Lease>, DbErr> {
     let started = Instant::now();
-    let due = due_rows(store, filter, limit);
+    let due = due_rows(store, wanted, limit);
     let mut rows = match store.backend() {
         DbBackend::MySql => {
             // MariaDB has no UPDATE … RETURNING: lock, then bump, in one transaction.

@@ -84,6 +84,10 @@ pub(crate) enum Due {
     /// After this long: reserved for the producer's own after-commit
     /// attempt, and due for sweepers only if that attempt never happens.
     Reserved(Duration),
+    /// At once, and attempted after commit by the producer through a claim
+    /// that respects its key's order (a notice with an `ordering_key`: it
+    /// cannot be reserved, since an older notice of its key may be unfinished).
+    InTurn,
 }
 
 impl Due {
@@ -94,7 +98,7 @@ impl Due {
 
     pub fn expr(self, backend: DbBackend) -> Expr {
         match self {
-            Due::Now => now(backend),
+            Due::Now | Due::InTurn => now(backend),
             Due::Reserved(d) => after(backend, d),
         }
     }

@@ -7,13 +7,14 @@
 
 use sea_orm::{
     ConnectionTrait, DbBackend, DbErr, EntityTrait, ExprTrait, IdenStatic, Iterable, QueryFilter,
+    QuerySelect,
     sea_query::{
         Alias, CommonTableExpression, Condition, DeleteStatement, Expr, IntoCondition, Query,
         SelectStatement, WithClause,
     },
 };
 
-use crate::entity::notify_msg;
+use crate::entity::{notify_msg, notify_msg_history};
 
 pub(crate) use notify_msg::Column;
 
@@ -80,6 +81,36 @@ pub(crate) async fn update<C: ConnectionTrait>(
         update = update.col_expr(c, value);
     }
     Ok(update.exec(conn).await?.rows_affected)
+}
+
+/// Updates the guarded rows of `notify_msg_history` in place: `sets`, plus
+/// the version bump. Returns how many rows changed.
+pub(crate) async fn update_history<C: ConnectionTrait>(
+    conn: &C,
+    guard: impl IntoCondition,
+    sets: Vec<Set>,
+) -> Result<u64, DbErr> {
+    let mut update = notify_msg_history::Entity::update_many().filter(guard);
+    for (c, value) in sets.into_iter().chain([bump()]) {
+        update = update.col_expr(c, value);
+    }
+    Ok(update.exec(conn).await?.rows_affected)
+}
+
+/// Ids of the guarded rows of `notify_msg_history`, locked for update where
+/// the backend can (SQLite: the caller's write transaction).
+pub(crate) async fn history_ids<C: ConnectionTrait>(
+    conn: &C,
+    guard: Condition,
+) -> Result<Vec<i64>, DbErr> {
+    let mut select = notify_msg_history::Entity::find()
+        .select_only()
+        .column(notify_msg_history::Column::Id)
+        .filter(guard);
+    if conn.get_database_backend() != DbBackend::Sqlite {
+        select = select.lock_exclusive();
+    }
+    select.into_tuple().all(conn).await
 }
 
 /// Like [`update`], returning the rows as written where the backend can

@@ -45,5 +45,8 @@ pub(crate) async fn confirm(store: &Store, row: &notify_msg::Model) -> Result<bo
         Ok(moved)
     })
     .await?;
+    if !moved.is_empty() {
+        store.finished([&row.ordering_key]);
+    }
     Ok(!moved.is_empty())
 }

@@ -48,6 +48,8 @@ pub(crate) struct NewRow {
     pub target_override: Option<String>,
     /// The producer's trace context ([`crate::trace`]).
     pub trace_context: Option<String>,
+    /// Orders it after older notices of its definition with this key.
+    pub ordering_key: Option<String>,
     pub due: Due,
 }
 
@@ -76,12 +78,16 @@ pub(crate) fn check(row: &NewRow, max_param_bytes: usize) -> Result<(), String> 
             row.description.len()
         ));
     }
-    if let Some(key) = &row.idempotency_key {
-        nul("idempotency_key", key)?;
+    for (field, key) in [
+        ("idempotency_key", &row.idempotency_key),
+        ("ordering_key", &row.ordering_key),
+    ] {
+        let Some(key) = key else { continue };
+        nul(field, key)?;
         let chars = key.chars().count();
         if chars > MAX_KEY_CHARS {
             return Err(format!(
-                "idempotency_key is {chars} characters, over the limit of {MAX_KEY_CHARS}"
+                "{field} is {chars} characters, over the limit of {MAX_KEY_CHARS}"
             ));
         }
     }
@@ -115,6 +121,7 @@ enum Init {
     IdempotencyKey,
     TargetOverride,
     TraceContext,
+    OrderingKey,
     /// `next_call_time`: now, or one lease ahead for a reservation.
     Due,
     /// Whether it is reserved for its after-commit attempt.
@@ -130,7 +137,7 @@ enum Init {
 /// The one layout of a new notice row: every column written at insert (all
 /// but `id`, given by the database or the caller, and `last_call_time`,
 /// NULL until a first call).
-const NEW_ROW: [(Column, Init); 14] = [
+const NEW_ROW: [(Column, Init); 15] = [
     (Column::DefId, Init::DefId),
     (Column::Param, Init::Param),
     (Column::Description, Init::Description),
@@ -145,6 +152,7 @@ const NEW_ROW: [(Column, Init); 14] = [
     (Column::TargetOverride, Init::TargetOverride),
     (Column::Leased, Init::Reserved),
     (Column::TraceContext, Init::TraceContext),
+    (Column::OrderingKey, Init::OrderingKey),
 ];
 
 pub(super) fn statement(backend: DbBackend, row: &NewRow) -> InsertStatement {
@@ -157,7 +165,7 @@ pub(super) fn statement(backend: DbBackend, row: &NewRow) -> InsertStatement {
 }
 
 /// The values of `row`, in the order of [`NEW_ROW`].
-fn values(backend: DbBackend, row: &NewRow) -> [Expr; 14] {
+fn values(backend: DbBackend, row: &NewRow) -> [Expr; 15] {
     let value = |init: Init| -> Expr {
         match init {
             Init::DefId => row.def_id.into(),
@@ -167,6 +175,7 @@ fn values(backend: DbBackend, row: &NewRow) -> [Expr; 14] {
             Init::IdempotencyKey => row.idempotency_key.clone().into(),
             Init::TargetOverride => row.target_override.clone().into(),
             Init::TraceContext => row.trace_context.clone().into(),
+            Init::OrderingKey => row.ordering_key.clone().into(),
             Init::Due => row.due.expr(backend),
             Init::Reserved => row.due.reserved().into(),
             Init::Now => clock::now(backend),
@@ -203,6 +212,7 @@ pub(crate) fn pg_insert_literal(rows: &[(i64, NewRow)]) -> Option<String> {
             + r.target_override.as_ref().map_or(0, String::len)
             + r.idempotency_key.as_ref().map_or(0, String::len)
             + r.trace_context.as_ref().map_or(0, String::len)
+            + r.ordering_key.as_ref().map_or(0, String::len)
     };
     let size: usize = rows.iter().map(|(_, r)| text(r) + LITERAL_ROW_BYTES).sum();
     if rows.is_empty() || size > LITERAL_INSERT_MAX_BYTES {
@@ -222,6 +232,7 @@ pub(crate) fn pg_insert_literal(rows: &[(i64, NewRow)]) -> Option<String> {
                 Init::IdempotencyKey => row.idempotency_key.as_deref(),
                 Init::TargetOverride => row.target_override.as_deref(),
                 Init::TraceContext => row.trace_context.as_deref(),
+                Init::OrderingKey => row.ordering_key.as_deref(),
                 _ => continue,
             };
             if let Some(text) = text {
@@ -353,6 +364,7 @@ pub(crate) async fn pg_insert_rows(
             Init::IdempotencyKey => "r.key".into(),
             Init::TargetOverride => "r.over".into(),
             Init::TraceContext => "r.trace".into(),
+            Init::OrderingKey => "r.ordering".into(),
             Init::Due => format!("{now} + make_interval(secs => r.due)"),
             Init::Reserved => "r.reserved".into(),
             Init::Now => now.into(),
@@ -362,14 +374,14 @@ pub(crate) async fn pg_insert_rows(
         format!(
             "INSERT INTO notify_msg (id, {}) SELECT r.id, {} \
              FROM UNNEST($1::bigint[], $2::bigint[], $3::text[], $4::text[], $5::int[], \
-             $6::text[], $7::text[], $8::float8[], $9::bool[], $10::text[]) \
-             AS r(id, def_id, param, description, lb, key, over, due, reserved, trace)",
+             $6::text[], $7::text[], $8::float8[], $9::bool[], $10::text[], $11::text[]) \
+             AS r(id, def_id, param, description, lb, key, over, due, reserved, trace, ordering)",
             NEW_ROW.map(|(c, _)| c.as_str()).join(", "),
             values.join(", ")
         )
     });
     let due = |row: &NewRow| match row.due {
-        Due::Now => 0.0,
+        Due::Now | Due::InTurn => 0.0,
         Due::Reserved(d) => d.as_secs_f64(),
     };
     sea_orm::sqlx::query(sea_orm::sqlx::AssertSqlSafe(sql.as_str()))
@@ -411,6 +423,11 @@ pub(crate) async fn pg_insert_rows(
                 .map(|(_, r)| r.trace_context.clone())
                 .collect::<Vec<Option<String>>>(),
         )
+        .bind(
+            rows.iter()
+                .map(|(_, r)| r.ordering_key.clone())
+                .collect::<Vec<Option<String>>>(),
+        )
         .execute(conn)
         .await
         .map(drop)
@@ -429,6 +446,7 @@ mod tests {
             idempotency_key: None,
             target_override: None,
             trace_context: None,
+            ordering_key: None,
             due: Due::Now,
         }
     }

@@ -346,7 +346,7 @@ impl Lease {
         alert: Option<&NewRow>,
     ) -> Result<Option<Option<i64>>, DbErr> {
         let guard = columns::at_version(self.id(), self.version());
-        db::on_conflict_retry(|| async {
+        let moved = db::on_conflict_retry(|| async {
             if self.backend() == DbBackend::Postgres && alert.is_none() {
                 let moved = columns::move_rows(
                     &self.store.db,
@@ -378,7 +378,11 @@ impl Lease {
             txn.commit().await?;
             Ok(Some(alert))
         })
-        .await
+        .await?;
+        if moved.is_some() {
+            self.store.finished([&self.row.ordering_key]);
+        }
+        Ok(moved)
     }
 }
 

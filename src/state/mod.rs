@@ -44,11 +44,12 @@ pub mod insert;
 pub(crate) mod keyed;
 mod lease;
 pub mod operator;
+pub(crate) mod order;
 pub mod pause;
 pub(crate) mod rate;
 pub(crate) mod retention;
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use sea_orm::{DatabaseConnection, DbBackend};
 
@@ -60,11 +61,31 @@ pub(crate) use lease::{Deadline, Final, Held, Lease, Retry, Scheduled};
 pub(crate) struct Store {
     pub db: DatabaseConnection,
     pub lease: Duration,
+    /// Bumped whenever notices become due through this store's notifier;
+    /// workers built on it watch it (in-process wake-ups).
+    pub wakes: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl Store {
     pub fn new(db: DatabaseConnection, lease: Duration) -> Self {
-        Store { db, lease }
+        Store {
+            db,
+            lease,
+            wakes: Arc::new(tokio::sync::watch::channel(0).0),
+        }
+    }
+
+    /// Wakes the workers built on this store's notifier: notices are due.
+    pub fn wake_workers(&self) {
+        self.wakes.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// After notices left `notify_msg`: wakes the workers when one had an
+    /// ordering key, as the next notice of that key may be in turn now.
+    pub fn finished<'a>(&self, keys: impl IntoIterator<Item = &'a Option<String>>) {
+        if keys.into_iter().any(Option::is_some) {
+            self.wake_workers();
+        }
     }
 
     pub fn backend(&self) -> DbBackend {

@@ -92,7 +92,54 @@ pub(crate) async fn cancel(
         // notice's last call is its cancel.
         (Column::LastCallTime, now),
     ];
-    move_guarded(store, Table::Live, Table::History, guard(rows), sets).await
+    let moved = move_guarded(store, Table::Live, Table::History, guard(rows), sets).await?;
+    if !moved.is_empty() {
+        // The next notice of a cancelled one's ordering key may be in turn.
+        store.wake_workers();
+    }
+    Ok(moved)
+}
+
+/// Cancels `rows`, final failures or parked notices in history as read: they
+/// stay in history with status 5 and `note` (dated `at`) in their log. With
+/// `stop_on_failure` this lets the later notices of their ordering key go
+/// on ([`order`](super::order)). Returns the ids cancelled; the others
+/// changed since they were read.
+pub(crate) async fn cancel_finished(
+    store: &Store,
+    rows: &[Seen],
+    note: &str,
+    at: NaiveDateTime,
+) -> Result<Vec<i64>, DbErr> {
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    let guard = guard(rows).add(
+        Expr::col(Column::Status).is_in([Status::FinalFailure, Status::Parked].map(|s| s as i16)),
+    );
+    let sets = vec![
+        (Column::Status, Expr::val(Status::Cancelled as i16)),
+        (Column::Errors, audited(rows, note, at)),
+    ];
+    let changed = db::on_conflict_retry(|| async {
+        let txn = db::begin(&store.db).await?;
+        let ids = columns::history_ids(&txn, guard.clone()).await?;
+        if !ids.is_empty() {
+            columns::update_history(
+                &txn,
+                Expr::col(Column::Id).is_in(ids.iter().copied()),
+                sets.clone(),
+            )
+            .await?;
+        }
+        txn.commit().await?;
+        Ok(ids)
+    })
+    .await?;
+    if !changed.is_empty() {
+        store.wake_workers();
+    }
+    Ok(changed)
 }
 
 /// Puts `rows`, finished notices as read (final failures, cancelled or

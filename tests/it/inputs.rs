@@ -157,6 +157,7 @@ db_test!(definitions_edited_in_the_table_take_effect, |db: Arc<
         ("retry_jitter", "0"),
         ("on_error", "'retry'"),
         ("rate_limit", "''"),
+        ("ordering", "''"),
     ];
     for (field, bad) in [
         ("immediate_retries", "11"),
@@ -166,6 +167,7 @@ db_test!(definitions_edited_in_the_table_take_effect, |db: Arc<
         ("on_error", "'ignore'"),
         ("rate_limit", "'fast'"),
         ("rate_limit", "'0/s'"),
+        ("ordering", "'per_customer'"),
     ] {
         let set: Vec<String> = valid
             .iter()

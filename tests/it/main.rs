@@ -19,6 +19,7 @@ mod idempotent;
 mod inputs;
 mod mail;
 mod ops;
+mod ordered;
 mod producer;
 mod rate;
 mod retry;
