@@ -10,7 +10,10 @@
 //! Run: `cargo run --release --example bench_sweep` (PostgreSQL);
 //! `-- --all` adds one worker on 100,000 on MariaDB and on SQLite;
 //! `-- --million` adds one worker on 1,000,000 on PostgreSQL, after printing
-//! the plans of the claim's due-row query at that backlog.
+//! the plans of the claim's due-row query at that backlog;
+//! `-- --ordered` adds one worker on 100,000 of an `ordering = "per_key"`
+//! definition over 1,000 keys (with `--million`: also on 1,000,000, with
+//! the plan of the ordered claim).
 //! (`BENCH_PG_URL` default `postgres://postgres@127.0.0.1:5432`,
 //! `BENCH_MYSQL_URL` default `mysql://root@127.0.0.1:3306`; it creates and
 //! drops its own database `sn_bench_sweep`, on SQLite a temporary file.)
@@ -64,8 +67,15 @@ async fn main() -> BoxResult<()> {
         runs.push(("mysql", "worker1", 100_000));
         runs.push(("sqlite", "worker1", 100_000));
     }
-    if args.iter().any(|a| a == "--million") {
+    let million = args.iter().any(|a| a == "--million");
+    if million {
         runs.push(("postgres", "worker1", 1_000_000));
+    }
+    if args.iter().any(|a| a == "--ordered") {
+        runs.push(("postgres", "ordered1", 100_000));
+        if million {
+            runs.push(("postgres", "ordered1", 1_000_000));
+        }
     }
     let mut baseline = 0.0;
     for (backend, mode, backlog) in runs {
@@ -109,8 +119,15 @@ async fn main() -> BoxResult<()> {
 
 /// One measured drain in this process; prints `rate=… rss_kb=…`.
 async fn run(backend: &str, mode: &str, backlog: u64) -> BoxResult<()> {
-    let db = fresh_db(backend).await?;
+    let ordered = mode == "ordered1";
+    let db = fresh_db(backend, ordered).await?;
     let fill = match backend {
+        "postgres" if ordered => format!(
+            "INSERT INTO notify_msg (def_id, param, next_call_time, ordering_key) \
+             SELECT d.id, '{{\"i\":' || g || '}}', (now() at time zone 'utc') - interval '1 minute', \
+             'k' || (g % 1000) \
+             FROM generate_series(1, {backlog}) g, notify_def d WHERE d.name = 'bench' ORDER BY g"
+        ),
         "postgres" => format!(
             "INSERT INTO notify_msg (def_id, param, next_call_time) \
              SELECT d.id, '{{\"i\":' || g || '}}', (now() at time zone 'utc') - interval '1 minute' \
@@ -136,12 +153,12 @@ async fn run(backend: &str, mode: &str, backlog: u64) -> BoxResult<()> {
     };
     db.execute_unprepared(analyze).await?;
     if backend == "postgres" && backlog >= 1_000_000 {
-        explain(&db).await?;
+        explain(&db, ordered).await?;
     }
     let started = Instant::now();
     match mode {
         "baseline" => baseline(&db).await?,
-        "worker1" => drain(&db, 1, backlog).await?,
+        "worker1" | "ordered1" => drain(&db, 1, backlog).await?,
         "worker2" => drain(&db, 2, backlog).await?,
         other => return Err(format!("unknown mode {other}").into()),
     }
@@ -164,10 +181,27 @@ async fn run(backend: &str, mode: &str, backlog: u64) -> BoxResult<()> {
     Ok(())
 }
 
-/// The plans of the claim's due-row query at this backlog.
-async fn explain(db: &DatabaseConnection) -> BoxResult<()> {
-    let due = "SELECT id FROM notify_msg WHERE next_call_time <= (statement_timestamp() AT TIME ZONE 'UTC') \
-               AND status IN (0, 2, 4) AND def_id IN (1, 2) ORDER BY next_call_time LIMIT 1000 FOR UPDATE SKIP LOCKED";
+/// The plans of the claim's due-row query at this backlog (`ordered`: with
+/// the order rule of `solid_notify::state::order`, as the claim sends it).
+async fn explain(db: &DatabaseConnection, ordered: bool) -> BoxResult<()> {
+    let in_turn = if ordered {
+        "AND (notify_msg.ordering_key IS NULL \
+         OR notify_msg.def_id NOT IN (SELECT d.id FROM notify_def d WHERE d.ordering = 'per_key') \
+         OR (NOT EXISTS (SELECT 1 FROM notify_msg o \
+                 WHERE o.def_id = notify_msg.def_id AND o.ordering_key = notify_msg.ordering_key \
+                 AND (o.create_time, o.id) < (notify_msg.create_time, notify_msg.id)) \
+             AND (notify_msg.def_id IN (SELECT d.id FROM notify_def d WHERE NOT d.stop_on_failure) \
+                 OR NOT EXISTS (SELECT 1 FROM notify_msg_history h \
+                     WHERE h.def_id = notify_msg.def_id AND h.ordering_key = notify_msg.ordering_key \
+                     AND h.status IN (3, 6) \
+                     AND (h.create_time, h.id) < (notify_msg.create_time, notify_msg.id)))))"
+    } else {
+        ""
+    };
+    let due = format!(
+        "SELECT id FROM notify_msg WHERE next_call_time <= (statement_timestamp() AT TIME ZONE 'UTC') \
+         AND status IN (0, 2, 4) AND def_id IN (1, 2) {in_turn} ORDER BY next_call_time LIMIT 1000 FOR UPDATE SKIP LOCKED"
+    );
     let plans = [
         format!("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) {due}"),
         format!(
@@ -193,7 +227,7 @@ async fn explain(db: &DatabaseConnection) -> BoxResult<()> {
     Ok(())
 }
 
-async fn fresh_db(backend: &str) -> BoxResult<DatabaseConnection> {
+async fn fresh_db(backend: &str, ordered: bool) -> BoxResult<DatabaseConnection> {
     drop_db(backend).await?;
     let url = match backend {
         "postgres" => {
@@ -216,7 +250,10 @@ async fn fresh_db(backend: &str) -> BoxResult<DatabaseConnection> {
     opts.max_connections(16).sqlx_logging(false);
     let db = Database::connect(opts).await?;
     solid_notify::migrate(&db).await?;
-    let spec = DefSpec::new("bench", Channel::Handler, json!({"handler": "noop"}));
+    let mut spec = DefSpec::new("bench", Channel::Handler, json!({"handler": "noop"}));
+    if ordered {
+        spec.ordering = "per_key".into();
+    }
     store::sync(&db, &[spec]).await?;
     Ok(db)
 }
