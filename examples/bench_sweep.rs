@@ -13,7 +13,9 @@
 //! the plans of the claim's due-row query at that backlog;
 //! `-- --ordered` adds one worker on 100,000 of an `ordering = "per_key"`
 //! definition over 1,000 keys (with `--million`: also on 1,000,000, with
-//! the plan of the ordered claim).
+//! the plan of the ordered claim), and the same drain beside a stuck key:
+//! 10,000 more notices of one key, due before all the others, held back by
+//! a final failure (the claim skips them on every sweep).
 //! (`BENCH_PG_URL` default `postgres://postgres@127.0.0.1:5432`,
 //! `BENCH_MYSQL_URL` default `mysql://root@127.0.0.1:3306`; it creates and
 //! drops its own database `sn_bench_sweep`, on SQLite a temporary file.)
@@ -73,6 +75,7 @@ async fn main() -> BoxResult<()> {
     }
     if args.iter().any(|a| a == "--ordered") {
         runs.push(("postgres", "ordered1", 100_000));
+        runs.push(("postgres", "stuck1", 100_000));
         if million {
             runs.push(("postgres", "ordered1", 1_000_000));
         }
@@ -119,7 +122,7 @@ async fn main() -> BoxResult<()> {
 
 /// One measured drain in this process; prints `rate=… rss_kb=…`.
 async fn run(backend: &str, mode: &str, backlog: u64) -> BoxResult<()> {
-    let ordered = mode == "ordered1";
+    let ordered = mode == "ordered1" || mode == "stuck1";
     let db = fresh_db(backend, ordered).await?;
     let fill = match backend {
         "postgres" if ordered => format!(
@@ -146,6 +149,18 @@ async fn run(backend: &str, mode: &str, backlog: u64) -> BoxResult<()> {
         ),
     };
     db.execute_unprepared(&fill).await?;
+    if mode == "stuck1" {
+        // Due first (an hour ago), behind a final failure older still.
+        db.execute_unprepared(&format!(
+            "INSERT INTO notify_msg_history (id, def_id, param, status, next_call_time, create_time, ordering_key) \
+             SELECT 0, d.id, '{{}}', 3, now() - interval '2 hours', now() - interval '2 hours', 'stuck' \
+             FROM notify_def d WHERE d.name = 'bench'; \
+             INSERT INTO notify_msg (def_id, param, next_call_time, ordering_key) \
+             SELECT d.id, '{{}}', (now() at time zone 'utc') - interval '1 hour', 'stuck' \
+             FROM generate_series(1, {STUCK}) g, notify_def d WHERE d.name = 'bench'"
+        ))
+        .await?;
+    }
     let analyze = match backend {
         "postgres" => "VACUUM ANALYZE notify_msg",
         "mysql" => "ANALYZE TABLE notify_msg",
@@ -158,7 +173,7 @@ async fn run(backend: &str, mode: &str, backlog: u64) -> BoxResult<()> {
     let started = Instant::now();
     match mode {
         "baseline" => baseline(&db).await?,
-        "worker1" | "ordered1" => drain(&db, 1, backlog).await?,
+        "worker1" | "ordered1" | "stuck1" => drain(&db, 1, backlog).await?,
         "worker2" => drain(&db, 2, backlog).await?,
         other => return Err(format!("unknown mode {other}").into()),
     }
@@ -172,7 +187,8 @@ async fn run(backend: &str, mode: &str, backlog: u64) -> BoxResult<()> {
         .map(|r| r.try_get::<i64>("", "n"))
         .transpose()?
         .unwrap_or(-1);
-    if left != 0 {
+    let stuck = if mode == "stuck1" { STUCK } else { 0 };
+    if left != stuck {
         return Err(format!("{left} notices left after the drain").into());
     }
     println!("rate={:.1} rss_kb={}", backlog as f64 / secs, peak_rss_kb());
@@ -185,18 +201,12 @@ async fn run(backend: &str, mode: &str, backlog: u64) -> BoxResult<()> {
 /// the order rule of `solid_notify::state::order`, as the claim sends it).
 async fn explain(db: &DatabaseConnection, ordered: bool) -> BoxResult<()> {
     let in_turn = if ordered {
-        "AND (notify_msg.ordering_key IS NULL \
-         OR notify_msg.def_id NOT IN (SELECT d.id FROM notify_def d WHERE d.ordering = 'per_key') \
-         OR (NOT EXISTS (SELECT 1 FROM notify_msg o \
-                 WHERE o.def_id = notify_msg.def_id AND o.ordering_key = notify_msg.ordering_key \
-                 AND (o.create_time, o.id) < (notify_msg.create_time, notify_msg.id)) \
-             AND (notify_msg.def_id IN (SELECT d.id FROM notify_def d WHERE NOT d.stop_on_failure) \
-                 OR NOT EXISTS (SELECT 1 FROM notify_msg_history h \
-                     WHERE h.def_id = notify_msg.def_id AND h.ordering_key = notify_msg.ordering_key \
-                     AND h.status IN (3, 6) \
-                     AND (h.create_time, h.id) < (notify_msg.create_time, notify_msg.id)))))"
+        format!(
+            "AND {}",
+            solid_notify::state::order::in_turn_sql(sea_orm::DbBackend::Postgres)
+        )
     } else {
-        ""
+        String::new()
     };
     let due = format!(
         "SELECT id FROM notify_msg WHERE next_call_time <= (statement_timestamp() AT TIME ZONE 'UTC') \
@@ -280,6 +290,9 @@ async fn drop_db(backend: &str) -> BoxResult<()> {
     }
     Ok(())
 }
+
+/// Notices of the stuck key in the `stuck1` drain.
+const STUCK: i64 = 10_000;
 
 /// The plain-SQL floor: claim 500 with SKIP LOCKED and move them to history.
 async fn baseline(db: &DatabaseConnection) -> BoxResult<()> {

@@ -604,7 +604,8 @@ impl DefSpec {
             "" => None,
             text => Some(RateLimit::parse(text).map_err(|p| fail("rate_limit", p))?),
         };
-        let ordering = match self.ordering.trim() {
+        // Exactly as the claims compare it in SQL.
+        let ordering = match self.ordering.as_str() {
             "" => Ordering::Unordered,
             PER_KEY => Ordering::PerKey {
                 stop_on_failure: self.stop_on_failure,

@@ -99,7 +99,7 @@ fn write_spec(active: &mut notify_def::ActiveModel, spec: &DefSpec) {
     active.immediate_retry_delay = Set(int(spec.immediate_retry_delay));
     active.retry_jitter = Set(i16::try_from(spec.retry_jitter).unwrap_or(i16::MAX));
     active.rate_limit = Set(spec.rate_limit.clone());
-    active.ordering = Set(spec.ordering.trim().to_string());
+    active.ordering = Set(spec.ordering.clone());
     active.stop_on_failure = Set(spec.stop_on_failure);
 }
 

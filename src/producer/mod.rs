@@ -113,8 +113,12 @@ impl NewNotice {
     /// Orders the notice after every older notice of its definition with
     /// this key: it is not sent while one of them is unfinished (and, with
     /// `stop_on_failure`, while one failed for good and was not requeued or
-    /// cancelled). Older means committed earlier: notices are ordered by the
-    /// database's time of their insert, then by id. The definition must have
+    /// cancelled), nor while any other notice of the key is being sent.
+    /// Older means inserted earlier: the database's time of the insert, then
+    /// the id. Transactions that add notices of one key one after another
+    /// (say, each holding a lock on the customer's row) have them delivered
+    /// in that order; notices of one key added by concurrent transactions go
+    /// one at a time in an order that is not defined. The definition must have
     /// `ordering = "per_key"` ([`Ordering`](crate::def::Ordering)); an add
     /// with a key to an unordered definition is refused
     /// ([`Error::InvalidNotice`]). At most 255 characters, no NUL, compared
@@ -172,7 +176,14 @@ impl Notifier {
         })?;
         let load_balance_num = match notice.load_balance_num {
             Some(n) => n,
-            None => self.inner.balancer.pick(notice.load_balance_key.as_deref()),
+            // One key's notices share a partition by default, so the worker
+            // that finishes one is the one that claims the next.
+            None => self.inner.balancer.pick(
+                notice
+                    .load_balance_key
+                    .as_deref()
+                    .or(notice.ordering_key.as_deref()),
+            ),
         };
         let target_override = match &notice.target_override {
             Some(over) => {
@@ -384,12 +395,13 @@ impl NoticeTx {
             },
             Kind::Pg(pg) => {
                 let (row, def) = self.notifier.prepare(self, notice).await?;
-                if row.idempotency_key.is_some() {
-                    // Keyed: written now, so that the key's index decides,
-                    // inside a savepoint (an error rolls back only the
-                    // notice). The caller may still roll back to a
-                    // savepoint of its own, so the attempt after the commit
-                    // claims the row first.
+                if row.idempotency_key.is_some() || row.ordering_key.is_some() {
+                    // Keyed: written now, so that the key's index decides
+                    // (and an ordered notice's insert time is its add's,
+                    // in the order of the adds), inside a savepoint (an
+                    // error rolls back only the notice). The caller may
+                    // still roll back to a savepoint of its own, so the
+                    // attempt after the commit claims the row first.
                     let written = std::time::Instant::now();
                     let inserted = pg_keyed(self, &row).await?;
                     Ok(pending(inserted, row, def, written).claim_after_commit())

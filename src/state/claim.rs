@@ -74,12 +74,13 @@ fn claim_sets(store: &Store) -> Vec<Set> {
 /// ([`order`](super::order)), of definitions not paused right now by the
 /// database's clock ([`pause`](super::pause)).
 fn wanted(filter: &DueFilter, backend: DbBackend) -> Condition {
-    wanted_paused_too(filter).add(Column::DefId.not_in_subquery(super::pause::paused_now(backend)))
+    wanted_paused_too(filter, backend)
+        .add(Column::DefId.not_in_subquery(super::pause::paused_now(backend)))
 }
 
 /// Rows in flight matching `filter` (due or not) and in their turn, paused
 /// or not.
-fn wanted_paused_too(filter: &DueFilter) -> Condition {
+fn wanted_paused_too(filter: &DueFilter, backend: DbBackend) -> Condition {
     let mut wanted = Condition::all();
     match &filter.defs {
         DefSelect::Any => {}
@@ -98,7 +99,7 @@ fn wanted_paused_too(filter: &DueFilter) -> Condition {
     Condition::all()
         .add(wanted)
         .add(Column::Status.is_in(Status::DUE))
-        .add(super::order::in_turn())
+        .add(super::order::in_turn(backend))
 }
 
 /// Due rows matching `wanted`, oldest first.
@@ -222,7 +223,10 @@ async fn claim_where(store: &Store, wanted: Condition, limit: u64) -> Result<Vec
 pub(crate) async fn claim_probe(store: &Store, def_id: i64) -> Result<Option<Lease>, DbErr> {
     let oldest = notify_msg::Entity::find()
         .filter(Expr::col(Column::NextCallTime).lte(clock::now(store.backend())))
-        .filter(wanted_paused_too(&DueFilter::defs(vec![def_id])))
+        .filter(wanted_paused_too(
+            &DueFilter::defs(vec![def_id]),
+            store.backend(),
+        ))
         .order_by_asc(Column::NextCallTime)
         .one(&store.db)
         .await?;
@@ -232,22 +236,50 @@ pub(crate) async fn claim_probe(store: &Store, def_id: i64) -> Result<Option<Lea
     }
 }
 
-/// Claims `row` if it is still at the version read, in flight, and not held
-/// by a live lease (a claim or an after-commit reservation whose end has not
-/// passed, by the database's clock). It need not be due: a rejection claims
-/// a row awaiting confirmation. `None`: someone else holds or finished it.
+/// Claims `row` if it is still at the version read, in flight, in its
+/// key's turn ([`order`](super::order)), and not held by a live lease (a
+/// claim or an after-commit reservation whose end has not passed, by the
+/// database's clock). It need not be due: a rejection claims a row awaiting
+/// confirmation. `None`: someone else holds or finished it, or it is not
+/// its turn.
 pub(crate) async fn claim_one(
     store: &Store,
     row: &notify_msg::Model,
 ) -> Result<Option<Lease>, DbErr> {
     let started = Instant::now();
+    let backend = store.backend();
     let free = Condition::any()
         .add(Expr::col(Column::Leased).eq(false))
-        .add(Expr::col(Column::NextCallTime).lte(clock::now(store.backend())));
+        .add(Expr::col(Column::NextCallTime).lte(clock::now(backend)));
     let guard = columns::at_version(row.id, row.version)
         .add(Expr::col(Column::Status).is_in(Status::DUE.map(|s| s as i16)))
-        .add(free);
-    if columns::update(&store.db, guard, claim_sets(store)).await? != 1 {
+        .add(free)
+        .add(super::order::in_turn(backend));
+    let claimed = if backend == DbBackend::MySql {
+        // MySQL refuses a subquery on the table an UPDATE changes: lock the
+        // row through a SELECT carrying the guard, then claim it.
+        let txn = db::begin(&store.db).await?;
+        let found = notify_msg::Entity::find()
+            .select_only()
+            .column(Column::Id)
+            .filter(guard)
+            .lock(LockType::Update)
+            .into_tuple::<i64>()
+            .one(&txn)
+            .await?;
+        let n = match found {
+            Some(_) => {
+                let guard = columns::at_version(row.id, row.version);
+                columns::update(&txn, guard, claim_sets(store)).await?
+            }
+            None => 0,
+        };
+        txn.commit().await?;
+        n
+    } else {
+        columns::update(&store.db, guard, claim_sets(store)).await?
+    };
+    if claimed != 1 {
         return Ok(None);
     }
     crate::telemetry::claimed(1);

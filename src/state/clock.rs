@@ -23,12 +23,32 @@ use sea_orm::{DbBackend, sea_query::Expr};
 
 /// The database's current UTC time.
 pub(crate) fn now(backend: DbBackend) -> Expr {
-    Expr::cust(match backend {
+    Expr::cust(now_sql(backend))
+}
+
+/// [`now`] as SQL text.
+pub(crate) fn now_sql(backend: DbBackend) -> &'static str {
+    match backend {
         DbBackend::Postgres => "(statement_timestamp() AT TIME ZONE 'UTC')",
         DbBackend::MySql => "UTC_TIMESTAMP(6)",
         _ => "strftime('%Y-%m-%d %H:%M:%f', 'now')",
-    })
+    }
 }
+
+/// A new notice's `create_time`: the database's time of its insert. On
+/// PostgreSQL the wall clock at the row (`clock_timestamp()`), not the
+/// start of the statement's message, so that an insert sent in one message
+/// after a lock wait is stamped after that wait, and rows of one statement
+/// in the order they are written.
+pub(crate) fn insert_time(backend: DbBackend) -> Expr {
+    match backend {
+        DbBackend::Postgres => Expr::cust(PG_INSERT_TIME),
+        _ => now(backend),
+    }
+}
+
+/// [`insert_time`] on PostgreSQL.
+pub(crate) const PG_INSERT_TIME: &str = "(clock_timestamp() AT TIME ZONE 'UTC')";
 
 /// The database's current UTC time plus `d`.
 pub(crate) fn after(backend: DbBackend, d: Duration) -> Expr {

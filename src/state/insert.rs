@@ -126,7 +126,7 @@ enum Init {
     Due,
     /// Whether it is reserved for its after-commit attempt.
     Reserved,
-    /// The database's time.
+    /// The database's time of the insert ([`clock::insert_time`]).
     Now,
     /// `errors`: empty.
     Empty,
@@ -178,7 +178,7 @@ fn values(backend: DbBackend, row: &NewRow) -> [Expr; 15] {
             Init::OrderingKey => row.ordering_key.clone().into(),
             Init::Due => row.due.expr(backend),
             Init::Reserved => row.due.reserved().into(),
-            Init::Now => clock::now(backend),
+            Init::Now => clock::insert_time(backend),
             Init::Empty => "".into(),
             Init::Zero => 0.into(),
         }
@@ -367,7 +367,7 @@ pub(crate) async fn pg_insert_rows(
             Init::OrderingKey => "r.ordering".into(),
             Init::Due => format!("{now} + make_interval(secs => r.due)"),
             Init::Reserved => "r.reserved".into(),
-            Init::Now => now.into(),
+            Init::Now => clock::PG_INSERT_TIME.into(),
             Init::Empty => "''".into(),
             Init::Zero => "0".into(),
         });

@@ -44,7 +44,7 @@ pub mod insert;
 pub(crate) mod keyed;
 mod lease;
 pub mod operator;
-pub(crate) mod order;
+pub mod order;
 pub mod pause;
 pub(crate) mod rate;
 pub(crate) mod retention;

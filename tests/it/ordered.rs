@@ -25,6 +25,7 @@ use crate::{
 #[derive(Default)]
 struct Seen {
     calls: Vec<(String, i64, bool)>,
+    started: Vec<i64>,
     running: HashMap<String, usize>,
     overlaps: usize,
 }
@@ -47,13 +48,15 @@ fn recording(
             let seq = n.param["seq"].as_i64().unwrap();
             {
                 let mut s = seen.lock().unwrap();
+                s.started.push(seq);
                 let running = s.running.entry(key.clone()).or_default();
                 *running += 1;
                 if *running > 1 {
                     s.overlaps += 1;
                 }
             }
-            tokio::time::sleep(Duration::from_millis(fastrand::u64(0..15))).await;
+            let pause = n.param["ms"].as_u64().unwrap_or(fastrand::u64(0..15));
+            tokio::time::sleep(Duration::from_millis(pause)).await;
             let outcome = verdict(&n, seq);
             let mut s = seen.lock().unwrap();
             *s.running.get_mut(&key).unwrap() -= 1;
@@ -364,3 +367,83 @@ db_test!(an_ordering_key_needs_an_ordered_definition, |db: Arc<
     .await;
     assert_in_turn("k", &per_key(&seen)["k"], 2);
 });
+
+db_test!(
+    a_cancelled_or_requeued_notice_never_runs_beside_another_of_its_key,
+    |db: Arc<TestDb>| async move {
+        db.def("ordered", "ordered", |s| s.ordering = "per_key".into())
+            .await;
+        let seen: Shared = Arc::default();
+        let notifier = db
+            .notifier()
+            .config(solid_notify::Config {
+                lease: Duration::from_secs(4),
+                attempt_timeout: Duration::from_secs(2),
+                ..quiet()
+            })
+            .handler("ordered", recording(seen.clone(), |_, _| Outcome::success()))
+            .build()
+            .unwrap();
+        let slow = |seq: i64| {
+            NewNotice::new("ordered", &json!({ "seq": seq, "ms": 1200 })).ordering_key("k")
+        };
+        let tx = notifier.begin().await.unwrap();
+        let a = tx.add(slow(0)).await.unwrap();
+        tx.add(slow(1)).await.unwrap();
+        tx.commit().await.unwrap();
+        let worker = start(notifier.clone(), fast(WorkerConfig::default()));
+        let started = |n: usize| {
+            let seen = seen.clone();
+            async move { (seen.lock().unwrap().started.len() >= n).then_some(()) }
+        };
+        // A is being sent: cancelled now, it still holds its key until its
+        // claim ends, so B does not start beside it.
+        eventually(10, "A started", || started(1)).await;
+        notifier.cancel(a).await.unwrap();
+        // B is being sent: A requeued now is older, yet waits for B.
+        eventually(10, "B started", || started(2)).await;
+        notifier.requeue(a).await.unwrap();
+        eventually(20, "A sent again after B", || async {
+            (db.counts().await == (0, 2)).then_some(())
+        })
+        .await;
+        worker.stop().await;
+        let s = seen.lock().unwrap();
+        assert_eq!(s.started, vec![0, 1, 0]);
+        assert_eq!(s.overlaps, 0, "two calls of one key at once");
+    }
+);
+
+db_test!(
+    attempting_a_notice_by_hand_respects_its_turn,
+    |db: Arc<TestDb>| async move {
+        db.def("ordered", "ordered", |s| s.ordering = "per_key".into())
+            .await;
+        let seen: Shared = Arc::default();
+        let notifier = db
+            .notifier()
+            .config(quiet())
+            .handler(
+                "ordered",
+                recording(seen.clone(), |_, seq| {
+                    if seq == 0 {
+                        Outcome::retry("not yet")
+                    } else {
+                        Outcome::success()
+                    }
+                }),
+            )
+            .build()
+            .unwrap();
+        let tx = notifier.begin().await.unwrap();
+        tx.add(ordered("k", 0)).await.unwrap();
+        let b = tx.add(ordered("k", 1)).await.unwrap();
+        tx.commit().await.unwrap();
+        // A fails and waits for its retry; B, attempted by hand, is not sent.
+        db.attempt_due(&notifier).await;
+        let row = db.live().await.into_iter().find(|r| r.id == b).unwrap();
+        let report = notifier.attempt(row).await;
+        assert_eq!(report.result, AttemptResult::LostClaim, "{report:?}");
+        assert_eq!(seen.lock().unwrap().started, vec![0]);
+    }
+);
