@@ -381,7 +381,10 @@ db_test!(
                 attempt_timeout: Duration::from_secs(2),
                 ..quiet()
             })
-            .handler("ordered", recording(seen.clone(), |_, _| Outcome::success()))
+            .handler(
+                "ordered",
+                recording(seen.clone(), |_, _| Outcome::success()),
+            )
             .build()
             .unwrap();
         let slow = |seq: i64| {
@@ -414,36 +417,35 @@ db_test!(
     }
 );
 
-db_test!(
-    attempting_a_notice_by_hand_respects_its_turn,
-    |db: Arc<TestDb>| async move {
-        db.def("ordered", "ordered", |s| s.ordering = "per_key".into())
-            .await;
-        let seen: Shared = Arc::default();
-        let notifier = db
-            .notifier()
-            .config(quiet())
-            .handler(
-                "ordered",
-                recording(seen.clone(), |_, seq| {
-                    if seq == 0 {
-                        Outcome::retry("not yet")
-                    } else {
-                        Outcome::success()
-                    }
-                }),
-            )
-            .build()
-            .unwrap();
-        let tx = notifier.begin().await.unwrap();
-        tx.add(ordered("k", 0)).await.unwrap();
-        let b = tx.add(ordered("k", 1)).await.unwrap();
-        tx.commit().await.unwrap();
-        // A fails and waits for its retry; B, attempted by hand, is not sent.
-        db.attempt_due(&notifier).await;
-        let row = db.live().await.into_iter().find(|r| r.id == b).unwrap();
-        let report = notifier.attempt(row).await;
-        assert_eq!(report.result, AttemptResult::LostClaim, "{report:?}");
-        assert_eq!(seen.lock().unwrap().started, vec![0]);
-    }
-);
+db_test!(attempting_a_notice_by_hand_respects_its_turn, |db: Arc<
+    TestDb,
+>| async move {
+    db.def("ordered", "ordered", |s| s.ordering = "per_key".into())
+        .await;
+    let seen: Shared = Arc::default();
+    let notifier = db
+        .notifier()
+        .config(quiet())
+        .handler(
+            "ordered",
+            recording(seen.clone(), |_, seq| {
+                if seq == 0 {
+                    Outcome::retry("not yet")
+                } else {
+                    Outcome::success()
+                }
+            }),
+        )
+        .build()
+        .unwrap();
+    let tx = notifier.begin().await.unwrap();
+    tx.add(ordered("k", 0)).await.unwrap();
+    let b = tx.add(ordered("k", 1)).await.unwrap();
+    tx.commit().await.unwrap();
+    // A fails and waits for its retry; B, attempted by hand, is not sent.
+    db.attempt_due(&notifier).await;
+    let row = db.live().await.into_iter().find(|r| r.id == b).unwrap();
+    let report = notifier.attempt(row).await;
+    assert_eq!(report.result, AttemptResult::LostClaim, "{report:?}");
+    assert_eq!(seen.lock().unwrap().started, vec![0]);
+});
