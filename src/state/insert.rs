@@ -468,6 +468,7 @@ mod tests {
             description: "line\nnext'; DROP TABLE notify_msg; --".into(),
             idempotency_key: Some("k'\\$sn$".into()),
             trace_context: Some(r#"{"traceparent":"a'b"}"#.into()),
+            ordering_key: Some("o'k".into()),
             due: Due::Reserved(std::time::Duration::from_millis(1500)),
             ..row()
         };
@@ -484,7 +485,7 @@ mod tests {
         assert!(sql.contains(r"$sn1$k'\$sn$$sn1$"), "{sql}");
         assert!(sql.contains("make_interval(secs => 1.5)"), "{sql}");
         assert!(
-            sql.contains(r#"TRUE, $sn${"traceparent":"a'b"}$sn$), (8, 1, "#),
+            sql.contains(r#"TRUE, $sn${"traceparent":"a'b"}$sn$, $sn$o'k$sn$), (8, 1, "#),
             "two rows, the trace context quoted: {sql}"
         );
         // Many small rows count their SQL, not only their text.
