@@ -178,6 +178,18 @@ async fn run(db: &DatabaseConnection, purge: &Purge, report: &mut PurgeReport) -
         let pairs: Vec<(i64, i32)> = rows.iter().map(|r| (r.id, r.version)).collect();
         let deleted = retention::delete_history(db, &pairs).await?;
         report.deleted += deleted;
+        // A purged final failure no longer holds its ordering key back.
+        let keys: Vec<(i64, String)> = rows
+            .iter()
+            .filter(|r| matches!(r.status, Status::FinalFailure | Status::Parked))
+            .filter_map(|r| r.ordering_key.clone().map(|key| (r.def_id, key)))
+            .collect();
+        if deleted > 0
+            && !keys.is_empty()
+            && let Err(e) = crate::state::order::promote(db, &keys).await
+        {
+            tracing::warn!(error = %e, "cannot promote the notices waiting behind purged failures; they are due within {:?}", crate::state::order::TURN_RECHECK);
+        }
         report.skipped += rows.len() as u64 - deleted;
     }
 }

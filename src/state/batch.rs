@@ -58,7 +58,13 @@ pub(crate) async fn succeed_many(
     .await;
     match moved {
         Ok(moved) => {
-            store.finished(leases.iter().map(|l| &l.row().ordering_key));
+            store
+                .finished(
+                    leases
+                        .iter()
+                        .map(|l| (l.row().def_id, &l.row().ordering_key)),
+                )
+                .await;
             Ok(leases
                 .into_iter()
                 .map(|lease| {
@@ -132,7 +138,13 @@ pub(crate) async fn park_many(
     .await;
     match parked {
         Ok(parked) => {
-            store.finished(leases.iter().map(|l| &l.row().ordering_key));
+            store
+                .finished(
+                    leases
+                        .iter()
+                        .map(|l| (l.row().def_id, &l.row().ordering_key)),
+                )
+                .await;
             leases.into_iter().for_each(Lease::settle);
             Ok(parked)
         }

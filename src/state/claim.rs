@@ -10,9 +10,12 @@
 use std::time::Instant;
 
 use sea_orm::{
-    ColumnTrait, DbBackend, DbErr, EntityTrait, ExprTrait, QueryFilter, QueryOrder, QuerySelect,
-    Select,
-    sea_query::{Condition, Expr, LockBehavior, LockType},
+    ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, ExprTrait, FromQueryResult,
+    IdenStatic, Iterable, QueryFilter, QueryOrder, QuerySelect, Select,
+    sea_query::{
+        Alias, CommonTableExpression, Condition, Expr, LockBehavior, LockType, Query,
+        SubQueryStatement, UnionType, WithClause,
+    },
 };
 
 use super::{
@@ -74,13 +77,23 @@ fn claim_sets(store: &Store) -> Vec<Set> {
 /// ([`order`](super::order)), of definitions not paused right now by the
 /// database's clock ([`pause`](super::pause)).
 fn wanted(filter: &DueFilter, backend: DbBackend) -> Condition {
-    wanted_paused_too(filter, backend)
-        .add(Column::DefId.not_in_subquery(super::pause::paused_now(backend)))
+    selected(filter)
+        .add(not_paused(backend))
+        .add(super::order::in_turn(backend))
 }
 
 /// Rows in flight matching `filter` (due or not) and in their turn, paused
 /// or not.
 fn wanted_paused_too(filter: &DueFilter, backend: DbBackend) -> Condition {
+    selected(filter).add(super::order::in_turn(backend))
+}
+
+fn not_paused(backend: DbBackend) -> Condition {
+    Condition::all().add(Column::DefId.not_in_subquery(super::pause::paused_now(backend)))
+}
+
+/// Rows in flight matching `filter`, whatever their turn.
+fn selected(filter: &DueFilter) -> Condition {
     let mut wanted = Condition::all();
     match &filter.defs {
         DefSelect::Any => {}
@@ -99,7 +112,6 @@ fn wanted_paused_too(filter: &DueFilter, backend: DbBackend) -> Condition {
     Condition::all()
         .add(wanted)
         .add(Column::Status.is_in(Status::DUE))
-        .add(super::order::in_turn(backend))
 }
 
 /// Due rows matching `wanted`, oldest first.
@@ -142,16 +154,210 @@ pub(crate) async fn next_due(
         .map(|s| std::time::Duration::from_secs_f64(s.clamp(0.0, 365.0 * 86_400.0))))
 }
 
-/// Claims up to `limit` due rows, oldest first.
+/// What a claim of due rows did.
+#[derive(Debug, Default)]
+pub(crate) struct Claimed {
+    /// The rows claimed.
+    pub leases: Vec<Lease>,
+    /// Due rows set aside: not in their key's turn
+    /// ([`order`](super::order)).
+    pub set_aside: u64,
+}
+
+impl Claimed {
+    /// The due rows this claim dealt with; when that is its whole limit,
+    /// more may be due.
+    pub fn looked_at(&self) -> u64 {
+        self.leases.len() as u64 + self.set_aside
+    }
+}
+
+/// Claims up to `limit` due rows, oldest first, setting aside (within the
+/// same limit) the due rows that wait for their key's turn.
 pub(crate) async fn claim_due(
     store: &Store,
     filter: &DueFilter,
     limit: u64,
-) -> Result<Vec<Lease>, DbErr> {
+) -> Result<Claimed, DbErr> {
     if filter.is_empty() || limit == 0 {
-        return Ok(Vec::new());
+        return Ok(Claimed::default());
     }
-    claim_where(store, wanted(filter, store.backend()), limit).await
+    let started = Instant::now();
+    let backend = store.backend();
+    let found = selected(filter).add(not_paused(backend)).add(
+        Condition::any()
+            .add(super::order::may_wait())
+            .add(super::order::in_turn(backend)),
+    );
+    let candidates = due_rows(store, found, limit);
+    let (rows, aside) = match backend {
+        DbBackend::Postgres => claim_due_pg(store, candidates).await?,
+        _ => claim_due_locked(store, candidates).await?,
+    };
+    crate::telemetry::claimed(rows.len() as u64);
+    let claimed = Claimed {
+        leases: rows
+            .into_iter()
+            .map(|row| Lease::new(store.clone(), row, started))
+            .collect(),
+        set_aside: aside.len() as u64,
+    };
+    // Now that the claim has committed: a notice that finished after its
+    // snapshot may have let one of these take its turn.
+    if !aside.is_empty()
+        && let Err(e) = super::order::promote(&store.db, &aside).await
+    {
+        tracing::warn!(error = %e, "cannot recheck notices set aside for their turn; they are due within {:?}", super::order::TURN_RECHECK);
+    }
+    Ok(claimed)
+}
+
+/// The name of the candidates' turn column.
+const TURN: &str = "turn";
+
+/// `(def_id, ordering_key)` of a row set aside.
+type Key = (i64, String);
+
+/// PostgreSQL: the claim and the setting aside in one statement: the
+/// candidates are locked (`SKIP LOCKED`), those in turn are claimed and
+/// returned in full, the others are pushed out and returned as their key
+/// (the `aside` column tells which is which).
+async fn claim_due_pg(
+    store: &Store,
+    candidates: Select<notify_msg::Entity>,
+) -> Result<(Vec<notify_msg::Model>, Vec<Key>), DbErr> {
+    let backend = store.backend();
+    let (cand, aside, claimed) = (
+        Alias::new("cand"),
+        Alias::new("aside"),
+        Alias::new("claimed"),
+    );
+    let candidates = candidates
+        .select_only()
+        .column(Column::Id)
+        .expr_as(super::order::in_turn(backend), TURN)
+        .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked);
+    let ids_of = |in_turn: bool| {
+        let mut ids = Query::select();
+        ids.column(Column::Id).from(cand.clone());
+        let turn = Expr::col(Alias::new(TURN));
+        ids.and_where(if in_turn { turn } else { turn.not() });
+        Expr::cust_with_expr(
+            r#""id" = ANY(ARRAY($1))"#,
+            Expr::SubQuery(None, Box::new(ids.into())),
+        )
+    };
+    let mut set_aside = Query::update();
+    set_aside
+        .table(notify_msg::Entity)
+        .value(Column::NextCallTime, super::order::aside_until(backend))
+        .and_where(ids_of(false))
+        .returning(Query::returning().columns([Column::Id, Column::DefId, Column::OrderingKey]));
+    let mut claim = Query::update();
+    claim.table(notify_msg::Entity);
+    for (c, value) in claim_sets(store).into_iter().chain([columns::bump()]) {
+        claim.value(c, value);
+    }
+    claim
+        .and_where(ids_of(true))
+        .returning(Query::returning().columns(Column::iter()));
+    let mut rows = Query::select();
+    rows.expr_as(Expr::val(false), aside.clone())
+        .columns(Column::iter())
+        .from(claimed.clone());
+    let mut aside_rows = Query::select();
+    aside_rows.expr(Expr::val(true));
+    for c in Column::iter() {
+        match c {
+            Column::Id | Column::DefId | Column::OrderingKey => aside_rows.column(c),
+            _ => aside_rows.expr(Expr::cust("NULL")),
+        };
+    }
+    aside_rows.from(aside.clone());
+    rows.union(UnionType::All, aside_rows);
+    let cte = |name: &Alias, query: SubQueryStatement| {
+        CommonTableExpression::new()
+            .table_name(name.clone())
+            .query(query)
+            .to_owned()
+    };
+    let statement = rows.with(
+        WithClause::new()
+            .cte(cte(
+                &cand,
+                sea_orm::QueryTrait::into_query(candidates).into(),
+            ))
+            .cte(cte(&aside, set_aside.into()))
+            .cte(cte(&claimed, claim.into()))
+            .to_owned(),
+    );
+    let mut taken = Vec::new();
+    let mut keys = Vec::new();
+    for row in store.db.query_all(&statement).await? {
+        if row.try_get::<bool>("", "aside")? {
+            if let Some(key) = row.try_get::<Option<String>>("", Column::OrderingKey.as_str())? {
+                keys.push((row.try_get("", Column::DefId.as_str())?, key));
+            }
+        } else {
+            taken.push(notify_msg::Model::from_query_result(&row, "")?);
+        }
+    }
+    taken.sort_by_key(|r| r.id);
+    Ok((taken, keys))
+}
+
+/// MariaDB and SQLite: in one transaction, read the candidates with their
+/// turn (locked `SKIP LOCKED` on MariaDB; SQLite's write lock is held from
+/// the start), claim those in turn and push out the others.
+async fn claim_due_locked(
+    store: &Store,
+    candidates: Select<notify_msg::Entity>,
+) -> Result<(Vec<notify_msg::Model>, Vec<Key>), DbErr> {
+    let backend = store.backend();
+    let mut candidates = candidates.expr_as(super::order::in_turn(backend), TURN);
+    if backend == DbBackend::MySql {
+        candidates = candidates.lock_with_behavior(LockType::Update, LockBehavior::SkipLocked);
+    }
+    let txn = db::begin(&store.db).await?;
+    let mut taken = Vec::new();
+    let mut waiting = Vec::new();
+    for row in txn
+        .query_all(&sea_orm::QueryTrait::into_query(candidates))
+        .await?
+    {
+        let model = notify_msg::Model::from_query_result(&row, "")?;
+        let in_turn = match row.try_get::<bool>("", TURN) {
+            Ok(flag) => flag,
+            Err(_) => row.try_get::<i64>("", TURN)? != 0,
+        };
+        if in_turn {
+            taken.push(model);
+        } else {
+            waiting.push(model);
+        }
+    }
+    if !taken.is_empty() {
+        let ids = taken.iter().map(|r| r.id);
+        columns::update(&txn, Column::Id.is_in(ids), claim_sets(store)).await?;
+    }
+    if !waiting.is_empty() {
+        notify_msg::Entity::update_many()
+            .col_expr(Column::NextCallTime, super::order::aside_until(backend))
+            .filter(Column::Id.is_in(waiting.iter().map(|r| r.id)))
+            .exec(&txn)
+            .await?;
+    }
+    txn.commit().await?;
+    for row in &mut taken {
+        row.version = row.version.wrapping_add(1);
+        row.leased = true;
+    }
+    taken.sort_by_key(|r| r.id);
+    let keys = waiting
+        .into_iter()
+        .filter_map(|r| r.ordering_key.map(|key| (r.def_id, key)))
+        .collect();
+    Ok((taken, keys))
 }
 
 /// Claims notice `id` if it is due and in its key's turn: the after-commit

@@ -46,7 +46,7 @@ pub(crate) async fn confirm(store: &Store, row: &notify_msg::Model) -> Result<bo
     })
     .await?;
     if !moved.is_empty() {
-        store.finished([&row.ordering_key]);
+        store.finished([(row.def_id, &row.ordering_key)]).await;
     }
     Ok(!moved.is_empty())
 }

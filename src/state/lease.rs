@@ -380,7 +380,9 @@ impl Lease {
         })
         .await?;
         if moved.is_some() {
-            self.store.finished([&self.row.ordering_key]);
+            self.store
+                .finished([(self.row.def_id, &self.row.ordering_key)])
+                .await;
         }
         Ok(moved)
     }

@@ -10,6 +10,8 @@
 //! |---|---|---|---|
 //! | — | insert, in the caller's transaction | 0, due now or reserved for the after-commit attempt | [`insert`] |
 //! | 0 / 2 / 4 due (or reserved) | claim: version + 1, `leased`, lease from the DB clock | same status, leased | [`claim`] |
+//! | 0 due, not in its key's turn | set aside: next check later, version unchanged | same status | [`claim`], [`order`] |
+//! | 0 set aside | promote: due now, once in turn, version unchanged | same status | [`order::promote`] |
 //! | leased | release: due now | same status | [`Lease::release_for`] |
 //! | leased, over its rate limit | release until the next window, uncharged | same status | [`Lease::release_for`], [`rate`] |
 //! | leased | retry at T: errors + line, `retry_times` + 1 | 2 | [`Lease::retry`] |
@@ -80,11 +82,46 @@ impl Store {
         self.wakes.send_modify(|n| *n = n.wrapping_add(1));
     }
 
-    /// After notices left `notify_msg`: wakes the workers when one had an
-    /// ordering key, as the next notice of that key may be in turn now.
-    pub fn finished<'a>(&self, keys: impl IntoIterator<Item = &'a Option<String>>) {
-        if keys.into_iter().any(Option::is_some) {
-            self.wake_workers();
+    /// After notices left `notify_msg` (or final failures holding their
+    /// keys back were cancelled or purged), given as `(def_id,
+    /// ordering_key)`: promotes the next notice of each key
+    /// ([`order::promote`]) and wakes the workers. Nothing to do for
+    /// notices without a key. A failed promotion is logged: the notice is
+    /// then due within [`order::TURN_RECHECK`].
+    pub async fn finished<'a>(&self, rows: impl IntoIterator<Item = (i64, &'a Option<String>)>) {
+        let keys: Vec<(i64, String)> = rows
+            .into_iter()
+            .filter_map(|(def, key)| key.as_ref().map(|key| (def, key.clone())))
+            .collect();
+        if keys.is_empty() {
+            return;
+        }
+        if let Err(e) = order::promote(&self.db, &keys).await {
+            tracing::warn!(error = %e, "cannot promote the next notices of finished ordering keys; they are due within {:?}", order::TURN_RECHECK);
+        }
+        self.wake_workers();
+    }
+
+    /// [`finished`](Self::finished) for notices now in history, by id.
+    pub async fn finished_ids(&self, ids: &[i64]) {
+        if ids.is_empty() {
+            return;
+        }
+        use crate::entity::notify_msg_history::{Column, Entity};
+        use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QuerySelect};
+        let keys: Result<Vec<(i64, Option<String>)>, _> = Entity::find()
+            .select_only()
+            .columns([Column::DefId, Column::OrderingKey])
+            .filter(Column::Id.is_in(ids.iter().copied()))
+            .filter(Column::OrderingKey.is_not_null())
+            .into_tuple()
+            .all(&self.db)
+            .await;
+        match keys {
+            Ok(keys) => self.finished(keys.iter().map(|(d, k)| (*d, k))).await,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the ordering keys of finished notices; their next notices are due within {:?}", order::TURN_RECHECK)
+            }
         }
     }
 

@@ -93,10 +93,8 @@ pub(crate) async fn cancel(
         (Column::LastCallTime, now),
     ];
     let moved = move_guarded(store, Table::Live, Table::History, guard(rows), sets).await?;
-    if !moved.is_empty() {
-        // The next notice of a cancelled one's ordering key may be in turn.
-        store.wake_workers();
-    }
+    // The next notice of a cancelled one's ordering key may be in turn.
+    store.finished_ids(&moved).await;
     Ok(moved)
 }
 
@@ -136,9 +134,7 @@ pub(crate) async fn cancel_finished(
         Ok(ids)
     })
     .await?;
-    if !changed.is_empty() {
-        store.wake_workers();
-    }
+    store.finished_ids(&changed).await;
     Ok(changed)
 }
 

@@ -24,10 +24,52 @@
 //! What it cannot see: a notice whose transaction has not committed. Two
 //! claims racing with an operator's requeue of an older notice could, for
 //! the length of one claim statement, each see the other's row unclaimed.
+//!
+//! **Waiting rows stay out of the due scan.** A sweep's claim that meets a
+//! due notice not in its turn sets it aside: its `next_call_time` moves
+//! [`TURN_RECHECK`] ahead (status, version and lease unchanged), so later
+//! claims do not read it again and again. When a notice with a key leaves
+//! `notify_msg` (delivered, failed for good, parked, cancelled, confirmed),
+//! or a final failure that held its key back is cancelled or purged, the
+//! oldest notice of that key is made due at once if it is in its turn now
+//! ([`promote`]). A claim that set rows aside promotes their keys too, once
+//! it has committed: a notice that finished between the claim's snapshot
+//! and its write is then seen, so no wake-up is lost. Setting aside only
+//! ever delays a notice (the turn rule above decides who may be sent), and
+//! by at most [`TURN_RECHECK`] when no transition promotes it: a crash
+//! between a notice's move to history and its promotion, an edit of
+//! `ordering` or `stop_on_failure`, or the end of a lease kept in history by
+//! a cancel. Only notices never attempted since they were queued (status 0,
+//! not leased) are set aside and promoted; a waiting retry keeps its own
+//! schedule.
 
-use sea_orm::{DbBackend, sea_query::Expr};
+use std::time::Duration;
 
-use super::clock;
+use sea_orm::{
+    ConnectionTrait, DatabaseConnection, DbBackend, DbErr, Statement, Value,
+    sea_query::{Condition, Expr, ExprTrait},
+};
+
+use super::{clock, columns::Column};
+use crate::Status;
+
+/// How long a claim sets aside a due notice that is not in its key's turn:
+/// 60 seconds. The longest a waiting notice can be late when no transition
+/// promotes it (see the module docs); it is read again once per this long
+/// while it waits.
+pub const TURN_RECHECK: Duration = Duration::from_secs(60);
+
+/// Keys promoted per statement.
+const PROMOTE_CHUNK: usize = 500;
+
+/// Rows a claim may set aside when they are not in turn: keyed, never
+/// attempted since queued, not leased.
+pub(crate) fn may_wait() -> Condition {
+    Condition::all()
+        .add(Expr::col(Column::OrderingKey).is_not_null())
+        .add(Expr::col(Column::Status).eq(Status::NotSent as i16))
+        .add(Expr::col(Column::Leased).eq(false))
+}
 
 /// The condition on a `notify_msg` row (the statement's own `notify_msg`)
 /// that it is in turn: no key, an unordered definition, or nothing of its
@@ -57,4 +99,118 @@ pub fn in_turn_sql(backend: DbBackend) -> String {
                      AND h.status IN (3, 6) \
                      AND (h.create_time, h.id) < (notify_msg.create_time, notify_msg.id)))))"
     )
+}
+
+/// The `next_call_time` of a notice set aside: [`TURN_RECHECK`] from now,
+/// or sooner, when a notice of its key cancelled while being sent holds its
+/// lease in history until then (the one hold on a key that ends by time,
+/// not by a transition that promotes).
+pub(crate) fn aside_until(backend: DbBackend) -> Expr {
+    let later = clock::after(backend, TURN_RECHECK);
+    let now = clock::now_sql(backend);
+    // sea-query's placeholders for expressions: numbered on PostgreSQL only.
+    let (p1, p2) = match backend {
+        DbBackend::Postgres => ("$1", "$2"),
+        _ => ("?", "?"),
+    };
+    Expr::cust_with_exprs(
+        format!(
+            "COALESCE((SELECT MIN(c.next_call_time) FROM notify_msg_history c \
+             WHERE c.def_id = notify_msg.def_id AND c.ordering_key = notify_msg.ordering_key \
+             AND c.status = {cancelled} AND c.leased AND c.next_call_time > {now} \
+             AND c.next_call_time < {p1}), {p2})",
+            cancelled = Status::Cancelled as i16,
+        ),
+        [later.clone(), later],
+    )
+}
+
+/// Brings forward the next check of the oldest notice of each `(def_id,
+/// ordering_key)`, when it was set aside (status 0, not leased, due later):
+/// due at once if it is in its turn now, else at [`aside_until`] if that
+/// is sooner (a cancel that keeps its lease in history). Returns how many
+/// were brought forward. Changes no version: it only moves a waiting notice's
+/// next check forward, which never lets anything be sent out of turn.
+pub(crate) async fn promote(db: &DatabaseConnection, keys: &[(i64, String)]) -> Result<u64, DbErr> {
+    let mut keys = keys.to_vec();
+    keys.sort();
+    keys.dedup();
+    let backend = db.get_database_backend();
+    let now = clock::now_sql(backend);
+    let mut promoted = 0;
+    for chunk in keys.chunks(PROMOTE_CHUNK) {
+        let (heads, values) = heads(backend, chunk);
+        let waiting = format!(
+            "SELECT id, CASE WHEN {turn} THEN 1 ELSE 0 END FROM notify_msg WHERE id IN ({heads}) \
+             AND status = {not_sent} AND NOT leased AND next_call_time > {now}",
+            not_sent = Status::NotSent as i16,
+            turn = in_turn_sql(backend),
+        );
+        let mut in_turn = Vec::new();
+        let mut held = Vec::new();
+        for row in db
+            .query_all_raw(Statement::from_sql_and_values(backend, waiting, values))
+            .await?
+        {
+            let id = row.try_get_by_index::<i64>(0)?;
+            let turn = match row.try_get_by_index::<i32>(1) {
+                Ok(n) => n != 0,
+                Err(_) => row.try_get_by_index::<i64>(1)? != 0,
+            };
+            if turn {
+                in_turn.push(id);
+            } else {
+                held.push(id);
+            }
+        }
+        for (ids, at) in [(in_turn, clock::now(backend)), (held, aside_until(backend))] {
+            if ids.is_empty() {
+                continue;
+            }
+            let update = sea_orm::sea_query::Query::update()
+                .table(sea_orm::sea_query::Alias::new("notify_msg"))
+                .value(Column::NextCallTime, at.clone())
+                .cond_where(
+                    Condition::all()
+                        .add(Expr::col(Column::Id).is_in(ids))
+                        .add(may_wait())
+                        .add(Expr::col(Column::NextCallTime).gt(at)),
+                )
+                .to_owned();
+            let n = db.execute(&update).await?.rows_affected();
+            promoted += n;
+        }
+    }
+    Ok(promoted)
+}
+
+/// The oldest notice in flight of each key, as the SQL of an `IN` list, and
+/// its values.
+fn heads(backend: DbBackend, keys: &[(i64, String)]) -> (String, Vec<Value>) {
+    const OLDEST: &str = "SELECT o.id FROM notify_msg o WHERE o.def_id = {def} \
+         AND o.ordering_key = {key} ORDER BY o.create_time, o.id LIMIT 1";
+    if backend == DbBackend::Postgres {
+        let defs: Vec<i64> = keys.iter().map(|k| k.0).collect();
+        let names: Vec<String> = keys.iter().map(|k| k.1.clone()).collect();
+        let oldest = OLDEST
+            .replace("{def}", "k.def_id")
+            .replace("{key}", "k.okey");
+        return (
+            format!("SELECT ({oldest}) FROM UNNEST($1::bigint[], $2::text[]) AS k(def_id, okey)"),
+            vec![defs.into(), names.into()],
+        );
+    }
+    // One scalar subquery per key, in a derived table: MariaDB loses a
+    // derived table's columns in a correlated subquery of a prepared
+    // statement, and refuses a `LIMIT` right under `IN`.
+    let oldest = format!(
+        "SELECT ({}) AS id",
+        OLDEST.replace("{def}", "?").replace("{key}", "?")
+    );
+    let values = keys
+        .iter()
+        .flat_map(|(def, key)| [Value::from(*def), Value::from(key.clone())])
+        .collect();
+    let union = vec![oldest; keys.len()].join(" UNION ALL ");
+    (format!("SELECT h.id FROM ({union}) AS h"), values)
 }

@@ -195,13 +195,21 @@ impl<'a> Sweep<'a> {
             {
                 let asked = std::time::Instant::now();
                 match claim::claim_due(&inner.store, filter, limits.batch_size).await {
-                    Ok(leases) => {
-                        let n = leases.len() as u64;
-                        tracing::trace!(n, ms = asked.elapsed().as_millis() as u64, "claimed");
+                    Ok(claimed) => {
+                        let n = claimed.leases.len() as u64;
+                        let aside = claimed.set_aside;
+                        tracing::trace!(
+                            n,
+                            aside,
+                            ms = asked.elapsed().as_millis() as u64,
+                            "claimed"
+                        );
                         claimed_total += n;
                         self.stats.add_claimed(n);
-                        more = again && n == limits.batch_size;
-                        self.resolve(leases, &mut waiting).await;
+                        // Rows set aside for their turn count too: a claim
+                        // that dealt with its whole limit may leave more due.
+                        more = again && claimed.looked_at() >= limits.batch_size;
+                        self.resolve(claimed.leases, &mut waiting).await;
                     }
                     Err(e) => {
                         more = false;

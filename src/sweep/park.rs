@@ -28,7 +28,7 @@ impl Notifier {
             defs: DefSelect::Except(valid),
             ..DueFilter::default()
         };
-        let leases = claim::claim_due(&inner.store, &filter, limit).await?;
+        let leases = claim::claim_due(&inner.store, &filter, limit).await?.leases;
         Ok(park(self, leases, &inner.stop.give_up).await)
     }
 }

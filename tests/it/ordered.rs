@@ -164,7 +164,7 @@ db_test!(
         // Every free key finishes; each stuck key has its failure in history
         // and its nine later notices in flight, never called.
         let stuck_left = 2 * (PER_KEY as u64 - 1);
-        eventually(60, "free keys delivered, stuck keys waiting", || async {
+        eventually(40, "free keys delivered, stuck keys waiting", || async {
             (db.counts().await == (stuck_left, total - stuck_left)).then_some(())
         })
         .await;
@@ -192,7 +192,7 @@ db_test!(
             .requeue(ids[&("stuck-requeue".to_string(), 0)])
             .await
             .unwrap();
-        eventually(60, "every notice finished", || async {
+        eventually(40, "every notice finished", || async {
             (db.counts().await == (0, total)).then_some(())
         })
         .await;
@@ -449,3 +449,83 @@ db_test!(attempting_a_notice_by_hand_respects_its_turn, |db: Arc<
     assert_eq!(report.result, AttemptResult::LostClaim, "{report:?}");
     assert_eq!(seen.lock().unwrap().started, vec![0]);
 });
+
+db_test!(
+    waiting_notices_are_set_aside_and_each_finish_promotes_the_next,
+    |db: Arc<TestDb>| async move {
+        const KEYS: usize = 12;
+        const PER_KEY: i64 = 8;
+        db.def("ordered", "ordered", |s| s.ordering = "per_key".into())
+            .await;
+        let seen: Shared = Arc::default();
+        let handler = Arc::new(recording(seen.clone(), |_, _| Outcome::success()));
+        let notifier = || {
+            let handler = handler.clone();
+            db.notifier()
+                .config(quiet())
+                .handler("ordered", move |n: Notice| handler(n))
+                .build()
+                .unwrap()
+        };
+        let producer = notifier();
+        let tx = producer.begin().await.unwrap();
+        for seq in 0..PER_KEY {
+            for key in 0..KEYS {
+                tx.add(ordered(&format!("k{key}"), seq)).await.unwrap();
+            }
+        }
+        tx.commit().await.unwrap();
+        // Two workers polling every 30 s: after their first sweep only
+        // promotions move the keys on. A notice set aside and never
+        // promoted would wait a whole recheck (60 s).
+        let workers: Vec<_> = (0..2)
+            .map(|_| {
+                let config = WorkerConfig {
+                    delay: Duration::from_secs(30),
+                    ..fast(WorkerConfig::default())
+                };
+                start(notifier(), config)
+            })
+            .collect();
+        let later = match db.backend {
+            crate::support::Backend::Postgres => {
+                "(now() AT TIME ZONE 'UTC') + interval '30 seconds'"
+            }
+            crate::support::Backend::MySql => "UTC_TIMESTAMP(6) + INTERVAL 30 SECOND",
+            crate::support::Backend::Sqlite => {
+                "strftime('%Y-%m-%d %H:%M:%f', 'now', '+30 seconds')"
+            }
+        };
+        let aside_sql = format!(
+            "SELECT COUNT(*) FROM notify_msg WHERE NOT leased AND next_call_time > {later}"
+        );
+        let most_aside = Arc::new(std::sync::atomic::AtomicI64::new(0));
+        let total = (KEYS as u64) * PER_KEY as u64;
+        eventually(20, "every key drained, long before a recheck", || {
+            let (db, most_aside, aside_sql) = (db.clone(), most_aside.clone(), aside_sql.clone());
+            async move {
+                let aside = db.scalar(&aside_sql).await;
+                most_aside.fetch_max(aside, std::sync::atomic::Ordering::SeqCst);
+                (db.counts().await == (0, total)).then_some(())
+            }
+        })
+        .await;
+        for worker in workers {
+            worker.stop().await;
+        }
+        assert!(
+            most_aside.load(std::sync::atomic::Ordering::SeqCst) > 0,
+            "no waiting notice was ever set aside"
+        );
+        let calls = per_key(&seen);
+        for key in 0..KEYS {
+            let key = format!("k{key}");
+            assert_in_turn(&key, &calls[&key], PER_KEY);
+        }
+        assert_eq!(
+            seen.lock().unwrap().overlaps,
+            0,
+            "two calls of one key at once"
+        );
+    }
+);
