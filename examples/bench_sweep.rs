@@ -55,6 +55,11 @@ fn sqlite_path() -> PathBuf {
 async fn main() -> BoxResult<()> {
     let args: Vec<String> = std::env::args().collect();
     if args.len() == 5 && args[1] == "run" {
+        // RUST_LOG=solid_notify::sweep=trace shows each claim.
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
         return run(&args[2], &args[3], args[4].parse()?).await;
     }
     let exe = std::env::current_exe()?;

@@ -78,9 +78,30 @@ pub(crate) fn in_turn(backend: DbBackend) -> Expr {
     Expr::cust(in_turn_sql(backend))
 }
 
+/// `column > time`, written so that no index on `column` serves it. The
+/// rows set aside are all due later: a condition on `next_call_time` that
+/// the planner reads by the due index (whose statistics may not know them
+/// yet) reads every one of them, where a probe of the key or the primary
+/// key finds the few rows meant.
+fn not_indexed_after(column: &str, time: &str) -> String {
+    format!("(CASE WHEN {column} > {time} THEN 1 ELSE 0 END) = 1")
+}
+
+/// sea-query's placeholder for an expression in a custom one: numbered on
+/// PostgreSQL only.
+fn placeholder(backend: DbBackend) -> &'static str {
+    match backend {
+        DbBackend::Postgres => "$1",
+        _ => "?",
+    }
+}
+
 /// [`in_turn`] as SQL text (for `EXPLAIN`ing a claim by hand).
 pub fn in_turn_sql(backend: DbBackend) -> String {
     let now = clock::now_sql(backend);
+    // "Its lease has not ended": each probe goes by the key's index.
+    let live_l = not_indexed_after("l.next_call_time", now);
+    let live_c = not_indexed_after("c.next_call_time", now);
     format!(
         "(notify_msg.ordering_key IS NULL \
          OR notify_msg.def_id NOT IN (SELECT d.id FROM notify_def d WHERE d.ordering = 'per_key') \
@@ -89,10 +110,10 @@ pub fn in_turn_sql(backend: DbBackend) -> String {
                  AND (o.create_time, o.id) < (notify_msg.create_time, notify_msg.id)) \
              AND NOT EXISTS (SELECT 1 FROM notify_msg l \
                  WHERE l.def_id = notify_msg.def_id AND l.ordering_key = notify_msg.ordering_key \
-                 AND l.leased AND l.id <> notify_msg.id AND l.next_call_time > {now}) \
+                 AND l.leased AND l.id <> notify_msg.id AND {live_l}) \
              AND NOT EXISTS (SELECT 1 FROM notify_msg_history c \
                  WHERE c.def_id = notify_msg.def_id AND c.ordering_key = notify_msg.ordering_key \
-                 AND c.status = 5 AND c.leased AND c.next_call_time > {now}) \
+                 AND c.status = 5 AND c.leased AND {live_c}) \
              AND (notify_msg.def_id IN (SELECT d.id FROM notify_def d WHERE NOT d.stop_on_failure) \
                  OR NOT EXISTS (SELECT 1 FROM notify_msg_history h \
                      WHERE h.def_id = notify_msg.def_id AND h.ordering_key = notify_msg.ordering_key \
@@ -140,16 +161,30 @@ pub(crate) async fn promote(db: &DatabaseConnection, keys: &[(i64, String)]) -> 
     let mut promoted = 0;
     for chunk in keys.chunks(PROMOTE_CHUNK) {
         let (heads, values) = heads(backend, chunk);
+        let heads: Vec<i64> = db
+            .query_all_raw(Statement::from_sql_and_values(backend, heads, values))
+            .await?
+            .iter()
+            .filter_map(|r| r.try_get_by_index::<Option<i64>>(0).transpose())
+            .collect::<Result<_, _>>()?;
+        if heads.is_empty() {
+            continue;
+        }
+        // The heads by their ids, as literals: a probe of the primary key
+        // each, never a scan of the rows set aside.
+        let ids: Vec<String> = heads.iter().map(i64::to_string).collect();
         let waiting = format!(
-            "SELECT id, CASE WHEN {turn} THEN 1 ELSE 0 END FROM notify_msg WHERE id IN ({heads}) \
-             AND status = {not_sent} AND NOT leased AND next_call_time > {now}",
+            "SELECT id, CASE WHEN {turn} THEN 1 ELSE 0 END FROM notify_msg WHERE id IN ({ids}) \
+             AND status = {not_sent} AND NOT leased AND {later}",
+            ids = ids.join(", "),
+            later = not_indexed_after("next_call_time", now),
             not_sent = Status::NotSent as i16,
             turn = in_turn_sql(backend),
         );
         let mut in_turn = Vec::new();
         let mut held = Vec::new();
         for row in db
-            .query_all_raw(Statement::from_sql_and_values(backend, waiting, values))
+            .query_all_raw(Statement::from_string(backend, waiting))
             .await?
         {
             let id = row.try_get_by_index::<i64>(0)?;
@@ -174,7 +209,10 @@ pub(crate) async fn promote(db: &DatabaseConnection, keys: &[(i64, String)]) -> 
                     Condition::all()
                         .add(Expr::col(Column::Id).is_in(ids))
                         .add(may_wait())
-                        .add(Expr::col(Column::NextCallTime).gt(at)),
+                        .add(Expr::cust_with_exprs(
+                            not_indexed_after("next_call_time", placeholder(backend)),
+                            [at],
+                        )),
                 )
                 .to_owned();
             let n = db.execute(&update).await?.rows_affected();
@@ -184,8 +222,8 @@ pub(crate) async fn promote(db: &DatabaseConnection, keys: &[(i64, String)]) -> 
     Ok(promoted)
 }
 
-/// The oldest notice in flight of each key, as the SQL of an `IN` list, and
-/// its values.
+/// The query of the oldest notice in flight of each key (one column, the
+/// id, NULL for a key with none), and its values.
 fn heads(backend: DbBackend, keys: &[(i64, String)]) -> (String, Vec<Value>) {
     const OLDEST: &str = "SELECT o.id FROM notify_msg o WHERE o.def_id = {def} \
          AND o.ordering_key = {key} ORDER BY o.create_time, o.id LIMIT 1";
@@ -200,17 +238,15 @@ fn heads(backend: DbBackend, keys: &[(i64, String)]) -> (String, Vec<Value>) {
             vec![defs.into(), names.into()],
         );
     }
-    // One scalar subquery per key, in a derived table: MariaDB loses a
-    // derived table's columns in a correlated subquery of a prepared
-    // statement, and refuses a `LIMIT` right under `IN`.
+    // One scalar subquery per key: MariaDB loses a derived table's columns
+    // in a correlated subquery of a prepared statement.
     let oldest = format!(
-        "SELECT ({}) AS id",
+        "SELECT ({})",
         OLDEST.replace("{def}", "?").replace("{key}", "?")
     );
     let values = keys
         .iter()
         .flat_map(|(def, key)| [Value::from(*def), Value::from(key.clone())])
         .collect();
-    let union = vec![oldest; keys.len()].join(" UNION ALL ");
-    (format!("SELECT h.id FROM ({union}) AS h"), values)
+    (vec![oldest; keys.len()].join(" UNION ALL "), values)
 }

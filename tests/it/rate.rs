@@ -56,14 +56,21 @@ db_test!(a_rate_limit_holds_across_three_workers, |db: Arc<
     let ids: HashSet<i64> = calls.iter().map(|c| c.0).collect();
     assert_eq!((calls.len(), ids.len()), (N, N), "each delivered once");
     // At most LIMIT tries start per aligned second, by the database's
-    // clock (this machine's): a try granted just before a boundary may
-    // reach the handler just after it, hence a little slack.
+    // clock (this machine's). The handler runs a moment after its try was
+    // granted: the first window's tries, granted at any point of it, may
+    // reach the handler in the next second, beside that window's own (the
+    // documented tolerance: 2 x LIMIT within one period straddling a
+    // boundary). Every later window's tries are granted as it begins (the
+    // notices refused before are due then), so they land in their own
+    // second, give or take a try granted just before a boundary.
     let mut per_second: BTreeMap<i64, usize> = BTreeMap::new();
     for (_, at) in &calls {
         *per_second.entry(at.timestamp()).or_default() += 1;
     }
+    let counts: Vec<usize> = per_second.values().copied().collect();
     assert!(
-        per_second.values().all(|n| *n <= LIMIT + 3),
+        counts.iter().take(2).all(|n| *n <= 2 * LIMIT)
+            && counts.iter().skip(2).all(|n| *n <= LIMIT + 3),
         "calls per second: {per_second:?}"
     );
     let first = calls.iter().map(|c| c.1).min().unwrap();
