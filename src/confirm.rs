@@ -173,7 +173,8 @@ impl Notifier {
                 let Some(lease) = state::claim::claim_one(&inner.store, &row).await? else {
                     return Ok(ConfirmOutcome::NotAwaiting { status });
                 };
-                let outcome = Outcome::retry(reason);
+                let outcome =
+                    crate::attempt::deliver::of_step(&def, &lease, Outcome::retry(reason));
                 let result = record::record(self, &def, lease, outcome, &inner.stop.give_up).await;
                 Ok(match result {
                     AttemptResult::LostClaim => ConfirmOutcome::NotAwaiting { status },

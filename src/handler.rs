@@ -18,6 +18,9 @@ pub enum Outcome {
     Success {
         /// Optional result text kept with the notice.
         note: Option<String>,
+        /// A JSON result for the next step of a multi-step notice
+        /// ([`Notice::previous_result`] there); ignored after the last step.
+        result: Option<Value>,
     },
     /// Failed; try again on the definition's schedule.
     Retry {
@@ -34,7 +37,24 @@ pub enum Outcome {
 impl Outcome {
     /// Delivered, nothing to note.
     pub fn success() -> Self {
-        Outcome::Success { note: None }
+        Outcome::Success {
+            note: None,
+            result: None,
+        }
+    }
+
+    /// This outcome, passing `result` on to the next step of a multi-step
+    /// notice when it is a success (kept with the notice, in
+    /// `step_result`, until that step succeeds). Other outcomes are
+    /// unchanged.
+    pub fn with_result(self, result: Value) -> Self {
+        match self {
+            Outcome::Success { note, .. } => Outcome::Success {
+                note,
+                result: Some(result),
+            },
+            other => other,
+        }
     }
 
     /// Failed, retry later.
@@ -78,6 +98,15 @@ pub struct Notice {
     /// The producer's ordering key; with `ordering = "per_key"` this attempt
     /// runs only after every older notice of the key finished.
     pub ordering_key: Option<String>,
+    /// The step this call delivers, 0-based (always 0 for a definition of
+    /// one step). The steps before it succeeded.
+    pub step: u32,
+    /// How many steps the definition has (1 without `steps`).
+    pub steps: u32,
+    /// The result the step before this one passed on with
+    /// [`Outcome::with_result`]; `None` at the first step or when it passed
+    /// none.
+    pub previous_result: Option<Value>,
 }
 
 /// Delivers notices of definitions whose target is `{ "handler": "<name>" }`.

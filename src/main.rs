@@ -865,6 +865,12 @@ fn print_view(v: &NoticeView) {
     if let Some(t) = &v.trace_id {
         println!("trace id      {t}");
     }
+    if v.step > 0 || v.step_result.is_some() {
+        println!("steps done    {} (on step {})", v.steps_done, v.step + 1);
+    }
+    if let Some(r) = &v.step_result {
+        println!("step result   {r}");
+    }
     println!("version       {}", v.version);
     println!(
         "param         {}",

@@ -170,6 +170,8 @@ impl PendingNotice {
             leased: self.reserved(),
             trace_context: r.trace_context.clone(),
             ordering_key: r.ordering_key.clone(),
+            step: 0,
+            step_result: None,
         }
     }
 }

@@ -18,19 +18,24 @@ use crate::{
     state::Lease,
 };
 
-/// Whether this process can deliver notices of `def` at all. When it cannot,
-/// the notice is left for a process that can.
+/// Whether this process can deliver notices of `def` at all (every step).
+/// When it cannot, the notice is left for a process that can.
 pub(crate) fn available(inner: &Inner, def: &DefRef) -> Result<(), String> {
-    match &def.target {
-        Target::Handler(t) if inner.handlers.get(&t.handler).is_none() => Err(format!(
-            "handler `{}` is not registered in this process",
-            t.handler
-        )),
-        Target::Amqp(_) if !inner.channels.amqp.enabled() => {
-            Err("channel `amqp` has no broker configured in this process".into())
+    for step in &def.steps {
+        match &step.target {
+            Target::Handler(t) if inner.handlers.get(&t.handler).is_none() => {
+                return Err(format!(
+                    "handler `{}` is not registered in this process",
+                    t.handler
+                ));
+            }
+            Target::Amqp(_) if !inner.channels.amqp.enabled() => {
+                return Err("channel `amqp` has no broker configured in this process".into());
+            }
+            _ => {}
         }
-        _ => Ok(()),
     }
+    Ok(())
 }
 
 /// Whether an after-commit attempt of `def` must be left to a sweeper
@@ -73,26 +78,74 @@ pub(crate) async fn deliver(
     timeout: Duration,
 ) -> Outcome {
     let row = lease.row();
-    if row.status == Status::AwaitingConfirm {
-        let waited = match def.confirm {
-            Confirm::Within(d) => format!("within {}", crate::schedule::format_interval(d)),
-            _ => "before its deadline".into(),
-        };
-        return Outcome::retry(format!("not confirmed {waited}"));
-    }
-    let param = match serde_json::from_str(&row.param) {
-        Ok(param) => param,
-        Err(e) => return Outcome::permanent(format!("param is not valid JSON: {e}")),
+    let prepared = match row.status {
+        Status::AwaitingConfirm => {
+            let waited = match def.confirm {
+                Confirm::Within(d) => format!("within {}", crate::schedule::format_interval(d)),
+                _ => "before its deadline".into(),
+            };
+            Err(Outcome::retry(format!("not confirmed {waited}")))
+        }
+        _ => prepare(def, lease),
     };
+    let outcome = match prepared {
+        Ok((target, notice)) => {
+            let run =
+                crate::channel::send(inner, &target, notice, &row.param, timeout, def.on_error);
+            match tokio::time::timeout(timeout, AssertUnwindSafe(run).catch_unwind()).await {
+                Ok(Ok(outcome)) => outcome,
+                Ok(Err(panic)) => def
+                    .on_error
+                    .outcome(format!("handler panicked: {}", panic_message(&panic))),
+                Err(_) => Outcome::retry(format!("attempt timed out after {timeout:?}")),
+            }
+        }
+        Err(outcome) => outcome,
+    };
+    of_step(def, lease, outcome)
+}
+
+/// `outcome` of the step `lease`'s row is on: a failure's reason names the
+/// step (`step 2 of 3: …`) when the definition has several.
+pub(crate) fn of_step(def: &DefRef, lease: &Lease, outcome: Outcome) -> Outcome {
+    match def.multi_step() {
+        true => named_step(outcome, lease.row().step, def.steps.len()),
+        false => outcome,
+    }
+}
+
+/// The target of the step `lease`'s row is on, and the notice its channel
+/// gets; a permanent failure when the row cannot be delivered as stored.
+fn prepare(def: &DefRef, lease: &Lease) -> Result<(Target, Notice), Outcome> {
+    let row = lease.row();
+    let param = serde_json::from_str(&row.param)
+        .map_err(|e| Outcome::permanent(format!("param is not valid JSON: {e}")))?;
+    let index = usize::try_from(row.step).unwrap_or(usize::MAX);
+    let step = def.steps.get(index).ok_or_else(|| {
+        Outcome::permanent(format!(
+            "step {} does not exist: `{}` has {} steps",
+            i64::from(row.step) + 1,
+            def.name,
+            def.steps.len()
+        ))
+    })?;
     let target = match &row.target_override {
-        None => def.target.clone(),
-        Some(text) => match serde_json::from_str(text)
+        None => step.target.clone(),
+        Some(_) if def.multi_step() => {
+            return Err(Outcome::permanent(
+                "a target override cannot apply to a definition of several steps",
+            ));
+        }
+        Some(text) => serde_json::from_str(text)
             .map_err(|e| e.to_string())
             .and_then(|over| merged_target(def, &over))
-        {
-            Ok(target) => target,
-            Err(e) => return Outcome::permanent(format!("target override is invalid: {e}")),
-        },
+            .map_err(|e| Outcome::permanent(format!("target override is invalid: {e}")))?,
+    };
+    let previous_result = match &row.step_result {
+        None => None,
+        Some(text) => Some(serde_json::from_str(text).map_err(|e| {
+            Outcome::permanent(format!("the previous step's result is not valid JSON: {e}"))
+        })?),
     };
     let notice = Notice {
         id: row.id,
@@ -108,17 +161,26 @@ pub(crate) async fn deliver(
         load_balance_num: row.load_balance_num,
         trace_headers: crate::trace::headers(row.trace_context.as_deref()),
         ordering_key: row.ordering_key.clone(),
+        step: u32::try_from(index).unwrap_or(u32::MAX),
+        steps: u32::try_from(def.steps.len()).unwrap_or(u32::MAX),
+        previous_result,
     };
-    let run = crate::channel::send(inner, &target, notice, &row.param, timeout, def.on_error);
-    match tokio::time::timeout(timeout, AssertUnwindSafe(run).catch_unwind()).await {
-        Ok(Ok(outcome)) => outcome,
-        Ok(Err(panic)) => def
-            .on_error
-            .outcome(format!("handler panicked: {}", panic_message(&panic))),
-        Err(_) => Outcome::retry(format!("attempt timed out after {timeout:?}")),
-    }
+    Ok((target, notice))
 }
 
+/// A failure's reason, naming the step it failed at (`step 2 of 3: …`).
+fn named_step(outcome: Outcome, step: i32, steps: usize) -> Outcome {
+    let name = |reason: String| format!("step {} of {steps}: {reason}", i64::from(step) + 1);
+    match outcome {
+        Outcome::Retry { reason } => Outcome::Retry {
+            reason: name(reason),
+        },
+        Outcome::Permanent { reason } => Outcome::Permanent {
+            reason: name(reason),
+        },
+        success => success,
+    }
+}
 fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
     panic
         .downcast_ref::<&str>()

@@ -270,6 +270,34 @@ pub(crate) async fn run(
             // ahead of their recording, and the next one must see a circuit
             // this one opened.
             crate::circuit::observe(notifier, &def, &outcome);
+            // A step that succeeded and is not the last: recorded, and the
+            // next one runs at once in this claim.
+            let outcome = match outcome {
+                Outcome::Success { result, .. } if lease.has_next_step(def.steps.len()) => {
+                    match step_result(inner, &def, &lease, result) {
+                        Ok(result) => {
+                            match record::persist(lease, &stop.give_up, |l| l.advance(result.clone()))
+                                .await
+                            {
+                                Ok(Some(next)) => {
+                                    lease = next;
+                                    continue;
+                                }
+                                Ok(None) => {
+                                    drop(permit);
+                                    return Ran::Done(AttemptResult::LostClaim);
+                                }
+                                Err(e) => {
+                                    drop(permit);
+                                    return Ran::Done(e.into_result());
+                                }
+                            }
+                        }
+                        Err(failure) => failure,
+                    }
+                }
+                other => other,
+            };
             if !matches!(outcome, Outcome::Retry { .. }) {
                 break Some(outcome);
             }
@@ -343,6 +371,31 @@ pub(crate) async fn run(
     crate::telemetry::attempt_finished(&def.name, counted, started.elapsed());
     tracing::debug!(parent: &span, "attempt finished");
     result
+}
+
+/// The result a step passes on to the next, as stored (JSON text); a
+/// permanent failure of the step when it is larger than
+/// [`Config::max_param_bytes`](crate::Config::max_param_bytes).
+fn step_result(
+    inner: &crate::notifier::Inner,
+    def: &DefRef,
+    lease: &Lease,
+    result: Option<serde_json::Value>,
+) -> Result<Option<String>, Outcome> {
+    let Some(result) = result else {
+        return Ok(None);
+    };
+    let text = result.to_string();
+    let max = inner.config.max_param_bytes;
+    if text.len() > max {
+        return Err(Outcome::permanent(format!(
+            "step {} of {}: its result is {} bytes, over max_param_bytes ({max})",
+            i64::from(lease.row().step) + 1,
+            def.steps.len(),
+            text.len()
+        )));
+    }
+    Ok(Some(text))
 }
 
 impl Notifier {

@@ -54,7 +54,7 @@ pub(crate) enum Unwritten {
 }
 
 impl Unwritten {
-    fn into_result(self) -> AttemptResult {
+    pub(crate) fn into_result(self) -> AttemptResult {
         match self {
             Unwritten::GaveUp(e) => AttemptResult::Error {
                 error: format!("{e}; left to its lease"),
@@ -157,7 +157,7 @@ pub(crate) fn batchable<'r>(
     recorder: &'r Recorder,
 ) -> Result<&'r super::batch::BatchHandle, Outcome> {
     match (recorder, &outcome, def.confirm) {
-        (Recorder::Batched(batch), Outcome::Success { note: None }, Confirm::NotNeeded) => {
+        (Recorder::Batched(batch), Outcome::Success { note: None, .. }, Confirm::NotNeeded) => {
             Ok(batch)
         }
         _ => Err(outcome),
@@ -173,7 +173,7 @@ pub(crate) async fn record(
     give_up: &CancellationToken,
 ) -> AttemptResult {
     match outcome {
-        Outcome::Success { note } => succeed(notifier, def, lease, note, give_up).await,
+        Outcome::Success { note, .. } => succeed(notifier, def, lease, note, give_up).await,
         Outcome::Retry { reason } => fail(notifier, def, lease, reason, false, give_up).await,
         Outcome::Permanent { reason } => fail(notifier, def, lease, reason, true, give_up).await,
     }

@@ -354,6 +354,10 @@ pub(super) async fn notice(
             dt { "Partition" } dd { (v.partition) }
             dt { "Idempotency key" } dd { (v.idempotency_key.as_deref().unwrap_or("—")) }
             @if let Some(key) = &v.ordering_key { dt { "Ordering key" } dd { (key) " (sent after the older notices of this key finish)" } }
+            @if v.step > 0 || v.step_result.is_some() {
+                dt { "Steps done" } dd { (v.steps_done) " (on step " (v.step + 1) ")" }
+                @if let Some(result) = &v.step_result { dt { "Step result" } dd { code { (result) } } }
+            }
             dt { "Trace id" } dd { code { (v.trace_id.as_deref().unwrap_or("—")) } }
             dt { "Version" } dd { (v.version) }
             @if let Some(over) = &v.target_override { dt { "Target override" } dd { code { (over) } } }
@@ -612,6 +616,7 @@ pub(super) async fn defs(
                     dt { "Longest wait" } dd { @if d.max_retry_interval <= 0 { "no cap" } @else { (d.max_retry_interval) " min" } }
                     @if d.retry_jitter > 0 { dt { "Jitter" } dd { "±" (d.retry_jitter) "% of each wait" } }
                     @if !d.rate_limit.is_empty() { dt { "Rate limit" } dd { (d.rate_limit) ", across all workers" } }
+                    @if !d.steps.is_empty() { dt { "Steps" } dd { code { (d.steps) } " (run in order; a failure resumes at its step)" } }
                     @if d.ordering == "per_key" { dt { "Ordering" } dd { "one at a time per ordering key, oldest first; " @if d.stop_on_failure { "a final failure holds its key until requeued or cancelled" } @else { "a final failure does not hold its key" } } }
                     @if d.immediate_retries > 0 { dt { "Immediate retries" } dd { (d.immediate_retries) ", " (d.immediate_retry_delay) " ms apart, within the claim" } }
                     dt { "Alert" } dd {

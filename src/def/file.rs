@@ -178,7 +178,8 @@ fn parse_each(text: &str, source: &str) -> Result<Vec<Result<DefSpec>>> {
         .collect())
 }
 
-const KNOWN: [&str; 20] = [
+const KNOWN: [&str; 21] = [
+    "steps",
     "ordering",
     "stop_on_failure",
     "rate_limit",
@@ -215,14 +216,37 @@ fn spec_from_table(name: &str, mut t: Table) -> FieldResult<DefSpec> {
             "must equal the table key or be left out".into(),
         ));
     }
-    let channel = take_str(&mut t, "channel")?.ok_or(("channel".into(), "missing".into()))?;
-    let target = t
-        .remove("target")
-        .ok_or(("target".to_string(), "missing".to_string()))?;
-    let target = serde_json::to_value(target).map_err(|e| ("target".to_string(), e.to_string()))?;
     let mut spec = Spec::new(name, super::Channel::Handler, Value::Null);
-    spec.channel = channel;
-    spec.target = target;
+    if let Some(steps) = t.remove("steps") {
+        if t.contains_key("channel") || t.contains_key("target") {
+            return Err((
+                "steps".into(),
+                "give either `steps` or `channel` and `target`, not both".into(),
+            ));
+        }
+        let steps =
+            serde_json::to_value(steps).map_err(|e| ("steps".to_string(), e.to_string()))?;
+        // The row's channel and target hold the first step's.
+        let first = steps.get(0);
+        spec.channel = first
+            .and_then(|s| s.get("channel"))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        spec.target = first
+            .and_then(|s| s.get("target"))
+            .cloned()
+            .unwrap_or(Value::Null);
+        spec.steps = steps;
+    } else {
+        let channel = take_str(&mut t, "channel")?.ok_or(("channel".into(), "missing".into()))?;
+        let target = t
+            .remove("target")
+            .ok_or(("target".to_string(), "missing".to_string()))?;
+        spec.channel = channel;
+        spec.target =
+            serde_json::to_value(target).map_err(|e| ("target".to_string(), e.to_string()))?;
+    }
     if let Some(v) = take_str(&mut t, "retry_interval")? {
         spec.retry_interval = v;
     }
@@ -449,6 +473,74 @@ mod tests {
                 (e.origin.as_str(), e.def.as_str(), e.field.as_str()),
                 ("t.toml", "a", field),
                 "{extra}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn steps_replace_channel_and_target() {
+        let specs = parse(
+            r#"
+            [chain]
+            steps = [
+              { channel = "handler", target = { handler = "reserve_stock" } },
+              { channel = "http", target = { url = "http://127.0.0.1:1/x" } },
+            ]
+            "#,
+            "t.toml",
+        )
+        .unwrap();
+        // The row's channel and target hold the first step's.
+        assert_eq!(specs[0].channel, "handler");
+        let def = specs[0].validate(1, "t.toml").unwrap();
+        assert_eq!(def.steps.len(), 2);
+        assert!(def.multi_step());
+        assert_eq!(def.target.channel(), crate::def::Channel::Handler);
+        let step =
+            |s: &str| format!("{{ channel = \"handler\", target = {{ handler = \"{s}\" }} }}");
+        for (text, field) in [
+            ("steps = []".to_string(), "steps"),
+            ("steps = \"one\"".to_string(), "steps"),
+            (format!("steps = [{}, 1]", step("a")), "steps[1]"),
+            (
+                format!(
+                    "steps = [{}, {{ channel = \"fax\", target = {{}} }}]",
+                    step("a")
+                ),
+                "steps[1].channel",
+            ),
+            (
+                "steps = [{ channel = \"handler\" }]".to_string(),
+                "steps[0].target",
+            ),
+            (
+                "steps = [{ target = { handler = \"h\" } }]".to_string(),
+                "steps[0].channel",
+            ),
+            (
+                "steps = [{ channel = \"http\", target = { url = \"ftp://x\" } }]".to_string(),
+                "steps[0].target",
+            ),
+            (format!("steps = [{}]\ncolour = 1", step("a")), "colour"),
+            (
+                "steps = [{ channel = \"handler\", target = { handler = \"h\" }, retries = 2 }]"
+                    .to_string(),
+                "steps[0].retries",
+            ),
+            (
+                format!("steps = [{}]\nchannel = \"handler\"", step("a")),
+                "steps",
+            ),
+            (
+                format!("steps = [{}]", vec![step("a"); 11].join(", ")),
+                "steps",
+            ),
+        ] {
+            let e = problem(&format!("[a]\n{text}\n"));
+            assert_eq!(
+                (e.origin.as_str(), e.def.as_str(), e.field.as_str()),
+                ("t.toml", "a", field),
+                "{text}: {e}"
             );
         }
     }

@@ -85,10 +85,13 @@ pub struct Def {
     pub id: i64,
     /// Unique name.
     pub name: String,
-    /// Channel and its settings.
+    /// Channel and its settings (of the first step, with `steps`).
     pub target: Target,
     /// The target as stored, for merging per-notice overrides.
     pub target_json: Value,
+    /// The steps a notice runs, in order: one (`target`) without `steps`.
+    /// Never empty.
+    pub steps: Vec<Step>,
     /// Retry schedule and limits.
     pub retry: RetryPolicy,
     /// When failures alert.
@@ -114,6 +117,68 @@ pub struct Def {
     pub rate_limit: Option<RateLimit>,
     /// Whether notices with an `ordering_key` go one at a time per key.
     pub ordering: Ordering,
+}
+
+/// One step of a multi-step definition: a channel and its settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    /// Channel and its settings.
+    pub target: Target,
+    /// The target as stored.
+    pub target_json: Value,
+}
+
+/// Most `steps` a definition may have: 10.
+pub const MAX_STEPS: usize = 10;
+
+impl Def {
+    /// Whether notices of this definition run several steps (`steps` with
+    /// more than one entry).
+    pub fn multi_step(&self) -> bool {
+        self.steps.len() > 1
+    }
+}
+
+/// Parses a `steps` value: an array of 1 to [`MAX_STEPS`] objects
+/// `{"channel": …, "target": …}`. A problem names its field
+/// (`steps[1].target`).
+fn parse_steps(value: &Value) -> Result<Vec<Step>, (String, String)> {
+    let shape = || "must be an array of { channel, target } tables".to_string();
+    let list = value
+        .as_array()
+        .ok_or_else(|| ("steps".to_string(), shape()))?;
+    if list.is_empty() || list.len() > MAX_STEPS {
+        return Err((
+            "steps".into(),
+            format!("must have 1 to {MAX_STEPS} steps, not {}", list.len()),
+        ));
+    }
+    let mut steps = Vec::new();
+    for (i, step) in list.iter().enumerate() {
+        let field = |name: &str| format!("steps[{i}]{name}");
+        let step = step.as_object().ok_or_else(|| (field(""), shape()))?;
+        if let Some(unknown) = step.keys().find(|k| *k != "channel" && *k != "target") {
+            return Err((field(&format!(".{unknown}")), "unknown field".into()));
+        }
+        let channel = step
+            .get("channel")
+            .ok_or_else(|| (field(".channel"), "missing".to_string()))?;
+        let channel = channel.as_str().and_then(Channel::parse).ok_or_else(|| {
+            (
+                field(".channel"),
+                format!("unknown channel {channel} (use http, amqp, email or handler)"),
+            )
+        })?;
+        let target_json = step
+            .get("target")
+            .ok_or_else(|| (field(".target"), "missing".to_string()))?;
+        let target = Target::parse(channel, target_json).map_err(|p| (field(".target"), p))?;
+        steps.push(Step {
+            target,
+            target_json: target_json.clone(),
+        });
+    }
+    Ok(steps)
 }
 
 /// A definition's `ordering`: whether notices sharing an `ordering_key` are
@@ -351,6 +416,13 @@ pub struct DefSpec {
     /// true.
     #[serde(default = "default_stop_on_failure")]
     pub stop_on_failure: bool,
+    /// The steps of a multi-step notice, run in order and resumed at the
+    /// one that failed: a JSON array of 1 to [`MAX_STEPS`] objects
+    /// `{"channel": …, "target": …}`; `null` (the default): the one step of
+    /// `channel` and `target`, which are ignored when this is set (`defs
+    /// sync` writes the first step's there). See [`Step`].
+    #[serde(default)]
+    pub steps: Value,
 }
 
 fn default_stop_on_failure() -> bool {
@@ -407,6 +479,7 @@ impl DefSpec {
             rate_limit: String::new(),
             ordering: String::new(),
             stop_on_failure: true,
+            steps: Value::Null,
         }
     }
 
@@ -441,6 +514,15 @@ impl DefSpec {
             rate_limit: row.rate_limit.clone(),
             ordering: row.ordering.clone(),
             stop_on_failure: row.stop_on_failure,
+            steps: match row.steps.trim() {
+                "" => Value::Null,
+                text => serde_json::from_str(text).map_err(|e| DefinitionError {
+                    origin: format!("notify_def#{}", row.id),
+                    def: row.name.clone(),
+                    field: "steps".into(),
+                    problem: format!("not valid JSON: {e}"),
+                })?,
+            },
         })
     }
 
@@ -455,16 +537,25 @@ impl DefSpec {
         if self.name.trim().is_empty() || self.name.len() > 191 {
             return Err(fail("name", "must be 1 to 191 characters".into()));
         }
-        let channel = Channel::parse(&self.channel).ok_or_else(|| {
-            fail(
-                "channel",
-                format!(
-                    "unknown channel `{}` (use http, amqp, email or handler)",
-                    self.channel
-                ),
-            )
-        })?;
-        let target = Target::parse(channel, &self.target).map_err(|p| fail("target", p))?;
+        let steps = if self.steps.is_null() {
+            let channel = Channel::parse(&self.channel).ok_or_else(|| {
+                fail(
+                    "channel",
+                    format!(
+                        "unknown channel `{}` (use http, amqp, email or handler)",
+                        self.channel
+                    ),
+                )
+            })?;
+            let target = Target::parse(channel, &self.target).map_err(|p| fail("target", p))?;
+            vec![Step {
+                target,
+                target_json: self.target.clone(),
+            }]
+        } else {
+            parse_steps(&self.steps).map_err(|(field, p)| fail(&field, p))?
+        };
+        let (target, target_json) = (steps[0].target.clone(), steps[0].target_json.clone());
         let intervals: RetryIntervals = self
             .retry_interval
             .parse()
@@ -621,7 +712,8 @@ impl DefSpec {
             id,
             name: self.name.clone(),
             target,
-            target_json: self.target.clone(),
+            target_json,
+            steps,
             retry: RetryPolicy {
                 intervals,
                 max_retries,

@@ -101,6 +101,10 @@ fn write_spec(active: &mut notify_def::ActiveModel, spec: &DefSpec) {
     active.rate_limit = Set(spec.rate_limit.clone());
     active.ordering = Set(spec.ordering.clone());
     active.stop_on_failure = Set(spec.stop_on_failure);
+    active.steps = Set(match &spec.steps {
+        serde_json::Value::Null => String::new(),
+        steps => steps.to_string(),
+    });
 }
 
 /// Validates a stored row.

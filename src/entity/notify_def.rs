@@ -70,6 +70,11 @@ pub struct Model {
     /// With `per_key`: a final failure holds back the later notices of its
     /// key until it is requeued or cancelled.
     pub stop_on_failure: bool,
+    /// A JSON array of `{"channel": …, "target": …}`: the steps of a
+    /// multi-step notice, run in order; empty: the one step of `channel`
+    /// and `target` (which, with steps, hold the first step's).
+    #[sea_orm(column_type = "Text")]
+    pub steps: String,
 }
 
 /// No relations are declared: `notify_msg.def_id` is a plain column so that

@@ -55,6 +55,16 @@ pub struct Model {
     /// this key go one at a time, oldest (`create_time`, then `id`) first.
     /// `None`: no order.
     pub ordering_key: Option<String>,
+    /// The step the notice is on, 0-based: a multi-step notice resumes here
+    /// (its earlier steps succeeded). A succeeded notice ran every step up
+    /// to and including this one; otherwise the steps before it are done.
+    /// Always 0 for a definition of one step.
+    pub step: i32,
+    /// The JSON result the step before this one passed on (see
+    /// [`Outcome::with_result`](crate::Outcome::with_result)); `None` when
+    /// none.
+    #[sea_orm(column_type = "Text", nullable)]
+    pub step_result: Option<String>,
 }
 
 /// See [`super::notify_def::Relation`].

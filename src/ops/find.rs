@@ -104,6 +104,13 @@ pub struct NoticeView {
     /// Whether an attempt holds it right now: leased, and the lease has not
     /// ended by this host's clock.
     pub claim_live: bool,
+    /// The step it is on, 0-based (multi-step definitions; 0 otherwise).
+    pub step: i32,
+    /// Steps that succeeded: those before `step`, and `step` itself once
+    /// the notice succeeded.
+    pub steps_done: i32,
+    /// The result the last step that succeeded passed on, as stored.
+    pub step_result: Option<String>,
 }
 
 macro_rules! view_from {
@@ -140,6 +147,11 @@ macro_rules! view_from {
                         .as_deref()
                         .and_then(crate::trace::trace_id),
                     claim_live: row.leased && row.next_call_time > now,
+                    step: row.step,
+                    steps_done: row
+                        .step
+                        .saturating_add(i32::from(row.status == Status::Succeeded)),
+                    step_result: row.step_result,
                 }
             }
         }

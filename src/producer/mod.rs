@@ -186,6 +186,13 @@ impl Notifier {
             ),
         };
         let target_override = match &notice.target_override {
+            Some(_) if def.multi_step() => {
+                return Err(invalid(format!(
+                    "target override: `{}` has {} steps; an override applies to one target",
+                    def.name,
+                    def.steps.len()
+                )));
+            }
             Some(over) => {
                 merged_target(&def, over).map_err(|p| invalid(format!("target override: {p}")))?;
                 Some(over.to_string())

@@ -135,8 +135,9 @@ enum Init {
 }
 
 /// The one layout of a new notice row: every column written at insert (all
-/// but `id`, given by the database or the caller, and `last_call_time`,
-/// NULL until a first call).
+/// but `id`, given by the database or the caller, `last_call_time`, NULL
+/// until a first call, and `step` and `step_result`, 0 and NULL until a
+/// first step succeeds).
 const NEW_ROW: [(Column, Init); 15] = [
     (Column::DefId, Init::DefId),
     (Column::Param, Init::Param),
@@ -452,11 +453,16 @@ mod tests {
     }
 
     #[test]
-    fn new_rows_write_every_column_but_id_and_last_call_time() {
+    fn new_rows_write_every_column_but_id_last_call_time_and_step() {
         use sea_orm::Iterable;
         let written: Vec<_> = NEW_ROW.iter().map(|(c, _)| c.as_str()).collect();
         for c in Column::iter() {
-            let expected = !matches!(c, Column::Id | Column::LastCallTime);
+            // A new notice is on its first step, with no result passed on:
+            // the columns' defaults (0, NULL).
+            let expected = !matches!(
+                c,
+                Column::Id | Column::LastCallTime | Column::Step | Column::StepResult
+            );
             assert_eq!(written.contains(&c.as_str()), expected, "{}", c.as_str());
         }
     }

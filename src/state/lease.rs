@@ -10,7 +10,7 @@
 use std::time::{Duration, Instant};
 
 use chrono::NaiveDateTime;
-use sea_orm::{DbBackend, DbErr, sea_query::Expr};
+use sea_orm::{DbBackend, DbErr, ExprTrait, sea_query::Expr};
 
 use super::{
     Store, clock,
@@ -65,6 +65,12 @@ impl Lease {
             self.tries,
             reason,
         ));
+    }
+
+    /// Whether the step the row is on is followed by another of the
+    /// definition's `steps` steps.
+    pub fn has_next_step(&self, steps: usize) -> bool {
+        usize::try_from(self.row.step).is_ok_and(|step| step.saturating_add(1) < steps)
     }
 
     /// Failed tries of this attempt so far.
@@ -226,6 +232,48 @@ impl Lease {
             .await
         {
             Ok(n) => Ok(self.done(n == 1)),
+            Err(e) => Err(self.held(e)),
+        }
+    }
+
+    /// The step this attempt is on succeeded and is not the last: records
+    /// it (`step` + 1, `step_result` = `result`, the lines of its failed
+    /// tries) and renews the lease for the next step, which this attempt
+    /// runs next. `Ok(None)`: lost.
+    pub async fn advance(self, result: Option<String>) -> Result<Option<Lease>, Held> {
+        let mut sets = vec![
+            (Column::Step, Expr::col(Column::Step).add(1)),
+            (Column::StepResult, Expr::val(result.clone())),
+            (
+                Column::NextCallTime,
+                clock::after(self.backend(), self.store.lease),
+            ),
+        ];
+        if self.reserved() {
+            sets.push((Column::LastCallTime, clock::now(self.backend())));
+        }
+        if let Some(log) = &self.tries_log {
+            sets.push((Column::Errors, Expr::val(log.clone())));
+        }
+        let guard = columns::at_version(self.id(), self.version());
+        let started = Instant::now();
+        match db::on_conflict_retry(|| columns::update(&self.store.db, guard.clone(), sets.clone()))
+            .await
+        {
+            Ok(1) => {
+                let mut row = self.row.clone();
+                row.version = row.version.wrapping_add(1);
+                row.step = row.step.saturating_add(1);
+                row.step_result = result;
+                row.errors = self.errors_so_far().to_string();
+                if self.reserved() {
+                    // Stamped by the write above; only its presence matters.
+                    row.last_call_time = Some(NaiveDateTime::MIN);
+                }
+                let next = Lease::new(self.store.clone(), row, started);
+                Ok(self.done(Some(next)))
+            }
+            Ok(_) => Ok(self.done(None)),
             Err(e) => Err(self.held(e)),
         }
     }

@@ -114,13 +114,12 @@ impl Notifier {
             .iter()
             .filter(|def| attempt::available(inner, def).is_ok())
             .filter(|def| {
-                let handler = match &def.target {
-                    Target::Handler(t) => Some(t.handler.as_str()),
-                    _ => None,
-                };
+                let handler = |h: &str| handlers.iter().any(|x| x == h);
                 (defs.is_empty() && handlers.is_empty())
                     || defs.contains(&def.name)
-                    || handler.is_some_and(|h| handlers.iter().any(|x| x == h))
+                    || def.steps.iter().any(
+                        |step| matches!(&step.target, Target::Handler(t) if handler(&t.handler)),
+                    )
             })
             .map(|def| def.id)
             .collect())

@@ -158,6 +158,7 @@ db_test!(definitions_edited_in_the_table_take_effect, |db: Arc<
         ("on_error", "'retry'"),
         ("rate_limit", "''"),
         ("ordering", "''"),
+        ("steps", "''"),
     ];
     for (field, bad) in [
         ("immediate_retries", "11"),
@@ -168,10 +169,19 @@ db_test!(definitions_edited_in_the_table_take_effect, |db: Arc<
         ("rate_limit", "'fast'"),
         ("rate_limit", "'0/s'"),
         ("ordering", "'per_customer'"),
+        ("steps", "'not json'"),
+        ("steps", "'[]'"),
+        (
+            "steps[1].channel",
+            r#"'[{"channel": "handler", "target": {"handler": "h"}}, {"channel": "fax", "target": {}}]'"#,
+        ),
     ] {
         let set: Vec<String> = valid
             .iter()
-            .map(|(col, ok)| format!("{col} = {}", if *col == field { bad } else { ok }))
+            .map(|(col, ok)| {
+                let broken = field.split('[').next() == Some(*col);
+                format!("{col} = {}", if broken { bad } else { ok })
+            })
             .collect();
         let set = set.join(", ");
         db.db

@@ -24,6 +24,7 @@ mod producer;
 mod rate;
 mod retry;
 mod smtp;
+mod steps;
 mod trace;
 mod wake;
 mod worker;

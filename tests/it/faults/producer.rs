@@ -288,6 +288,7 @@ db_test!(
                 "ship",
                 rec.handler(move |_| Outcome::Success {
                     note: Some(note.clone()),
+                    result: None,
                 }),
             )
             .build()
