@@ -87,7 +87,9 @@ pub struct Notice {
     pub param: Value,
     /// The producer's description.
     pub description: String,
-    /// Key for de-duplication at the receiver: the producer's key, or the id.
+    /// Key for de-duplication at the receiver: the producer's key, or the
+    /// id; for the steps after the first of a multi-step notice, that key
+    /// with `:2`, `:3`, … appended.
     pub idempotency_key: String,
     /// Partition number assigned at insert.
     pub load_balance_num: i32,

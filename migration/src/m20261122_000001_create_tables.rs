@@ -74,7 +74,7 @@ fn timestamp(backend: DbBackend, col: impl IntoIden, default_now: bool) -> Colum
 
 /// A text column that holds up to 4 GiB on MySQL/MariaDB (plain `TEXT` stops
 /// at 64 KiB there) and is plain `text` elsewhere.
-fn long_text(backend: DbBackend, col: impl IntoIden) -> ColumnDef {
+pub(crate) fn long_text(backend: DbBackend, col: impl IntoIden) -> ColumnDef {
     let mut def = ColumnDef::new(col);
     match backend {
         DbBackend::MySql => def.custom(Alias::new("longtext")),

@@ -5,7 +5,20 @@
 //! (`step_result`, JSON text, NULL when none). Existing rows keep today's
 //! behaviour: one step, at step 0.
 
-use sea_orm_migration::{prelude::*, schema::*};
+use sea_orm_migration::{prelude::*, schema::*, sea_orm::DbBackend};
+
+use crate::m20261122_000001_create_tables::long_text;
+
+/// A nullable text column that holds up to 4 GiB on MySQL/MariaDB (a result
+/// may be as large as a param: `Config::max_param_bytes`).
+fn long_text_null(backend: DbBackend, col: impl IntoIden) -> ColumnDef {
+    let mut def = ColumnDef::new(col);
+    match backend {
+        DbBackend::MySql => def.custom(Alias::new("longtext")),
+        _ => def.text(),
+    };
+    def.null().take()
+}
 
 pub struct Migration;
 
@@ -32,18 +45,19 @@ const TABLES: [&str; 2] = ["notify_msg", "notify_msg_history"];
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        let backend = manager.get_database_backend();
         manager
             .alter_table(
                 Table::alter()
                     .table(NotifyDef::Table)
-                    .add_column(text(NotifyDef::Steps).default(""))
+                    .add_column(long_text(backend, NotifyDef::Steps).default(""))
                     .to_owned(),
             )
             .await?;
         for table in TABLES {
             for column in [
                 integer(Msg::Step).default(0).to_owned(),
-                text_null(Msg::StepResult),
+                long_text_null(backend, Msg::StepResult),
             ] {
                 manager
                     .alter_table(

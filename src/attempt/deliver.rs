@@ -154,10 +154,12 @@ fn prepare(def: &DefRef, lease: &Lease) -> Result<(Target, Notice), Outcome> {
         version: row.version,
         param,
         description: row.description.clone(),
-        idempotency_key: row
-            .idempotency_key
-            .clone()
-            .unwrap_or_else(|| row.id.to_string()),
+        idempotency_key: step_key(
+            row.idempotency_key
+                .clone()
+                .unwrap_or_else(|| row.id.to_string()),
+            index,
+        ),
         load_balance_num: row.load_balance_num,
         trace_headers: crate::trace::headers(row.trace_context.as_deref()),
         ordering_key: row.ordering_key.clone(),
@@ -166,6 +168,17 @@ fn prepare(def: &DefRef, lease: &Lease) -> Result<(Target, Notice), Outcome> {
         previous_result,
     };
     Ok((target, notice))
+}
+
+/// The receiver's de-duplication key of step `index` (0-based): the
+/// notice's key for the first step, `key:2`, `key:3`, … for the next ones,
+/// so that a receiver serving several steps never takes one for a replay of
+/// another.
+fn step_key(key: String, index: usize) -> String {
+    match index {
+        0 => key,
+        n => format!("{key}:{}", n + 1),
+    }
 }
 
 /// A failure's reason, naming the step it failed at (`step 2 of 3: …`).

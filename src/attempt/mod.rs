@@ -177,27 +177,9 @@ pub(crate) async fn run(
     let result = async {
         let timeout = inner.config.attempt_timeout;
         let needed = timeout + inner.config.lease_margin();
-        let circuit_open = inner.circuits.is_open(def.id, lease.claimed_at());
         // A pause that began after the claim (as this process last read
         // the definition): released uncharged, like the circuit's.
-        let paused = !inner.circuits.is_probing(def.id)
-            && inner
-                .defs
-                .peek(def.id)
-                .is_some_and(|d| d.is_paused_at(chrono::Utc::now().naive_utc()));
-        if lease.remaining() < needed || stop.abort.is_cancelled() || circuit_open || paused {
-            let reason = if stop.abort.is_cancelled() {
-                "shutting down".to_string()
-            } else if circuit_open {
-                format!("the circuit of `{}` is open", def.name)
-            } else if paused {
-                format!("`{}` is paused", def.name)
-            } else {
-                format!(
-                    "only {:?} of the lease left; an attempt needs {needed:?}",
-                    lease.remaining()
-                )
-            };
+        if let Some(reason) = held_back(notifier, &def, &lease, stop) {
             return Ran::Done(
                 Box::pin(record::release(notifier, lease, reason, &stop.give_up)).await,
             );
@@ -266,20 +248,39 @@ pub(crate) async fn run(
                 outcome = delivery => outcome,
                 _ = stop.abort.cancelled() => break None,
             };
+            let more_steps = lease.has_next_step(def.steps.len());
             // Right at delivery, before the slot frees: deliveries may run
             // ahead of their recording, and the next one must see a circuit
-            // this one opened.
-            crate::circuit::observe(notifier, &def, &outcome);
+            // this one opened. A step before the last is no success of the
+            // notice: it counts for the circuit only when it fails.
+            if !(more_steps && matches!(outcome, Outcome::Success { .. })) {
+                crate::circuit::observe(notifier, &def, &outcome);
+            }
             // A step that succeeded and is not the last: recorded, and the
-            // next one runs at once in this claim.
+            // next one runs at once in this claim, unless the attempt must
+            // stop now (released then, at the next step).
             let outcome = match outcome {
-                Outcome::Success { result, .. } if lease.has_next_step(def.steps.len()) => {
+                Outcome::Success { result, note } if more_steps => {
                     match step_result(inner, &def, &lease, result) {
                         Ok(result) => {
-                            match record::persist(lease, &stop.give_up, |l| l.advance(result.clone()))
-                                .await
+                            match record::persist(lease, &stop.give_up, |l| {
+                                l.advance(result.clone(), note.as_deref())
+                            })
+                            .await
                             {
                                 Ok(Some(next)) => {
+                                    if let Some(reason) = held_back(notifier, &def, &next, stop) {
+                                        drop(permit);
+                                        return Ran::Done(
+                                            Box::pin(record::release(
+                                                notifier,
+                                                next,
+                                                reason,
+                                                &stop.give_up,
+                                            ))
+                                            .await,
+                                        );
+                                    }
                                     lease = next;
                                     continue;
                                 }
@@ -371,6 +372,36 @@ pub(crate) async fn run(
     crate::telemetry::attempt_finished(&def.name, counted, started.elapsed());
     tracing::debug!(parent: &span, "attempt finished");
     result
+}
+
+/// Why the attempt held by `lease` must not start (or go on to its next
+/// step) now: shutting down, the definition's circuit open or the
+/// definition paused since the claim (as this process last read it), or
+/// too little of the lease left. It is released uncharged then.
+fn held_back(notifier: &Notifier, def: &DefRef, lease: &Lease, stop: &Stop) -> Option<String> {
+    let inner = &notifier.inner;
+    let needed = inner.config.attempt_timeout + inner.config.lease_margin();
+    let paused = || {
+        !inner.circuits.is_probing(def.id)
+            && inner
+                .defs
+                .peek(def.id)
+                .is_some_and(|d| d.is_paused_at(chrono::Utc::now().naive_utc()))
+    };
+    if stop.abort.is_cancelled() {
+        Some("shutting down".to_string())
+    } else if inner.circuits.is_open(def.id, lease.claimed_at()) {
+        Some(format!("the circuit of `{}` is open", def.name))
+    } else if paused() {
+        Some(format!("`{}` is paused", def.name))
+    } else if lease.remaining() < needed {
+        Some(format!(
+            "only {:?} of the lease left; an attempt needs {needed:?}",
+            lease.remaining()
+        ))
+    } else {
+        None
+    }
 }
 
 /// The result a step passes on to the next, as stored (JSON text); a

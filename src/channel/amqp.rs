@@ -19,7 +19,8 @@
 //! a fresh channel within the same attempt, charged nothing.
 //!
 //! The message carries the notice id as `message_id`, headers
-//! `x-notice-attempt`, `x-notice-def` and `x-idempotency-key` (plus the
+//! `x-notice-attempt`, `x-notice-def` and `x-idempotency-key` (and
+//! `x-notice-step`, 1-based, for a definition of several steps; plus the
 //! target's, and the W3C `traceparent` / `tracestate` of the producer's
 //! trace when it had one: [`crate::trace`]), and `reply_to` naming the confirmation queue, where a consumer
 //! can confirm or reject the notice (see [`crate::confirm`]).
@@ -265,6 +266,12 @@ impl AmqpChannel {
             "x-idempotency-key".into(),
             AMQPValue::LongString(notice.idempotency_key.as_str().into()),
         );
+        if notice.steps > 1 {
+            headers.insert(
+                "x-notice-step".into(),
+                AMQPValue::LongLongInt(i64::from(notice.step) + 1),
+            );
+        }
         let properties = BasicProperties::default()
             .with_message_id(notice.id.to_string().into())
             .with_content_type(target.content_type.as_str().into())

@@ -1,7 +1,8 @@
 //! HTTP: a notice is a request to the target URL with the param as its body.
 //!
 //! Headers tell the receiver what it got, so it can stay idempotent:
-//! `X-Notice-Id`, `X-Notice-Def`, `X-Notice-Attempt`, `Idempotency-Key`,
+//! `X-Notice-Id`, `X-Notice-Def`, `X-Notice-Attempt`, `Idempotency-Key`
+//! (and `X-Notice-Step`, 1-based, for a definition of several steps),
 //! and the W3C `traceparent` / `tracestate` of the producer's trace when it
 //! had one ([`crate::trace`]).
 //! With `signing_secret` set, `X-Notice-Timestamp` (Unix seconds) and
@@ -70,6 +71,9 @@ impl HttpChannel {
             .header("x-notice-def", &notice.def)
             .header("x-notice-attempt", notice.attempt)
             .header("idempotency-key", &notice.idempotency_key);
+        if notice.steps > 1 {
+            request = request.header("x-notice-step", notice.step.saturating_add(1));
+        }
         // The target's own headers win over the trace's (no duplicates).
         let trace = notice
             .trace_headers

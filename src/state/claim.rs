@@ -204,10 +204,16 @@ pub(crate) async fn claim_due(
     };
     // Now that the claim has committed: a notice that finished after its
     // snapshot may have let one of these take its turn.
-    if !aside.is_empty()
-        && let Err(e) = super::order::promote(&store.db, &aside).await
-    {
-        tracing::warn!(error = %e, "cannot recheck notices set aside for their turn; they are due within {:?}", super::order::TURN_RECHECK);
+    if !aside.is_empty() {
+        match super::order::promote(&store.db, &aside).await {
+            // Due now: this process's workers claim them at once (the
+            // sweep that called may believe nothing more is due).
+            Ok(due) if due > 0 => store.wake_workers(),
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot recheck notices set aside for their turn; they are due within {:?}", super::order::TURN_RECHECK);
+            }
+        }
     }
     Ok(claimed)
 }

@@ -238,9 +238,14 @@ impl Lease {
 
     /// The step this attempt is on succeeded and is not the last: records
     /// it (`step` + 1, `step_result` = `result`, the lines of its failed
-    /// tries) and renews the lease for the next step, which this attempt
+    /// tries, its `note` appended to the description) and renews the lease for the next step, which this attempt
     /// runs next. `Ok(None)`: lost.
-    pub async fn advance(self, result: Option<String>) -> Result<Option<Lease>, Held> {
+    pub async fn advance(
+        self,
+        result: Option<String>,
+        note: Option<&str>,
+    ) -> Result<Option<Lease>, Held> {
+        let description = note.map(|note| self.with_note(note));
         let mut sets = vec![
             (Column::Step, Expr::col(Column::Step).add(1)),
             (Column::StepResult, Expr::val(result.clone())),
@@ -255,6 +260,9 @@ impl Lease {
         if let Some(log) = &self.tries_log {
             sets.push((Column::Errors, Expr::val(log.clone())));
         }
+        if let Some(description) = &description {
+            sets.push((Column::Description, Expr::val(description.clone())));
+        }
         let guard = columns::at_version(self.id(), self.version());
         let started = Instant::now();
         match db::on_conflict_retry(|| columns::update(&self.store.db, guard.clone(), sets.clone()))
@@ -266,6 +274,9 @@ impl Lease {
                 row.step = row.step.saturating_add(1);
                 row.step_result = result;
                 row.errors = self.errors_so_far().to_string();
+                if let Some(description) = description {
+                    row.description = description;
+                }
                 if self.reserved() {
                     // Stamped by the write above; only its presence matters.
                     row.last_call_time = Some(NaiveDateTime::MIN);

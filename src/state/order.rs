@@ -150,7 +150,7 @@ pub(crate) fn aside_until(backend: DbBackend) -> Expr {
 /// ordering_key)`, when it was set aside (status 0, not leased, due later):
 /// due at once if it is in its turn now, else at [`aside_until`] if that
 /// is sooner (a cancel that keeps its lease in history). Returns how many
-/// were brought forward. Changes no version: it only moves a waiting notice's
+/// were made due. Changes no version: it only moves a waiting notice's
 /// next check forward, which never lets anything be sent out of turn.
 pub(crate) async fn promote(db: &DatabaseConnection, keys: &[(i64, String)]) -> Result<u64, DbErr> {
     let mut keys = keys.to_vec();
@@ -198,7 +198,10 @@ pub(crate) async fn promote(db: &DatabaseConnection, keys: &[(i64, String)]) -> 
                 held.push(id);
             }
         }
-        for (ids, at) in [(in_turn, clock::now(backend)), (held, aside_until(backend))] {
+        for (ids, at, due) in [
+            (in_turn, clock::now(backend), true),
+            (held, aside_until(backend), false),
+        ] {
             if ids.is_empty() {
                 continue;
             }
@@ -216,7 +219,9 @@ pub(crate) async fn promote(db: &DatabaseConnection, keys: &[(i64, String)]) -> 
                 )
                 .to_owned();
             let n = db.execute(&update).await?.rows_affected();
-            promoted += n;
+            if due {
+                promoted += n;
+            }
         }
     }
     Ok(promoted)

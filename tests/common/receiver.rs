@@ -70,6 +70,10 @@ pub struct Seen {
     pub answered: bool,
     /// The W3C `traceparent` header, if sent.
     pub traceparent: Option<String>,
+    /// The `Idempotency-Key` header, if sent.
+    pub idempotency_key: Option<String>,
+    /// The `X-Notice-Step` header, if sent.
+    pub step: Option<String>,
 }
 
 type Script = dyn Fn(&Request) -> Reply + Send + Sync;
@@ -126,6 +130,12 @@ async fn handle(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Str
             .and_then(|v| v.parse::<i64>().ok())
             .unwrap_or(-1)
     };
+    let text = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
     let request = Request {
         id: header("x-notice-id"),
         attempt: u32::try_from(header("x-notice-attempt")).unwrap_or(0),
@@ -146,10 +156,9 @@ async fn handle(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Str
             started: Instant::now(),
             ended: None,
             answered: false,
-            traceparent: headers
-                .get("traceparent")
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string),
+            traceparent: text("traceparent"),
+            idempotency_key: text("idempotency-key"),
+            step: text("x-notice-step"),
         });
         log.seen.len() - 1
     };

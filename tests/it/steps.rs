@@ -210,6 +210,11 @@ db_test!(
         let seen = receiver.seen();
         assert_eq!(seen.len(), 2, "{seen:?}");
         assert!(receiver.overlaps().is_empty());
+        // The second step has its own identity at the receiver.
+        for request in &seen {
+            assert_eq!(request.step.as_deref(), Some("2"));
+            assert_eq!(request.idempotency_key, Some(format!("{id}:2")));
+        }
     }
 );
 
@@ -330,4 +335,106 @@ db_test!(a_target_override_is_refused_on_several_steps, |db: Arc<
     );
     let history = db.history().await;
     assert_eq!((history.len(), history[0].step), (1, 1));
+});
+
+db_test!(
+    each_step_renews_the_lease_so_long_chains_never_overlap,
+    |db: Arc<TestDb>| async move {
+        // Three steps of 0.7 s under a 2 s lease: 2.1 s in all. Without a
+        // renewed lease a second worker would claim the notice while its
+        // third step runs.
+        chain(
+            &db,
+            json!([
+                handler_step("step"),
+                handler_step("step"),
+                handler_step("step")
+            ]),
+            |_| {},
+        )
+        .await;
+        let calls: Calls = Arc::default();
+        let running = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let overlaps = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let build = || {
+            let (calls, running, overlaps) = (calls.clone(), running.clone(), overlaps.clone());
+            db.notifier()
+                .config(solid_notify::Config {
+                    lease: Duration::from_secs(2),
+                    attempt_timeout: Duration::from_secs(1),
+                    ..quiet()
+                })
+                .handler("step", move |n: Notice| {
+                    let (calls, running, overlaps) =
+                        (calls.clone(), running.clone(), overlaps.clone());
+                    async move {
+                        use std::sync::atomic::Ordering::SeqCst;
+                        calls.lock().unwrap().push(("step".into(), n.step, None));
+                        if running.fetch_add(1, SeqCst) > 0 {
+                            overlaps.fetch_add(1, SeqCst);
+                        }
+                        tokio::time::sleep(Duration::from_millis(700)).await;
+                        running.fetch_sub(1, SeqCst);
+                        Ok(Outcome::success())
+                    }
+                })
+                .build()
+                .unwrap()
+        };
+        let first = build();
+        let id = add(&first).await;
+        let workers = [
+            start(first, fast(WorkerConfig::default())),
+            start(build(), fast(WorkerConfig::default())),
+        ];
+        let done = eventually(20, "the chain succeeded", || async {
+            db.history_of(id)
+                .await
+                .filter(|r| r.status == Status::Succeeded)
+        })
+        .await;
+        for worker in workers {
+            worker.stop().await;
+        }
+        assert_eq!(overlaps.load(std::sync::atomic::Ordering::SeqCst), 0);
+        assert_eq!(
+            calls_of(&calls, "step"),
+            vec![(0, None), (1, None), (2, None)],
+            "each step once, in order"
+        );
+        assert_eq!((done.step, done.retry_times), (2, 0));
+    }
+);
+
+db_test!(a_large_step_result_reaches_the_next_step, |db: Arc<
+    TestDb,
+>| async move {
+    chain(
+        &db,
+        json!([handler_step("one"), handler_step("two")]),
+        |_| {},
+    )
+    .await;
+    let big = "x".repeat(100_000);
+    let calls: Calls = Arc::default();
+    let mut builder = db.notifier().config(quiet());
+    builder = recorded(builder, &calls, "one", {
+        let big = big.clone();
+        move |_| Outcome::success().with_result(json!({ "blob": big }))
+    });
+    builder = recorded(builder, &calls, "two", |_| Outcome::success());
+    let notifier = builder.build().unwrap();
+    let id = add(&notifier).await;
+    let worker = start(notifier, fast(WorkerConfig::default()));
+    eventually(20, "the chain succeeded", || async {
+        db.history_of(id)
+            .await
+            .filter(|r| r.status == Status::Succeeded)
+    })
+    .await;
+    worker.stop().await;
+    assert_eq!(
+        calls_of(&calls, "two"),
+        vec![(1, Some(json!({ "blob": big })))]
+    );
 });
