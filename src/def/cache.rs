@@ -105,6 +105,16 @@ impl DefCache {
         self.current().by_id.get(&id).and_then(|e| e.clone().ok())
     }
 
+    /// Whether the current snapshot (however old) holds a valid ordered
+    /// definition (`ordering = "per_key"`): then sweeps set aside the
+    /// notices that wait for their turn ([`crate::state::order`]).
+    pub fn any_ordered(&self) -> bool {
+        self.current().by_id.values().any(|e| {
+            e.as_ref()
+                .is_ok_and(|d| matches!(d.ordering, super::Ordering::PerKey { .. }))
+        })
+    }
+
     /// Forgets the snapshot so the next use reloads.
     pub fn invalidate(&self) {
         self.replace(Snapshot::default());

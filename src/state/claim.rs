@@ -172,15 +172,25 @@ impl Claimed {
     }
 }
 
-/// Claims up to `limit` due rows, oldest first, setting aside (within the
-/// same limit) the due rows that wait for their key's turn.
+/// Claims up to `limit` due rows, oldest first. With `set_aside` (some
+/// definition is ordered) it also sets aside, within the same limit, the
+/// due rows that wait for their key's turn; without, it claims in one plain
+/// statement (the turn is checked all the same, so a definition that has
+/// just become ordered is never sent out of turn, only read more often).
 pub(crate) async fn claim_due(
     store: &Store,
     filter: &DueFilter,
     limit: u64,
+    set_aside: bool,
 ) -> Result<Claimed, DbErr> {
     if filter.is_empty() || limit == 0 {
         return Ok(Claimed::default());
+    }
+    if !set_aside {
+        return Ok(Claimed {
+            leases: claim_where(store, wanted(filter, store.backend()), limit).await?,
+            set_aside: 0,
+        });
     }
     let started = Instant::now();
     let backend = store.backend();

@@ -26,7 +26,8 @@
 //! the length of one claim statement, each see the other's row unclaimed.
 //!
 //! **Waiting rows stay out of the due scan.** A sweep's claim that meets a
-//! due notice not in its turn sets it aside: its `next_call_time` moves
+//! due notice not in its turn (while some definition is ordered, as the
+//! sweeping process last read them) sets it aside: its `next_call_time` moves
 //! [`TURN_RECHECK`] ahead (status, version and lease unchanged), so later
 //! claims do not read it again and again. When a notice with a key leaves
 //! `notify_msg` (delivered, failed for good, parked, cancelled, confirmed),

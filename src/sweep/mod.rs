@@ -193,7 +193,8 @@ impl<'a> Sweep<'a> {
             if more && !shutdown.is_cancelled() && waiting.len() < limits.concurrency.max(1) && room
             {
                 let asked = std::time::Instant::now();
-                match claim::claim_due(&inner.store, filter, limits.batch_size).await {
+                let set_aside = inner.defs.any_ordered();
+                match claim::claim_due(&inner.store, filter, limits.batch_size, set_aside).await {
                     Ok(claimed) => {
                         let n = claimed.leases.len() as u64;
                         let aside = claimed.set_aside;

@@ -28,7 +28,10 @@ impl Notifier {
             defs: DefSelect::Except(valid),
             ..DueFilter::default()
         };
-        let leases = claim::claim_due(&inner.store, &filter, limit).await?.leases;
+        // Notices of unknown definitions have no turn to wait for.
+        let leases = claim::claim_due(&inner.store, &filter, limit, false)
+            .await?
+            .leases;
         Ok(park(self, leases, &inner.stop.give_up).await)
     }
 }
