@@ -70,6 +70,20 @@ fn calls_of(calls: &Calls, name: &str) -> Vec<(u32, Option<Value>)> {
         .collect()
 }
 
+/// Waits (20 s at most) until notice `id` succeeded; its history row.
+async fn succeeded(
+    db: &TestDb,
+    id: i64,
+    what: &str,
+) -> solid_notify::entity::notify_msg_history::Model {
+    eventually(20, what, || async {
+        db.history_of(id)
+            .await
+            .filter(|r| r.status == Status::Succeeded)
+    })
+    .await
+}
+
 async fn add(notifier: &Notifier) -> i64 {
     let tx = notifier.begin().await.unwrap();
     let id = tx
@@ -106,12 +120,7 @@ db_test!(
         let notifier = builder.build().unwrap();
         let id = add(&notifier).await;
         let worker = start(notifier, fast(WorkerConfig::default()));
-        let done = eventually(20, "the chain succeeded", || async {
-            db.history_of(id)
-                .await
-                .filter(|r| r.status == Status::Succeeded)
-        })
-        .await;
+        let done = succeeded(&db, id, "the chain succeeded").await;
         worker.stop().await;
         assert_eq!(calls_of(&calls, "one"), vec![(0, None)]);
         let from_one = Some(json!({ "from": 1 }));
@@ -199,12 +208,7 @@ db_test!(
         let notifier = builder.build().unwrap();
         let id = add(&notifier).await;
         let worker = start(notifier, fast(WorkerConfig::default()));
-        eventually(20, "delivered at the receiver", || async {
-            db.history_of(id)
-                .await
-                .filter(|r| r.status == Status::Succeeded)
-        })
-        .await;
+        succeeded(&db, id, "delivered at the receiver").await;
         worker.stop().await;
         assert_eq!(calls_of(&calls, "reserve").len(), 1);
         let seen = receiver.seen();
@@ -287,12 +291,7 @@ db_test!(
         assert_eq!((row.step, row.leased), (1, false), "{row:?}");
         assert_eq!(row.step_result.as_deref(), Some(r#""reserved""#));
         let second = start(build(&calls), fast(WorkerConfig::default()));
-        eventually(20, "finished by another worker", || async {
-            db.history_of(id)
-                .await
-                .filter(|r| r.status == Status::Succeeded)
-        })
-        .await;
+        succeeded(&db, id, "finished by another worker").await;
         second.stop().await;
         assert_eq!(calls_of(&calls, "one").len(), 1, "the first step ran once");
         assert_eq!(
@@ -387,12 +386,7 @@ db_test!(
             start(first, fast(WorkerConfig::default())),
             start(build(), fast(WorkerConfig::default())),
         ];
-        let done = eventually(20, "the chain succeeded", || async {
-            db.history_of(id)
-                .await
-                .filter(|r| r.status == Status::Succeeded)
-        })
-        .await;
+        let done = succeeded(&db, id, "the chain succeeded").await;
         for worker in workers {
             worker.stop().await;
         }
@@ -426,12 +420,7 @@ db_test!(a_large_step_result_reaches_the_next_step, |db: Arc<
     let notifier = builder.build().unwrap();
     let id = add(&notifier).await;
     let worker = start(notifier, fast(WorkerConfig::default()));
-    eventually(20, "the chain succeeded", || async {
-        db.history_of(id)
-            .await
-            .filter(|r| r.status == Status::Succeeded)
-    })
-    .await;
+    succeeded(&db, id, "the chain succeeded").await;
     worker.stop().await;
     assert_eq!(
         calls_of(&calls, "two"),
