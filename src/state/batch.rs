@@ -58,13 +58,7 @@ pub(crate) async fn succeed_many(
     .await;
     match moved {
         Ok(moved) => {
-            store
-                .finished(
-                    leases
-                        .iter()
-                        .map(|l| (l.row().def_id, &l.row().ordering_key)),
-                )
-                .await;
+            store.finished(leases.iter().map(Lease::key)).await;
             Ok(leases
                 .into_iter()
                 .map(|lease| {
@@ -138,13 +132,7 @@ pub(crate) async fn park_many(
     .await;
     match parked {
         Ok(parked) => {
-            store
-                .finished(
-                    leases
-                        .iter()
-                        .map(|l| (l.row().def_id, &l.row().ordering_key)),
-                )
-                .await;
+            store.finished(leases.iter().map(Lease::key)).await;
             leases.into_iter().for_each(Lease::settle);
             Ok(parked)
         }

@@ -161,6 +161,12 @@ impl Lease {
         &self.row
     }
 
+    /// The notice's definition and ordering key, as
+    /// [`Store::finished`](super::Store::finished) takes them.
+    pub fn key(&self) -> (i64, &Option<String>) {
+        (self.row.def_id, &self.row.ordering_key)
+    }
+
     /// The notice id.
     pub fn id(&self) -> i64 {
         self.row.id
@@ -439,9 +445,7 @@ impl Lease {
         })
         .await?;
         if moved.is_some() {
-            self.store
-                .finished([(self.row.def_id, &self.row.ordering_key)])
-                .await;
+            self.store.finished([self.key()]).await;
         }
         Ok(moved)
     }

@@ -90,10 +90,10 @@ fn not_indexed_after(column: &str, time: &str) -> String {
 
 /// sea-query's placeholder for an expression in a custom one: numbered on
 /// PostgreSQL only.
-fn placeholder(backend: DbBackend) -> &'static str {
+fn placeholder(backend: DbBackend, n: usize) -> String {
     match backend {
-        DbBackend::Postgres => "$1",
-        _ => "?",
+        DbBackend::Postgres => format!("${n}"),
+        _ => "?".to_string(),
     }
 }
 
@@ -130,11 +130,7 @@ pub fn in_turn_sql(backend: DbBackend) -> String {
 pub(crate) fn aside_until(backend: DbBackend) -> Expr {
     let later = clock::after(backend, TURN_RECHECK);
     let now = clock::now_sql(backend);
-    // sea-query's placeholders for expressions: numbered on PostgreSQL only.
-    let (p1, p2) = match backend {
-        DbBackend::Postgres => ("$1", "$2"),
-        _ => ("?", "?"),
-    };
+    let (p1, p2) = (placeholder(backend, 1), placeholder(backend, 2));
     Expr::cust_with_exprs(
         format!(
             "COALESCE((SELECT MIN(c.next_call_time) FROM notify_msg_history c \
@@ -214,7 +210,7 @@ pub(crate) async fn promote(db: &DatabaseConnection, keys: &[(i64, String)]) -> 
                         .add(Expr::col(Column::Id).is_in(ids))
                         .add(may_wait())
                         .add(Expr::cust_with_exprs(
-                            not_indexed_after("next_call_time", placeholder(backend)),
+                            not_indexed_after("next_call_time", &placeholder(backend, 1)),
                             [at],
                         )),
                 )
