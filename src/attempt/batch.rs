@@ -153,8 +153,14 @@ async fn run(
                 Err(_) => break,
             }
         }
-        out.stats.add_flush(leases.len() as u64);
+        let (n, started) = (leases.len() as u64, std::time::Instant::now());
+        out.stats.add_flush(n);
         flush(&store, leases, &give_up, &out).await;
+        tracing::trace!(
+            n,
+            ms = started.elapsed().as_millis() as u64,
+            "successes recorded"
+        );
         out.flushed.notify_one();
     }
 }

@@ -8,6 +8,8 @@
 //! deliveries at once, each with its own timeout, hands plain successes to a
 //! batch that moves them to history in one statement, and claims again as
 //! soon as the waiting rows run low, for as long as claims come back full.
+//! A claim runs beside the deliveries: rows keep starting while the next
+//! batch is claimed.
 //!
 //! Shutdown: no more claims and no more starts; unstarted rows are released
 //! at once; running deliveries may finish for `shutdown_timeout`, then are
@@ -126,6 +128,19 @@ impl Notifier {
     }
 }
 
+/// A claim of due rows in flight, and when it was asked for.
+type ClaimInFlight<'a> = std::pin::Pin<
+    Box<
+        dyn std::future::Future<
+                Output = (
+                    std::result::Result<claim::Claimed, sea_orm::DbErr>,
+                    std::time::Instant,
+                ),
+            > + Send
+            + 'a,
+    >,
+>;
+
 struct Sweep<'a> {
     notifier: &'a Notifier,
     stats: Arc<WorkerStats>,
@@ -182,55 +197,44 @@ impl<'a> Sweep<'a> {
         let mut claimed_total = 0;
         let mut more = true;
         let mut first_error = None;
+        // The claim in flight: deliveries keep starting while it runs.
+        let mut claiming: Option<ClaimInFlight<'_>> = None;
         loop {
-            // Claim when the waiting rows run low, keeping what this sweep
-            // holds (waiting, delivering, being recorded) within one batch.
-            // Claim again while this sweep holds at most two batches
-            // (waiting, delivering, being written): claims and writes of
-            // successes then overlap, and memory stays bounded.
+            // Claim when the waiting rows run low: fewer than the
+            // deliveries that may run at once, or, while some of those are
+            // free (deliveries are quick), fewer than half a batch, so the
+            // next claim runs while these start. And only while this sweep
+            // holds at most two batches (waiting, delivering, being
+            // written): claims, deliveries and writes of successes then
+            // overlap, and memory stays bounded. Slow deliveries never
+            // have more than a batch claimed ahead of them.
+            let concurrency = limits.concurrency.max(1);
+            let low = if slots.available_permits() > 0 {
+                concurrency.max(limits.batch_size as usize / 2)
+            } else {
+                concurrency
+            };
             let held = (waiting.len() + running.len() + batch.pending()) as u64;
             let room = held <= 2 * limits.batch_size;
-            if more && !shutdown.is_cancelled() && waiting.len() < limits.concurrency.max(1) && room
+            if more && claiming.is_none() && !shutdown.is_cancelled() && waiting.len() < low && room
             {
-                let asked = std::time::Instant::now();
                 let set_aside = inner.defs.any_ordered();
-                match claim::claim_due(&inner.store, filter, limits.batch_size, set_aside).await {
-                    Ok(claimed) => {
-                        let n = claimed.leases.len() as u64;
-                        let aside = claimed.set_aside;
-                        tracing::trace!(
-                            n,
-                            aside,
-                            ms = asked.elapsed().as_millis() as u64,
-                            "claimed"
-                        );
-                        claimed_total += n;
-                        self.stats.add_claimed(n);
-                        // Rows set aside for their turn count too: a claim
-                        // that dealt with its whole limit may leave more due.
-                        more = again && claimed.looked_at() >= limits.batch_size;
-                        self.resolve(claimed.leases, &mut waiting).await;
-                    }
-                    Err(e) => {
-                        more = false;
-                        if claimed_total == 0 {
-                            first_error = Some(e);
-                        } else {
-                            self.stats.add_error();
-                            tracing::warn!(error = %e, "claiming failed mid-sweep; finishing what is claimed");
-                        }
-                    }
-                }
+                let (store, limit) = (&inner.store, limits.batch_size);
+                claiming = Some(Box::pin(async move {
+                    let asked = std::time::Instant::now();
+                    let claimed = claim::claim_due(store, filter, limit, set_aside).await;
+                    (claimed, asked)
+                }));
             }
             if shutdown.is_cancelled() && !waiting.is_empty() {
                 let leases = waiting.drain(..).map(|(lease, _)| lease).collect();
                 self.release(leases, "shutting down", &stop.give_up).await;
             }
-            // Done once nothing is held; a woken sweep also stays while its
-            // last successes are written, so a wake-up meanwhile claims at
-            // once instead of after that write.
+            // Done once nothing is held or being claimed; a woken sweep
+            // also stays while its last successes are written, so a wake-up
+            // meanwhile claims at once instead of after that write.
             let writing = wakes.is_some() && batch.pending() > 0;
-            let idle = waiting.is_empty() && running.is_empty();
+            let idle = waiting.is_empty() && running.is_empty() && claiming.is_none();
             if idle && (!more || shutdown.is_cancelled()) && (!writing || shutdown.is_cancelled()) {
                 break;
             }
@@ -241,6 +245,42 @@ impl<'a> Sweep<'a> {
                     Ok(None) => {} // handed to the batch, which reports it
                     Err(e) => tracing::error!(error = %e, "an attempt task failed"),
                 },
+                // A claim is never dropped while in flight: rows it took
+                // would wait out their lease. Its rows are released below
+                // if shutdown came meanwhile.
+                (claimed, asked) = async { match claiming.as_mut() {
+                    Some(claim) => claim.await,
+                    None => std::future::pending().await,
+                } }, if claiming.is_some() => {
+                    claiming = None;
+                    match claimed {
+                        Ok(claimed) => {
+                            let n = claimed.leases.len() as u64;
+                            let aside = claimed.set_aside;
+                            tracing::trace!(
+                                n,
+                                aside,
+                                ms = asked.elapsed().as_millis() as u64,
+                                "claimed"
+                            );
+                            claimed_total += n;
+                            self.stats.add_claimed(n);
+                            // Rows set aside for their turn count too: a claim
+                            // that dealt with its whole limit may leave more due.
+                            more = again && claimed.looked_at() >= limits.batch_size;
+                            self.resolve(claimed.leases, &mut waiting).await;
+                        }
+                        Err(e) => {
+                            more = false;
+                            if claimed_total == 0 {
+                                first_error = Some(e);
+                            } else {
+                                self.stats.add_error();
+                                tracing::warn!(error = %e, "claiming failed mid-sweep; finishing what is claimed");
+                            }
+                        }
+                    }
+                }
                 slot = slots.clone().acquire_owned(), if !waiting.is_empty() && !shutdown.is_cancelled() => {
                     let (Ok(slot), Some((lease, def))) = (slot, waiting.pop_front()) else { continue };
                     let notifier = self.notifier.clone();
@@ -269,7 +309,7 @@ impl<'a> Sweep<'a> {
                     }
                 }
                 // Nothing to start: claim more once the waiting rows run low.
-                _ = std::future::ready(()), if more && room && waiting.len() < limits.concurrency.max(1) && !shutdown.is_cancelled() => {}
+                _ = std::future::ready(()), if more && claiming.is_none() && room && waiting.len() < low && !shutdown.is_cancelled() => {}
             }
         }
         drop(recorder);

@@ -28,10 +28,8 @@ impl Notifier {
             defs: DefSelect::Except(valid),
             ..DueFilter::default()
         };
-        // Notices of unknown definitions have no turn to wait for.
-        let leases = claim::claim_due(&inner.store, &filter, limit, false)
-            .await?
-            .leases;
+        // Parking sends nothing: no turn to wait for.
+        let leases = claim::claim_any_turn(&inner.store, &filter, limit).await?;
         Ok(park(self, leases, &inner.stop.give_up).await)
     }
 }
