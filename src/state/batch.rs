@@ -24,7 +24,8 @@ fn pairs(leases: &[Lease]) -> Vec<(i64, i32)> {
 }
 
 /// Moves the leased rows to history as succeeded, copying them server-side
-/// (one statement on PostgreSQL). Returns each notice id with whether it
+/// (one statement on PostgreSQL, which also promotes the next notice of
+/// each ordering key moved: [`order`](super::order)). Returns each notice id with whether it
 /// moved (`false`: its claim was lost meanwhile).
 pub(crate) async fn succeed_many(
     store: &Store,
@@ -58,7 +59,11 @@ pub(crate) async fn succeed_many(
     .await;
     match moved {
         Ok(moved) => {
-            store.finished(leases.iter().map(Lease::key)).await;
+            if store.backend() == DbBackend::Postgres {
+                store.finished_promoted(leases.iter().map(Lease::key));
+            } else {
+                store.finished(leases.iter().map(Lease::key)).await;
+            }
             Ok(leases
                 .into_iter()
                 .map(|lease| {

@@ -398,13 +398,21 @@ pub(crate) async fn claim_any_turn(
     claim_rows(store, due_rows(store, wanted, limit)).await
 }
 
-/// Claims notice `id` if it is due and in its key's turn: the after-commit
-/// attempt of a notice with an ordering key. `None`: not its turn yet (or
-/// another attempt took it, or its definition is paused); a sweeper sends
-/// it in its turn.
+/// Claims notice `id` if it is in its key's turn and due, or set aside for
+/// its turn (its insert may have set it aside behind notices that finished
+/// before its producer committed): the after-commit attempt of a notice
+/// with an ordering key. `None`: not its turn yet (or another attempt took
+/// it, or its definition is paused); a sweeper sends it in its turn.
 pub(crate) async fn claim_in_turn(store: &Store, id: i64) -> Result<Option<Lease>, DbErr> {
-    let wanted = wanted(&DueFilter::default(), store.backend()).add(Expr::col(Column::Id).eq(id));
-    Ok(claim_rows(store, due_rows(store, wanted, 1)).await?.pop())
+    let backend = store.backend();
+    let due_or_aside = Condition::any()
+        .add(Expr::col(Column::NextCallTime).lte(clock::now(backend)))
+        .add(super::order::may_wait());
+    let row = notify_msg::Entity::find()
+        .filter(Expr::col(Column::Id).eq(id))
+        .filter(due_or_aside)
+        .filter(wanted(&DueFilter::default(), backend));
+    Ok(claim_rows(store, row).await?.pop())
 }
 
 /// Claims the rows `due` selects (due rows, oldest first, up to a limit).

@@ -254,10 +254,13 @@ pub(crate) async fn succeed_pairs_pg(
             .collect();
         format!(
             "WITH moved AS (DELETE FROM notify_msg m USING UNNEST($1::bigint[], $2::int[]) AS c(id, version) \
-             WHERE m.id = c.id AND m.version = c.version RETURNING m.*) \
-             INSERT INTO notify_msg_history ({}) SELECT {} FROM moved RETURNING id",
+             WHERE m.id = c.id AND m.version = c.version RETURNING m.*), \
+             kept AS (INSERT INTO notify_msg_history ({}) SELECT {} FROM moved RETURNING id), \
+             {} \
+             SELECT id FROM kept",
             names.iter().map(|n| format!("\"{n}\"")).collect::<Vec<_>>().join(", "),
-            values.join(", ")
+            values.join(", "),
+            super::order::PROMOTE_MOVED_PG,
         )
     });
     let ids: Vec<i64> = pairs.iter().map(|p| p.0).collect();

@@ -10,8 +10,8 @@
 //! |---|---|---|---|
 //! | — | insert, in the caller's transaction | 0, due now or reserved for the after-commit attempt | [`insert`] |
 //! | 0 / 2 / 4 due (or reserved) | claim: version + 1, `leased`, lease from the DB clock | same status, leased | [`claim`] |
-//! | 0 due, not in its key's turn | set aside: next check later, version unchanged | same status | [`claim`], [`order`] |
-//! | 0 set aside | promote: due now, once in turn, version unchanged | same status | [`order::promote`] |
+//! | 0 due, not in its key's turn | set aside: next check later, version unchanged | same status | [`claim`], [`order`]; on PostgreSQL also at insert, third in line or later (trigger, migration 14) |
+//! | 0 set aside | promote: due now, once in turn, version unchanged | same status | [`order::promote`]; on PostgreSQL a batch of successes promotes in its own statement ([`batch::succeed_many`]) |
 //! | leased | release: due now | same status | [`Lease::release_for`] |
 //! | leased, over its rate limit | release until the next window, uncharged | same status | [`Lease::release_for`], [`rate`] |
 //! | leased | retry at T: errors + line, `retry_times` + 1 | 2 | [`Lease::retry`] |
@@ -82,13 +82,29 @@ impl Store {
         self.wakes.send_modify(|n| *n = n.wrapping_add(1));
     }
 
-    /// After notices left `notify_msg` (or final failures holding their
-    /// keys back were cancelled or purged), given as `(def_id,
-    /// ordering_key)`: promotes the next notice of each key
-    /// ([`order::promote`]) and wakes the workers. Nothing to do for
-    /// notices without a key. A failed promotion is logged: the notice is
-    /// then due within [`order::TURN_RECHECK`].
+    /// After notices left `notify_msg`, given as `(def_id, ordering_key)`:
+    /// promotes the next notice of each key ([`order::promote`]) and wakes
+    /// the workers. Nothing to do for notices without a key. A failed
+    /// promotion is logged: the notice is then due within
+    /// [`order::TURN_RECHECK`].
     pub async fn finished<'a>(&self, rows: impl IntoIterator<Item = (i64, &'a Option<String>)>) {
+        self.promote_keys(rows, true).await;
+    }
+
+    /// [`finished`](Self::finished) for notices whose move to history
+    /// promoted the next of their keys in the same statement: only wakes
+    /// the workers.
+    pub fn finished_promoted<'a>(&self, rows: impl IntoIterator<Item = (i64, &'a Option<String>)>) {
+        if rows.into_iter().any(|(_, key)| key.is_some()) {
+            self.wake_workers();
+        }
+    }
+
+    async fn promote_keys<'a>(
+        &self,
+        rows: impl IntoIterator<Item = (i64, &'a Option<String>)>,
+        promote: bool,
+    ) {
         let keys: Vec<(i64, String)> = rows
             .into_iter()
             .filter_map(|(def, key)| key.as_ref().map(|key| (def, key.clone())))
@@ -96,13 +112,15 @@ impl Store {
         if keys.is_empty() {
             return;
         }
-        if let Err(e) = order::promote(&self.db, &keys).await {
+        if promote && let Err(e) = order::promote(&self.db, &keys).await {
             tracing::warn!(error = %e, "cannot promote the next notices of finished ordering keys; they are due within {:?}", order::TURN_RECHECK);
         }
         self.wake_workers();
     }
 
-    /// [`finished`](Self::finished) for notices now in history, by id.
+    /// After notices now in history (given by id) were cancelled, or final
+    /// failures holding their keys back were cancelled: promotes the next
+    /// notice of each key on every backend, and wakes the workers.
     pub async fn finished_ids(&self, ids: &[i64]) {
         if ids.is_empty() {
             return;
@@ -118,7 +136,10 @@ impl Store {
             .all(&self.db)
             .await;
         match keys {
-            Ok(keys) => self.finished(keys.iter().map(|(d, k)| (*d, k))).await,
+            Ok(keys) => {
+                self.promote_keys(keys.iter().map(|(d, k)| (*d, k)), true)
+                    .await
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read the ordering keys of finished notices; their next notices are due within {:?}", order::TURN_RECHECK)
             }

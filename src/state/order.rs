@@ -43,6 +43,15 @@
 //! a cancel. Only notices never attempted since they were queued (status 0,
 //! not leased) are set aside and promoted; a waiting retry keeps its own
 //! schedule.
+//!
+//! **On PostgreSQL** a notice inserted due with two or more older notices
+//! of its key in flight is written set aside at once (a trigger, migration
+//! 14), so no claim ever reads it; and a sweep's batch of successes
+//! promotes the next notice of each key in the statement that moves them
+//! ([`PROMOTE_MOVED_PG`]). A notice set aside at its insert whose older
+//! ones all finished before its producer committed is still claimed by the
+//! producer's after-commit attempt; only a plain-SQL insert (or one with
+//! after-commit attempts off) can then wait up to [`TURN_RECHECK`].
 
 use std::time::Duration;
 
@@ -142,6 +151,30 @@ pub(crate) fn aside_until(backend: DbBackend) -> Expr {
         [later.clone(), later],
     )
 }
+
+/// A data-modifying CTE for a PostgreSQL statement whose CTE `moved`
+/// deletes notices from `notify_msg`: makes due, in the same statement, the
+/// oldest notice left of each ordering key moved, when it was never
+/// attempted and is not leased, and its definition is ordered. The
+/// statement's snapshot still holds the rows it deletes, so they are left
+/// out by id.
+///
+/// It runs before its own commit, so unlike [`promote`] it also writes a
+/// head that looked due already: a claim that is setting that head aside
+/// right now holds its row lock, this update waits for it and then
+/// promotes the row set aside. (Were it to skip heads due in its snapshot,
+/// the claim's own recheck, run before this commit, would still see the
+/// finished notice, and the head would wait a whole [`TURN_RECHECK`].) It
+/// does not check the turn first: a head made due that is still held back
+/// (a final failure in history) is only set aside again by the next claim.
+pub(crate) const PROMOTE_MOVED_PG: &str = "promoted AS (UPDATE notify_msg p \
+     SET next_call_time = (statement_timestamp() AT TIME ZONE 'UTC') \
+     WHERE p.id IN (SELECT (SELECT o.id FROM notify_msg o \
+             WHERE o.def_id = k.def_id AND o.ordering_key = k.ordering_key \
+             AND o.id NOT IN (SELECT id FROM moved) ORDER BY o.create_time, o.id LIMIT 1) \
+         FROM (SELECT DISTINCT def_id, ordering_key FROM moved WHERE ordering_key IS NOT NULL) k) \
+     AND p.status = 0 AND NOT p.leased \
+     AND p.def_id IN (SELECT d.id FROM notify_def d WHERE d.ordering = 'per_key'))";
 
 /// Brings forward the next check of the oldest notice of each `(def_id,
 /// ordering_key)`, when it was set aside (status 0, not leased, due later):

@@ -529,3 +529,82 @@ db_test!(
         );
     }
 );
+
+/// Inserts plain-SQL notices of key `key`, one per seq, due now.
+async fn insert_plain(db: &TestDb, key: &str, seqs: std::ops::Range<i64>) {
+    let def_id = db
+        .scalar("SELECT id FROM notify_def WHERE name = 'ordered'")
+        .await;
+    let leased = if db.backend == crate::support::Backend::Postgres {
+        "false"
+    } else {
+        "0"
+    };
+    for seq in seqs {
+        db.db
+            .execute_unprepared(&format!(
+                "INSERT INTO notify_msg (def_id, param, description, errors, status, retry_times, \
+                 next_call_time, create_time, version, load_balance_num, leased, ordering_key) \
+                 VALUES ({def_id}, '{{\"seq\":{seq}}}', '', '', 0, 0, {now}, {now}, 0, 0, {leased}, '{key}')",
+                now = db.now_sql(),
+            ))
+            .await
+            .unwrap();
+    }
+}
+
+db_test!(
+    a_notice_set_aside_at_its_insert_is_attempted_after_commit_when_its_turn_came_meanwhile,
+    |db: Arc<TestDb>| async move {
+        db.def("ordered", "ordered", |s| s.ordering = "per_key".into())
+            .await;
+        insert_plain(&db, "k", 0..3).await;
+        // On PostgreSQL the third is written set aside (two older ones are
+        // in flight); elsewhere the first claim that meets it would.
+        let aside = db
+            .scalar(&format!(
+                "SELECT COUNT(*) FROM notify_msg WHERE next_call_time > {}",
+                db.now_sql()
+            ))
+            .await;
+        let expected = i64::from(db.backend == crate::support::Backend::Postgres);
+        assert_eq!(aside, expected, "notices written set aside");
+        let seen: Shared = Arc::default();
+        let notifier = db
+            .notifier()
+            .config(crate::support::test_config())
+            .handler(
+                "ordered",
+                recording(seen.clone(), |_, _| Outcome::success()),
+            )
+            .build()
+            .unwrap();
+        // Its producer adds the fourth (set aside on PostgreSQL: three older
+        // ones), and the three finish (here: go) before it commits.
+        let older: Vec<String> = db.live().await.iter().map(|r| r.id.to_string()).collect();
+        let delete = format!("DELETE FROM notify_msg WHERE id IN ({})", older.join(", "));
+        let tx = notifier.begin().await.unwrap();
+        let id = tx.add(ordered("k", 3)).await.unwrap();
+        if db.backend == crate::support::Backend::Postgres {
+            db.db.execute_unprepared(&delete).await.unwrap();
+        } else {
+            // Nothing is set aside at insert here (and SQLite has one
+            // writer, MariaDB locks the key's range): delete them in the
+            // producer's own transaction.
+            tx.execute_unprepared(&delete).await.unwrap();
+        }
+        tx.commit().await.unwrap();
+        // No worker runs: only its after-commit attempt can send it.
+        eventually(5, "the fourth, attempted after commit", || async {
+            (db.counts().await == (0, 1)).then_some(())
+        })
+        .await;
+        assert_eq!(seen.lock().unwrap().started, vec![3]);
+        let moved = db
+            .scalar(&format!(
+                "SELECT COUNT(*) FROM notify_msg_history WHERE id = {id} AND status = 1"
+            ))
+            .await;
+        assert_eq!(moved, 1);
+    }
+);
