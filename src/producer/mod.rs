@@ -231,11 +231,35 @@ impl Notifier {
         if pending.iter().any(|p| p.is_new() && !p.reserved()) {
             self.wake_workers();
         }
+        self.recheck_turns(&pending);
         if wait {
             return background::wait_for(self, pending).await;
         }
         background::after_commit(self, pending);
         Vec::new()
+    }
+
+    /// PostgreSQL: a notice with an ordering key may have been set aside at
+    /// its insert (migration 14) behind notices that finished before its
+    /// commit, when no finish could see it yet. Its key is checked again now
+    /// that it is committed ([`Store::finished`](crate::state::Store)), in
+    /// the background: its after-commit attempt may not run (no handler or
+    /// slot here, shutting down, paused, attempts off), and without this it
+    /// would wait for its recheck (`order::TURN_RECHECK`).
+    fn recheck_turns(&self, pending: &[PendingNotice]) {
+        if self.inner.store.backend() != sea_orm::DbBackend::Postgres {
+            return;
+        }
+        let keys: Vec<(i64, Option<String>)> = pending
+            .iter()
+            .filter(|p| p.is_new() && p.row.ordering_key.is_some())
+            .map(|p| (p.def.id, p.row.ordering_key.clone()))
+            .collect();
+        if keys.is_empty() {
+            return;
+        }
+        let store = self.inner.store.clone();
+        tokio::spawn(async move { store.finished(keys.iter().map(|(d, k)| (*d, k))).await });
     }
 
     /// Begins a transaction on the notifier's pool, wrapped for adding

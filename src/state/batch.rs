@@ -59,11 +59,10 @@ pub(crate) async fn succeed_many(
     .await;
     match moved {
         Ok(moved) => {
-            if store.backend() == DbBackend::Postgres {
-                store.finished_promoted(leases.iter().map(Lease::key));
-            } else {
-                store.finished(leases.iter().map(Lease::key)).await;
-            }
+            // On PostgreSQL the statement promoted already; this check,
+            // after its commit, catches a notice committed (or a head
+            // cancelled) while the statement ran, which it could not see.
+            store.finished(leases.iter().map(Lease::key)).await;
             Ok(leases
                 .into_iter()
                 .map(|lease| {

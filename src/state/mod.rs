@@ -91,15 +91,6 @@ impl Store {
         self.promote_keys(rows, true).await;
     }
 
-    /// [`finished`](Self::finished) for notices whose move to history
-    /// promoted the next of their keys in the same statement: only wakes
-    /// the workers.
-    pub fn finished_promoted<'a>(&self, rows: impl IntoIterator<Item = (i64, &'a Option<String>)>) {
-        if rows.into_iter().any(|(_, key)| key.is_some()) {
-            self.wake_workers();
-        }
-    }
-
     async fn promote_keys<'a>(
         &self,
         rows: impl IntoIterator<Item = (i64, &'a Option<String>)>,

@@ -48,10 +48,11 @@
 //! of its key in flight is written set aside at once (a trigger, migration
 //! 14), so no claim ever reads it; and a sweep's batch of successes
 //! promotes the next notice of each key in the statement that moves them
-//! ([`PROMOTE_MOVED_PG`]). A notice set aside at its insert whose older
-//! ones all finished before its producer committed is still claimed by the
-//! producer's after-commit attempt; only a plain-SQL insert (or one with
-//! after-commit attempts off) can then wait up to [`TURN_RECHECK`].
+//! ([`PROMOTE_MOVED_PG`]), then checks again after its commit. A notice set
+//! aside at its insert whose older ones all finished before its producer
+//! committed is claimed by the producer's after-commit attempt, and its key
+//! is checked again once committed; only a plain-SQL insert can then wait
+//! up to [`TURN_RECHECK`].
 
 use std::time::Duration;
 
@@ -167,12 +168,14 @@ pub(crate) fn aside_until(backend: DbBackend) -> Expr {
 /// finished notice, and the head would wait a whole [`TURN_RECHECK`].) It
 /// does not check the turn first: a head made due that is still held back
 /// (a final failure in history) is only set aside again by the next claim.
+/// What it cannot see (a notice committed while it ran, a head cancelled
+/// meanwhile) the batch's [`promote`] after its commit catches.
 pub(crate) const PROMOTE_MOVED_PG: &str = "promoted AS (UPDATE notify_msg p \
      SET next_call_time = (statement_timestamp() AT TIME ZONE 'UTC') \
-     WHERE p.id IN (SELECT (SELECT o.id FROM notify_msg o \
+     WHERE p.id = ANY(ARRAY(SELECT (SELECT o.id FROM notify_msg o \
              WHERE o.def_id = k.def_id AND o.ordering_key = k.ordering_key \
              AND o.id NOT IN (SELECT id FROM moved) ORDER BY o.create_time, o.id LIMIT 1) \
-         FROM (SELECT DISTINCT def_id, ordering_key FROM moved WHERE ordering_key IS NOT NULL) k) \
+         FROM (SELECT DISTINCT def_id, ordering_key FROM moved WHERE ordering_key IS NOT NULL) k)) \
      AND p.status = 0 AND NOT p.leased \
      AND p.def_id IN (SELECT d.id FROM notify_def d WHERE d.ordering = 'per_key'))";
 

@@ -201,15 +201,16 @@ impl<'a> Sweep<'a> {
         let mut claiming: Option<ClaimInFlight<'_>> = None;
         loop {
             // Claim when the waiting rows run low: fewer than the
-            // deliveries that may run at once, or, while some of those are
-            // free (deliveries are quick), fewer than half a batch, so the
-            // next claim runs while these start. And only while this sweep
-            // holds at most two batches (waiting, delivering, being
-            // written): claims, deliveries and writes of successes then
-            // overlap, and memory stays bounded. Slow deliveries never
-            // have more than a batch claimed ahead of them.
+            // deliveries that may run at once, or, while at most half of
+            // those run (deliveries end as fast as they start), fewer than
+            // half a batch, so the next claim runs while these start. And
+            // only while this sweep holds at most two batches (waiting,
+            // delivering, being written): claims, deliveries and writes of
+            // successes then overlap, and memory stays bounded. Slow
+            // deliveries keep their slots busy, so no more than the
+            // concurrency waits ahead of them when a claim is asked.
             let concurrency = limits.concurrency.max(1);
-            let low = if slots.available_permits() > 0 {
+            let low = if running.len() <= concurrency / 2 {
                 concurrency.max(limits.batch_size as usize / 2)
             } else {
                 concurrency
@@ -226,7 +227,9 @@ impl<'a> Sweep<'a> {
                     (claimed, asked)
                 }));
             }
-            if shutdown.is_cancelled() && !waiting.is_empty() {
+            // (Not while a claim is in flight: on SQLite, or on a pool of
+            // one, the release would wait for the claim it does not poll.)
+            if shutdown.is_cancelled() && !waiting.is_empty() && claiming.is_none() {
                 let leases = waiting.drain(..).map(|(lease, _)| lease).collect();
                 self.release(leases, "shutting down", &stop.give_up).await;
             }
@@ -308,8 +311,6 @@ impl<'a> Sweep<'a> {
                         self.stats.add_wakeup();
                     }
                 }
-                // Nothing to start: claim more once the waiting rows run low.
-                _ = std::future::ready(()), if more && claiming.is_none() && room && waiting.len() < low && !shutdown.is_cancelled() => {}
             }
         }
         drop(recorder);

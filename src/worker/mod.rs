@@ -65,7 +65,19 @@ pub fn pool_options(url: impl Into<String>) -> sea_orm::ConnectOptions {
     // PostgreSQL's JIT compiles a statement whose estimate crosses
     // `jit_above_cost`, which costs tenths of a second for queries that run
     // in milliseconds (a claim over a large backlog is estimated high).
-    options.map_sqlx_postgres_opts(|pg| pg.options([("jit", "off")]));
+    // Set by a statement, not a startup option, which poolers such as
+    // PgBouncer refuse; a server that refuses it keeps its setting.
+    options.map_sqlx_postgres_pool_opts(|pool| {
+        pool.after_connect(|conn, _| {
+            Box::pin(async move {
+                use sea_orm::sqlx::Executor;
+                if let Err(e) = conn.execute("SET jit = off").await {
+                    tracing::debug!(error = %e, "PostgreSQL's JIT stays as the server has it");
+                }
+                Ok(())
+            })
+        })
+    });
     options
 }
 

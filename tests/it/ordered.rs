@@ -553,58 +553,82 @@ async fn insert_plain(db: &TestDb, key: &str, seqs: std::ops::Range<i64>) {
     }
 }
 
+/// A fourth notice of key `k` is added while three older ones are in
+/// flight (on PostgreSQL it is written set aside), and the three go before
+/// its producer commits. With `attempts`, its after-commit attempt sends it
+/// (no worker runs); without, a worker polling every 30 s, started after
+/// the commit, must be handed it at once.
+async fn turn_came_before_commit(db: Arc<TestDb>, attempts: bool) {
+    db.def("ordered", "ordered", |s| s.ordering = "per_key".into())
+        .await;
+    insert_plain(&db, "k", 0..3).await;
+    // On PostgreSQL the third is written set aside (two older ones are in
+    // flight); elsewhere the first claim that meets it would.
+    let aside = db
+        .scalar(&format!(
+            "SELECT COUNT(*) FROM notify_msg WHERE next_call_time > {}",
+            db.now_sql()
+        ))
+        .await;
+    let expected = i64::from(db.backend == crate::support::Backend::Postgres);
+    assert_eq!(aside, expected, "notices written set aside");
+    let seen: Shared = Arc::default();
+    let config = if attempts {
+        crate::support::test_config()
+    } else {
+        quiet()
+    };
+    let notifier = db
+        .notifier()
+        .config(config)
+        .handler(
+            "ordered",
+            recording(seen.clone(), |_, _| Outcome::success()),
+        )
+        .build()
+        .unwrap();
+    let older: Vec<String> = db.live().await.iter().map(|r| r.id.to_string()).collect();
+    let delete = format!("DELETE FROM notify_msg WHERE id IN ({})", older.join(", "));
+    let tx = notifier.begin().await.unwrap();
+    let id = tx.add(ordered("k", 3)).await.unwrap();
+    if db.backend == crate::support::Backend::Postgres {
+        db.db.execute_unprepared(&delete).await.unwrap();
+    } else {
+        // Nothing is set aside at insert here (and SQLite has one writer,
+        // MariaDB locks the key's range): delete them in the producer's own
+        // transaction.
+        tx.execute_unprepared(&delete).await.unwrap();
+    }
+    tx.commit().await.unwrap();
+    let worker = (!attempts).then(|| {
+        let config = WorkerConfig {
+            delay: Duration::from_secs(30),
+            ..fast(WorkerConfig::default())
+        };
+        start(notifier.clone(), config)
+    });
+    eventually(5, "the fourth, well before its recheck", || async {
+        (db.counts().await == (0, 1)).then_some(())
+    })
+    .await;
+    if let Some(worker) = worker {
+        worker.stop().await;
+    }
+    assert_eq!(seen.lock().unwrap().started, vec![3]);
+    let moved = db
+        .scalar(&format!(
+            "SELECT COUNT(*) FROM notify_msg_history WHERE id = {id} AND status = 1"
+        ))
+        .await;
+    assert_eq!(moved, 1);
+}
+
 db_test!(
     a_notice_set_aside_at_its_insert_is_attempted_after_commit_when_its_turn_came_meanwhile,
-    |db: Arc<TestDb>| async move {
-        db.def("ordered", "ordered", |s| s.ordering = "per_key".into())
-            .await;
-        insert_plain(&db, "k", 0..3).await;
-        // On PostgreSQL the third is written set aside (two older ones are
-        // in flight); elsewhere the first claim that meets it would.
-        let aside = db
-            .scalar(&format!(
-                "SELECT COUNT(*) FROM notify_msg WHERE next_call_time > {}",
-                db.now_sql()
-            ))
-            .await;
-        let expected = i64::from(db.backend == crate::support::Backend::Postgres);
-        assert_eq!(aside, expected, "notices written set aside");
-        let seen: Shared = Arc::default();
-        let notifier = db
-            .notifier()
-            .config(crate::support::test_config())
-            .handler(
-                "ordered",
-                recording(seen.clone(), |_, _| Outcome::success()),
-            )
-            .build()
-            .unwrap();
-        // Its producer adds the fourth (set aside on PostgreSQL: three older
-        // ones), and the three finish (here: go) before it commits.
-        let older: Vec<String> = db.live().await.iter().map(|r| r.id.to_string()).collect();
-        let delete = format!("DELETE FROM notify_msg WHERE id IN ({})", older.join(", "));
-        let tx = notifier.begin().await.unwrap();
-        let id = tx.add(ordered("k", 3)).await.unwrap();
-        if db.backend == crate::support::Backend::Postgres {
-            db.db.execute_unprepared(&delete).await.unwrap();
-        } else {
-            // Nothing is set aside at insert here (and SQLite has one
-            // writer, MariaDB locks the key's range): delete them in the
-            // producer's own transaction.
-            tx.execute_unprepared(&delete).await.unwrap();
-        }
-        tx.commit().await.unwrap();
-        // No worker runs: only its after-commit attempt can send it.
-        eventually(5, "the fourth, attempted after commit", || async {
-            (db.counts().await == (0, 1)).then_some(())
-        })
-        .await;
-        assert_eq!(seen.lock().unwrap().started, vec![3]);
-        let moved = db
-            .scalar(&format!(
-                "SELECT COUNT(*) FROM notify_msg_history WHERE id = {id} AND status = 1"
-            ))
-            .await;
-        assert_eq!(moved, 1);
-    }
+    |db: Arc<TestDb>| turn_came_before_commit(db, true)
+);
+
+db_test!(
+    a_notice_set_aside_at_its_insert_goes_to_a_sweeper_when_its_turn_came_meanwhile,
+    |db: Arc<TestDb>| turn_came_before_commit(db, false)
 );
