@@ -48,23 +48,24 @@ const DOWN: [&str; 3] = [
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        if manager.get_database_backend() != DbBackend::Postgres {
-            return Ok(());
-        }
-        for sql in UP {
-            let sql = sql.replace("@DUE_NOW@", DUE_NOW);
-            manager.get_connection().execute_unprepared(&sql).await?;
-        }
-        Ok(())
+        on_postgres(manager, UP.map(|sql| sql.replace("@DUE_NOW@", DUE_NOW))).await
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        if manager.get_database_backend() != DbBackend::Postgres {
-            return Ok(());
-        }
-        for sql in DOWN {
-            manager.get_connection().execute_unprepared(sql).await?;
-        }
-        Ok(())
+        on_postgres(manager, DOWN.map(String::from)).await
     }
+}
+
+/// Runs `statements` in order on PostgreSQL; nothing on other backends.
+pub(crate) async fn on_postgres(
+    manager: &SchemaManager<'_>,
+    statements: impl IntoIterator<Item = String>,
+) -> Result<(), DbErr> {
+    if manager.get_database_backend() != DbBackend::Postgres {
+        return Ok(());
+    }
+    for sql in statements {
+        manager.get_connection().execute_unprepared(&sql).await?;
+    }
+    Ok(())
 }

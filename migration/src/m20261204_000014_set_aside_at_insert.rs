@@ -10,7 +10,9 @@
 //! (the library's `state::order`). A notice second in line is left due:
 //! the first claim that meets it sets it aside, as on the other backends.
 
-use sea_orm_migration::{prelude::*, sea_orm::DbBackend};
+use sea_orm_migration::prelude::*;
+
+use crate::m20261124_000004_wake_trigger::on_postgres;
 
 pub struct Migration;
 
@@ -47,23 +49,10 @@ const DOWN: [&str; 2] = [
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        if manager.get_database_backend() != DbBackend::Postgres {
-            return Ok(());
-        }
-        for sql in UP {
-            let sql = sql.replace("@NOW@", NOW);
-            manager.get_connection().execute_unprepared(&sql).await?;
-        }
-        Ok(())
+        on_postgres(manager, UP.map(|sql| sql.replace("@NOW@", NOW))).await
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        if manager.get_database_backend() != DbBackend::Postgres {
-            return Ok(());
-        }
-        for sql in DOWN {
-            manager.get_connection().execute_unprepared(sql).await?;
-        }
-        Ok(())
+        on_postgres(manager, DOWN.map(String::from)).await
     }
 }

@@ -259,7 +259,14 @@ impl Notifier {
             return;
         }
         let store = self.inner.store.clone();
-        tokio::spawn(async move { store.finished(keys.iter().map(|(d, k)| (*d, k))).await });
+        // Tracked, so that shutdown waits for it; once shutting down, on
+        // its own (it only moves a waiting notice's next check earlier).
+        let recheck = async move { store.finished(keys.iter().map(|(d, k)| (*d, k))).await };
+        if self.inner.tasks.is_closed() {
+            tokio::spawn(recheck);
+        } else {
+            self.inner.tasks.spawn(recheck);
+        }
     }
 
     /// Begins a transaction on the notifier's pool, wrapped for adding

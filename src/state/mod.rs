@@ -88,14 +88,6 @@ impl Store {
     /// promotion is logged: the notice is then due within
     /// [`order::TURN_RECHECK`].
     pub async fn finished<'a>(&self, rows: impl IntoIterator<Item = (i64, &'a Option<String>)>) {
-        self.promote_keys(rows, true).await;
-    }
-
-    async fn promote_keys<'a>(
-        &self,
-        rows: impl IntoIterator<Item = (i64, &'a Option<String>)>,
-        promote: bool,
-    ) {
         let keys: Vec<(i64, String)> = rows
             .into_iter()
             .filter_map(|(def, key)| key.as_ref().map(|key| (def, key.clone())))
@@ -103,15 +95,15 @@ impl Store {
         if keys.is_empty() {
             return;
         }
-        if promote && let Err(e) = order::promote(&self.db, &keys).await {
+        if let Err(e) = order::promote(&self.db, &keys).await {
             tracing::warn!(error = %e, "cannot promote the next notices of finished ordering keys; they are due within {:?}", order::TURN_RECHECK);
         }
         self.wake_workers();
     }
 
     /// After notices now in history (given by id) were cancelled, or final
-    /// failures holding their keys back were cancelled: promotes the next
-    /// notice of each key on every backend, and wakes the workers.
+    /// failures holding their keys back were cancelled: [`finished`](Self::finished)
+    /// for their keys.
     pub async fn finished_ids(&self, ids: &[i64]) {
         if ids.is_empty() {
             return;
@@ -127,10 +119,7 @@ impl Store {
             .all(&self.db)
             .await;
         match keys {
-            Ok(keys) => {
-                self.promote_keys(keys.iter().map(|(d, k)| (*d, k)), true)
-                    .await
-            }
+            Ok(keys) => self.finished(keys.iter().map(|(d, k)| (*d, k))).await,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read the ordering keys of finished notices; their next notices are due within {:?}", order::TURN_RECHECK)
             }

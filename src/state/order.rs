@@ -51,8 +51,10 @@
 //! ([`PROMOTE_MOVED_PG`]), then checks again after its commit. A notice set
 //! aside at its insert whose older ones all finished before its producer
 //! committed is claimed by the producer's after-commit attempt, and its key
-//! is checked again once committed; only a plain-SQL insert can then wait
-//! up to [`TURN_RECHECK`].
+//! is checked again once committed. It can still wait up to
+//! [`TURN_RECHECK`] when nothing runs after its commit: a plain-SQL insert,
+//! an operator's requeue, a notice added in a nested transaction
+//! (`wrap`), a commit whose outcome was unknown.
 
 use std::time::Duration;
 

@@ -297,7 +297,7 @@ impl<'a> Sweep<'a> {
                         }
                     }.with_current_subscriber());
                 }
-                _ = shutdown.cancelled(), if !waiting.is_empty() => {}
+                _ = shutdown.cancelled(), if !waiting.is_empty() && !shutdown.is_cancelled() => {}
                 // Holding a full batch of successes being written, or only
                 // the last ones (woken sweep): wait for them.
                 _ = batch.flushed(), if !room || (idle && writing) => {}

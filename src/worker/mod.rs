@@ -54,30 +54,13 @@ pub const POOL_PING_IF_IDLE_FOR: Duration = Duration::from_secs(30);
 
 /// Connection options of a worker's pool, as `solid-notify worker` opens
 /// it: sea-orm's defaults, except that a connection is pinged before use
-/// only after it was idle for [`POOL_PING_IF_IDLE_FOR`], and, on
-/// PostgreSQL, its sessions run with `jit = off`. (sea-orm pings
+/// only after it was idle for [`POOL_PING_IF_IDLE_FOR`]. (sea-orm pings
 /// every connection it hands out: a round trip in front of each claim and
 /// each write. A connection that died meanwhile fails its statement, which
 /// the worker retries like any lost connection.)
 pub fn pool_options(url: impl Into<String>) -> sea_orm::ConnectOptions {
     let mut options = sea_orm::ConnectOptions::new(url.into());
     options.test_before_acquire_if_idle_for(POOL_PING_IF_IDLE_FOR);
-    // PostgreSQL's JIT compiles a statement whose estimate crosses
-    // `jit_above_cost`, which costs tenths of a second for queries that run
-    // in milliseconds (a claim over a large backlog is estimated high).
-    // Set by a statement, not a startup option, which poolers such as
-    // PgBouncer refuse; a server that refuses it keeps its setting.
-    options.map_sqlx_postgres_pool_opts(|pool| {
-        pool.after_connect(|conn, _| {
-            Box::pin(async move {
-                use sea_orm::sqlx::Executor;
-                if let Err(e) = conn.execute("SET jit = off").await {
-                    tracing::debug!(error = %e, "PostgreSQL's JIT stays as the server has it");
-                }
-                Ok(())
-            })
-        })
-    });
     options
 }
 
