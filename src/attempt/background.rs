@@ -181,8 +181,8 @@ impl PendingNotice {
 pub(crate) fn after_commit(notifier: &Notifier, pending: Vec<PendingNotice>) {
     let inner = &notifier.inner;
     let mut left = Vec::new();
-    for p in pending.into_iter().filter(PendingNotice::attempted_here) {
-        if inner.tasks.is_closed() {
+    for p in pending {
+        if !p.attempted_here() || inner.tasks.is_closed() {
             left.push(p);
             continue;
         }
@@ -200,7 +200,7 @@ pub(crate) fn after_commit(notifier: &Notifier, pending: Vec<PendingNotice>) {
             drop(permit);
         });
     }
-    release_reservations(notifier, left);
+    not_attempted(notifier, left);
 }
 
 /// Boxed, hence `Send` by its type: a failure's alert is itself attempted
@@ -220,7 +220,7 @@ pub(crate) async fn wait_for(
     let inner = &notifier.inner;
     if inner.tasks.is_closed() {
         let ids: Vec<i64> = pending.iter().map(PendingNotice::id).collect();
-        release_reservations(notifier, pending);
+        not_attempted(notifier, pending);
         return ids
             .into_iter()
             .map(|notice_id| AttemptReport {
@@ -248,6 +248,7 @@ async fn attempt(notifier: &Notifier, p: PendingNotice) -> AttemptReport {
         return report(AttemptResult::AlreadyAdded);
     }
     if !p.attempted_here() {
+        not_attempted(notifier, vec![p]);
         let reason = if inner.config.immediate_attempt {
             "committed during shutdown: due now for a sweeper"
         } else {
@@ -258,9 +259,10 @@ async fn attempt(notifier: &Notifier, p: PendingNotice) -> AttemptReport {
         });
     }
     if let Err(reason) = available(inner, &p.def).and_then(|()| deliver::paused(&p.def)) {
-        release_reservations(notifier, vec![p]);
+        not_attempted(notifier, vec![p]);
         return report(AttemptResult::Skipped { reason });
     }
+    let in_turn = p.start == Start::ClaimInTurn;
     let claimed = match p.start {
         // The reservation is this attempt's lease (version 0, from the insert).
         Start::Held => {
@@ -273,9 +275,15 @@ async fn attempt(notifier: &Notifier, p: PendingNotice) -> AttemptReport {
             claim::claim_one(&inner.store, &p.model()).await
         }
     };
+    if in_turn && !matches!(claimed, Ok(Some(_))) {
+        // Not taken here: its key is checked now that this claim has ended
+        // (checked while it ran, the check's lock would have made the claim
+        // skip the row, and nothing would attempt it before a poll).
+        recheck_turns(notifier, &[&p]);
+    }
     let lease = match claimed {
         Ok(Some(lease)) => lease,
-        Ok(None) if p.start == Start::ClaimInTurn => {
+        Ok(None) if in_turn => {
             return report(AttemptResult::Skipped {
                 reason: "not its turn: an older notice of its ordering key is unfinished (or a sweeper took it); sent in its turn".into(),
             });
@@ -293,9 +301,46 @@ async fn attempt(notifier: &Notifier, p: PendingNotice) -> AttemptReport {
     report(result)
 }
 
+/// Notices that are not attempted here after all (or whose commit is in
+/// doubt): reserved rows are released, due at once for a sweeper, and the
+/// keys of ordered ones are checked ([`recheck_turns`]).
+pub(crate) fn not_attempted(notifier: &Notifier, pending: Vec<PendingNotice>) {
+    recheck_turns(notifier, &pending.iter().collect::<Vec<_>>());
+    release_reservations(notifier, pending);
+}
+
+/// PostgreSQL: a notice with an ordering key may have been set aside at
+/// its insert (migration 14) behind notices that finished before its
+/// commit, when no finish could see it yet. Once its after-commit attempt
+/// has not taken it (no handler or slot here, shutting down, paused,
+/// attempts off, or not its turn), its key is checked again
+/// ([`Store::finished`](crate::state::Store)), in the background: without
+/// this it would wait for its recheck (`order::TURN_RECHECK`). Never while
+/// its own claim runs: the check's row lock would make that claim skip it.
+fn recheck_turns(notifier: &Notifier, pending: &[&PendingNotice]) {
+    let inner = &notifier.inner;
+    if inner.store.backend() != sea_orm::DbBackend::Postgres {
+        return;
+    }
+    let keys: Vec<(i64, Option<String>)> = pending
+        .iter()
+        .filter(|p| p.is_new() && p.row.ordering_key.is_some())
+        .map(|p| (p.def.id, p.row.ordering_key.clone()))
+        .collect();
+    if keys.is_empty() {
+        return;
+    }
+    let store = inner.store.clone();
+    // Tracked, so that shutdown waits for it (it only moves a waiting
+    // notice's next check earlier).
+    inner
+        .tasks
+        .spawn(async move { store.finished(keys.iter().map(|(d, k)| (*d, k))).await });
+}
+
 /// Makes reserved rows due at once (retrying while the database is away,
 /// until shutdown gives up: then they are due when the reservation ends).
-pub(crate) fn release_reservations(notifier: &Notifier, pending: Vec<PendingNotice>) {
+fn release_reservations(notifier: &Notifier, pending: Vec<PendingNotice>) {
     let pairs: Vec<(i64, i32)> = pending
         .iter()
         .filter(|p| p.reserved())

@@ -231,42 +231,11 @@ impl Notifier {
         if pending.iter().any(|p| p.is_new() && !p.reserved()) {
             self.wake_workers();
         }
-        self.recheck_turns(&pending);
         if wait {
             return background::wait_for(self, pending).await;
         }
         background::after_commit(self, pending);
         Vec::new()
-    }
-
-    /// PostgreSQL: a notice with an ordering key may have been set aside at
-    /// its insert (migration 14) behind notices that finished before its
-    /// commit, when no finish could see it yet. Its key is checked again now
-    /// that it is committed ([`Store::finished`](crate::state::Store)), in
-    /// the background: its after-commit attempt may not run (no handler or
-    /// slot here, shutting down, paused, attempts off), and without this it
-    /// would wait for its recheck (`order::TURN_RECHECK`).
-    fn recheck_turns(&self, pending: &[PendingNotice]) {
-        if self.inner.store.backend() != sea_orm::DbBackend::Postgres {
-            return;
-        }
-        let keys: Vec<(i64, Option<String>)> = pending
-            .iter()
-            .filter(|p| p.is_new() && p.row.ordering_key.is_some())
-            .map(|p| (p.def.id, p.row.ordering_key.clone()))
-            .collect();
-        if keys.is_empty() {
-            return;
-        }
-        let store = self.inner.store.clone();
-        // Tracked, so that shutdown waits for it; once shutting down, on
-        // its own (it only moves a waiting notice's next check earlier).
-        let recheck = async move { store.finished(keys.iter().map(|(d, k)| (*d, k))).await };
-        if self.inner.tasks.is_closed() {
-            tokio::spawn(recheck);
-        } else {
-            self.inner.tasks.spawn(recheck);
-        }
     }
 
     /// Begins a transaction on the notifier's pool, wrapped for adding
@@ -505,7 +474,7 @@ impl NoticeTx {
             if matches!(e, Error::CommitOutcomeUnknown(_)) {
                 // If it did commit, its notices are due at once for any
                 // worker; if not, this changes nothing.
-                background::release_reservations(&self.notifier, pending);
+                background::not_attempted(&self.notifier, pending);
             }
             return Err(e);
         }

@@ -50,11 +50,13 @@
 //! promotes the next notice of each key in the statement that moves them
 //! ([`PROMOTE_MOVED_PG`]), then checks again after its commit. A notice set
 //! aside at its insert whose older ones all finished before its producer
-//! committed is claimed by the producer's after-commit attempt, and its key
-//! is checked again once committed. It can still wait up to
-//! [`TURN_RECHECK`] when nothing runs after its commit: a plain-SQL insert,
-//! an operator's requeue, a notice added in a nested transaction
-//! (`wrap`), a commit whose outcome was unknown.
+//! committed is claimed by the producer's after-commit attempt; when that
+//! attempt does not take it (or its commit's outcome is unknown), its key
+//! is checked again once the attempt has ended, never while its claim runs
+//! (the check's row lock would make that claim skip it). It can still wait
+//! up to [`TURN_RECHECK`] when nothing runs after its commit: a plain-SQL
+//! insert, an operator's requeue, a notice added in a nested transaction
+//! (`wrap`).
 
 use std::time::Duration;
 
