@@ -7,12 +7,19 @@
 //! refuses is retried with backoff like any outcome, and one it cannot take
 //! whole is settled row by row. The rows waiting here count toward what a
 //! sweep may hold, so memory stays bounded however fast deliveries are.
+//!
+//! On PostgreSQL, a sweep of ordered definitions has the batch claim the
+//! next notice of each ordering key it moves, in the same statement
+//! ([`NextClaims`]): a key then moves one notice per write instead of per
+//! claim, promotion and write, and each notice is sent only once the one
+//! before it is recorded.
 
 use std::sync::{
     Arc,
     atomic::{AtomicUsize, Ordering},
 };
 
+use futures::StreamExt;
 use tokio::{sync::mpsc, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 
@@ -21,7 +28,7 @@ use crate::{
     db::{self, Backoff},
     state::{
         Lease, Store,
-        batch::{HeldMany, succeed_many},
+        batch::{ClaimNext, HeldMany, release_many, succeed_many},
     },
     stats::WorkerStats,
 };
@@ -46,6 +53,19 @@ impl BatchHandle {
     }
 }
 
+/// Where a batch hands the next notices it claimed (see the module docs):
+/// to the sweep whose successes it writes, while that sweep has not begun
+/// to shut down.
+pub(crate) struct NextClaims {
+    /// Which next notices the sweep may take.
+    pub claim: ClaimNext,
+    /// The sweep's queue of claimed rows.
+    pub sender: mpsc::UnboundedSender<Vec<Lease>>,
+    /// The sweep's shutdown: from then on next notices are made due, not
+    /// claimed.
+    pub shutdown: CancellationToken,
+}
+
 /// The running batch of one sweep.
 pub(crate) struct SuccessBatch {
     handle: BatchHandle,
@@ -61,6 +81,7 @@ impl SuccessBatch {
         give_up: CancellationToken,
         stats: Arc<WorkerStats>,
         reports: Option<mpsc::UnboundedSender<AttemptReport>>,
+        next: Option<NextClaims>,
     ) -> Self {
         let (sender, receiver) = mpsc::unbounded_channel();
         let pending = Arc::new(AtomicUsize::new(0));
@@ -70,6 +91,7 @@ impl SuccessBatch {
             reports,
             pending: pending.clone(),
             flushed: flushed.clone(),
+            next,
         };
         let task = tokio::spawn(run(store, receiver, give_up, out));
         SuccessBatch {
@@ -108,9 +130,33 @@ struct Out {
     reports: Option<mpsc::UnboundedSender<AttemptReport>>,
     pending: Arc<AtomicUsize>,
     flushed: Arc<tokio::sync::Notify>,
+    next: Option<NextClaims>,
 }
 
 impl Out {
+    /// What the batch may claim next, while its sweep takes it.
+    fn claim_next(&self) -> Option<&ClaimNext> {
+        self.next
+            .as_ref()
+            .filter(|n| !n.shutdown.is_cancelled() && !n.sender.is_closed())
+            .map(|n| &n.claim)
+    }
+
+    /// Hands claimed rows to the sweep (before the successes that claimed
+    /// them are reported, so a sweep that sees nothing pending sees them);
+    /// a sweep gone meanwhile has them released.
+    async fn hand_next(&self, store: &Store, claimed: Vec<Lease>) {
+        if claimed.is_empty() {
+            return;
+        }
+        let Some(next) = &self.next else {
+            return release(store, claimed).await;
+        };
+        if let Err(refused) = next.sender.send(claimed) {
+            release(store, refused.0).await;
+        }
+    }
+
     fn report(&self, notice_id: i64, result: AttemptResult) {
         self.stats.count(&result);
         self.pending.fetch_sub(1, Ordering::Relaxed);
@@ -145,31 +191,47 @@ async fn run(
         pending: out.pending.clone(),
         flushed: out.flushed.clone(),
     };
-    while let Some(first) = receiver.recv().await {
-        let mut leases = vec![first];
+    // A batch that claims next notices writes twice at once: its writes
+    // are its sweep's claims, and a key's next notice waits for them.
+    let at_once = if out.next.is_some() { 2 } else { 1 };
+    let mut writing = futures::stream::FuturesUnordered::new();
+    loop {
+        let lease = tokio::select! {
+            lease = receiver.recv(), if writing.len() < at_once => match lease {
+                Some(lease) => lease,
+                None => break,
+            },
+            Some(()) = writing.next(), if !writing.is_empty() => continue,
+        };
+        let mut leases = vec![lease];
         while leases.len() < MAX_BATCH {
             match receiver.try_recv() {
                 Ok(lease) => leases.push(lease),
                 Err(_) => break,
             }
         }
-        let (n, started) = (leases.len() as u64, std::time::Instant::now());
-        out.stats.add_flush(n);
-        flush(&store, leases, &give_up, &out).await;
-        tracing::trace!(
-            n,
-            ms = started.elapsed().as_millis() as u64,
-            "successes recorded"
-        );
-        out.flushed.notify_one();
+        let (store, give_up, out) = (&store, &give_up, &out);
+        writing.push(async move {
+            let (n, started) = (leases.len() as u64, std::time::Instant::now());
+            out.stats.add_flush(n);
+            flush(store, leases, give_up, out).await;
+            tracing::trace!(
+                n,
+                ms = started.elapsed().as_millis() as u64,
+                "successes recorded"
+            );
+            out.flushed.notify_one();
+        });
     }
+    while writing.next().await.is_some() {}
 }
 
 async fn flush(store: &Store, mut leases: Vec<Lease>, give_up: &CancellationToken, out: &Out) {
     let mut backoff = Backoff::default();
     loop {
-        match succeed_many(store, leases).await {
-            Ok(moved) => {
+        match succeed_many(store, leases, out.claim_next()).await {
+            Ok((moved, claimed)) => {
+                out.hand_next(store, claimed).await;
                 crate::telemetry::lost_claims(moved.iter().filter(|(_, m)| !*m).count() as u64);
                 for (id, moved) in moved {
                     let result = if moved {
@@ -213,6 +275,18 @@ async fn flush(store: &Store, mut leases: Vec<Lease>, give_up: &CancellationToke
                 }
                 return;
             }
+        }
+    }
+}
+
+/// Releases rows claimed for a sweep that no longer takes them: due again
+/// at once (or, if that cannot be written, when their leases end).
+async fn release(store: &Store, claimed: Vec<Lease>) {
+    match release_many(store, claimed).await {
+        Ok(n) => tracing::debug!(n, "next notices released: their sweep has ended"),
+        Err(HeldMany { leases, error }) => {
+            tracing::warn!(error = %error, n = leases.len(), "cannot release next notices claimed for an ended sweep; due when their leases end");
+            leases.into_iter().for_each(Lease::forget);
         }
     }
 }

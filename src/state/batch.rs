@@ -1,6 +1,8 @@
 //! Batch: the transitions of many leases in one statement or one
 //! transaction, for sweeps.
 
+use std::collections::HashSet;
+
 use sea_orm::{DbBackend, DbErr, sea_query::Expr};
 
 use super::{
@@ -10,6 +12,8 @@ use super::{
     insert::{self, NewRow},
 };
 use crate::{Status, db};
+
+pub(crate) use super::columns::ClaimNext;
 
 /// A batch transition that could not be written; the leases are still held.
 pub(crate) struct HeldMany {
@@ -24,15 +28,19 @@ fn pairs(leases: &[Lease]) -> Vec<(i64, i32)> {
 }
 
 /// Moves the leased rows to history as succeeded, copying them server-side
-/// (one statement on PostgreSQL, which also promotes the next notice of
-/// each ordering key moved: [`order`](super::order)). Returns each notice id with whether it
-/// moved (`false`: its claim was lost meanwhile).
+/// (one statement on PostgreSQL, which also deals with the next notice of
+/// each ordering key moved: [`order`](super::order)). With `next` (on
+/// PostgreSQL) that next notice is claimed for the caller when it is in
+/// turn ([`columns::ClaimNext`]), else made due. Returns each notice id
+/// with whether it moved (`false`: its claim was lost meanwhile), and the
+/// leases of the notices claimed.
 pub(crate) async fn succeed_many(
     store: &Store,
     leases: Vec<Lease>,
-) -> Result<Vec<(i64, bool)>, HeldMany> {
+    next: Option<&ClaimNext>,
+) -> Result<(Vec<(i64, bool)>, Vec<Lease>), HeldMany> {
     if leases.is_empty() {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), Vec::new()));
     }
     let pairs = pairs(&leases);
     let guard = columns::at_versions(&pairs);
@@ -40,9 +48,15 @@ pub(crate) async fn succeed_many(
         (Column::Leased, Expr::val(false)),
         (Column::Status, Expr::val(Status::Succeeded as i16)),
     ];
+    // Only a batch with ordered notices has a next notice to claim.
+    let next = next
+        .filter(|_| leases.iter().any(|l| l.row().ordering_key.is_some()))
+        .map(|next| (next, store.lease));
+    // Before the statement: the in-process lease never outlives the row's.
+    let started = std::time::Instant::now();
     let moved = db::on_conflict_retry(|| async {
         if store.backend() == DbBackend::Postgres {
-            return columns::succeed_pairs_pg(&store.db, &pairs).await;
+            return columns::succeed_pairs_pg(&store.db, &pairs, next).await;
         }
         let txn = db::begin(&store.db).await?;
         let moved = columns::move_rows(
@@ -54,23 +68,34 @@ pub(crate) async fn succeed_many(
         )
         .await?;
         txn.commit().await?;
-        Ok(moved)
+        Ok((moved, Vec::new()))
     })
     .await;
     match moved {
-        Ok(moved) => {
-            // On PostgreSQL the statement promoted already; this check,
-            // after its commit, catches a notice committed (or a head
-            // cancelled) while the statement ran, which it could not see.
-            store.finished(leases.iter().map(Lease::key)).await;
-            Ok(leases
+        Ok((moved, claimed)) => {
+            let claimed: Vec<Lease> = claimed
+                .into_iter()
+                .map(|row| Lease::new(store.clone(), row, started))
+                .collect();
+            crate::telemetry::claimed(claimed.len() as u64);
+            // On PostgreSQL the statement dealt with the next notices
+            // already; this check, after its commit, catches a notice
+            // committed (or a head cancelled) while the statement ran,
+            // which it could not see. A key whose next notice was claimed
+            // is busy until that one finishes.
+            let busy: HashSet<(i64, &Option<String>)> = claimed.iter().map(Lease::key).collect();
+            store
+                .finished(leases.iter().map(Lease::key).filter(|k| !busy.contains(k)))
+                .await;
+            let results = leases
                 .into_iter()
                 .map(|lease| {
                     let id = lease.id();
                     lease.settle();
                     (id, moved.contains(&id))
                 })
-                .collect())
+                .collect();
+            Ok((results, claimed))
         }
         Err(error) => Err(HeldMany { leases, error }),
     }

@@ -232,17 +232,30 @@ pub(crate) async fn move_rows<C: ConnectionTrait>(
     Ok(ids)
 }
 
+/// Where a PostgreSQL batch of successes claims the next notice of each
+/// ordering key it moves ([`order::next_of_moved_pg`](super::order)).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ClaimNext {
+    /// Only rows of these `load_balance_num` partitions (empty: any).
+    pub partitions: Vec<i32>,
+}
+
 /// PostgreSQL: moves the rows held at `pairs` (id, version) to history as
 /// succeeded, in one prepared statement whatever their number (the pairs
-/// travel as two arrays and are joined on the primary key). Returns the ids
-/// moved.
+/// travel as two arrays and are joined on the primary key), and deals with
+/// the next notice of each ordering key moved: claims it for the caller
+/// when `next` is given and it is in turn, else makes it due. Returns the
+/// ids moved, and the rows claimed (at their claimed version).
 pub(crate) async fn succeed_pairs_pg(
     db: &sea_orm::DatabaseConnection,
     pairs: &[(i64, i32)],
-) -> Result<Vec<i64>, DbErr> {
+    next: Option<(&ClaimNext, std::time::Duration)>,
+) -> Result<(Vec<i64>, Vec<notify_msg::Model>), DbErr> {
+    use sea_orm::{FromQueryResult, Statement};
     use std::sync::OnceLock;
-    static SQL: OnceLock<String> = OnceLock::new();
-    let sql = SQL.get_or_init(|| {
+    static SQL: [OnceLock<String>; 2] = [OnceLock::new(), OnceLock::new()];
+    let claim = next.is_some();
+    let sql = SQL[usize::from(claim)].get_or_init(|| {
         let names: Vec<&str> = Column::iter().map(|c| c.as_str()).collect();
         let values: Vec<String> = Column::iter()
             .map(|c| match c {
@@ -252,23 +265,62 @@ pub(crate) async fn succeed_pairs_pg(
                 other => format!("\"{}\"", other.as_str()),
             })
             .collect();
+        // The rows claimed in full, then the ids moved (the other columns
+        // NULL), told apart by `next`.
+        let select = if claim {
+            let nulls: Vec<&str> = names
+                .iter()
+                .map(|n| if *n == "id" { "id" } else { "NULL" })
+                .collect();
+            format!(
+                "SELECT true AS next, {all} FROM claimed UNION ALL SELECT false, {ids} FROM kept",
+                all = names.iter().map(|n| format!("\"{n}\"")).collect::<Vec<_>>().join(", "),
+                ids = nulls.join(", "),
+            )
+        } else {
+            "SELECT id FROM kept".to_string()
+        };
         format!(
             "WITH moved AS (DELETE FROM notify_msg m USING UNNEST($1::bigint[], $2::int[]) AS c(id, version) \
              WHERE m.id = c.id AND m.version = c.version RETURNING m.*), \
              kept AS (INSERT INTO notify_msg_history ({}) SELECT {} FROM moved RETURNING id), \
-             {} \
-             SELECT id FROM kept",
+             {} {select}",
             names.iter().map(|n| format!("\"{n}\"")).collect::<Vec<_>>().join(", "),
             values.join(", "),
-            super::order::PROMOTE_MOVED_PG,
+            super::order::next_of_moved_pg(claim),
         )
     });
     let ids: Vec<i64> = pairs.iter().map(|p| p.0).collect();
     let versions: Vec<i32> = pairs.iter().map(|p| p.1).collect();
-    sea_orm::sqlx::query_scalar(sea_orm::sqlx::AssertSqlSafe(sql.as_str()))
-        .bind(ids)
-        .bind(versions)
-        .fetch_all(db.get_postgres_connection_pool())
-        .await
-        .map_err(|e| DbErr::Query(sea_orm::RuntimeErr::SqlxError(std::sync::Arc::new(e))))
+    let Some((next, lease)) = next else {
+        let moved = sea_orm::sqlx::query_scalar(sea_orm::sqlx::AssertSqlSafe(sql.as_str()))
+            .bind(ids)
+            .bind(versions)
+            .fetch_all(db.get_postgres_connection_pool())
+            .await
+            .map_err(|e| DbErr::Query(sea_orm::RuntimeErr::SqlxError(std::sync::Arc::new(e))))?;
+        return Ok((moved, Vec::new()));
+    };
+    let values = [
+        ids.into(),
+        versions.into(),
+        next.partitions.clone().into(),
+        lease.as_secs_f64().into(),
+    ];
+    let (mut moved, mut claimed) = (Vec::new(), Vec::new());
+    for row in db
+        .query_all_raw(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            sql.as_str(),
+            values,
+        ))
+        .await?
+    {
+        if row.try_get::<bool>("", "next")? {
+            claimed.push(notify_msg::Model::from_query_result(&row, "")?);
+        } else {
+            moved.push(row.try_get::<i64>("", "id")?);
+        }
+    }
+    Ok((moved, claimed))
 }

@@ -48,7 +48,7 @@
 //! of its key in flight is written set aside at once (a trigger, migration
 //! 14), so no claim ever reads it; and a sweep's batch of successes
 //! promotes the next notice of each key in the statement that moves them
-//! ([`PROMOTE_MOVED_PG`]), then checks again after its commit. A notice set
+//! ([`next_of_moved_pg`]), then checks again after its commit. A notice set
 //! aside at its insert whose older ones all finished before its producer
 //! committed is claimed by the producer's after-commit attempt; when that
 //! attempt does not take it (or its commit's outcome is unknown), its key
@@ -157,31 +157,75 @@ pub(crate) fn aside_until(backend: DbBackend) -> Expr {
     )
 }
 
-/// A data-modifying CTE for a PostgreSQL statement whose CTE `moved`
-/// deletes notices from `notify_msg`: makes due, in the same statement, the
-/// oldest notice left of each ordering key moved, when it was never
-/// attempted and is not leased, and its definition is ordered. The
-/// statement's snapshot still holds the rows it deletes, so they are left
-/// out by id.
+/// The oldest notice left of each ordering key moved by the statement's
+/// CTE `moved`, as a subquery of ids (PostgreSQL). The statement's snapshot
+/// still holds the rows it deletes, so they are left out by id.
+const NEXT_OF_MOVED_PG: &str = "SELECT (SELECT o.id FROM notify_msg o \
+     WHERE o.def_id = k.def_id AND o.ordering_key = k.ordering_key \
+     AND o.id NOT IN (SELECT id FROM moved) ORDER BY o.create_time, o.id LIMIT 1) \
+     FROM (SELECT DISTINCT def_id, ordering_key FROM moved WHERE ordering_key IS NOT NULL) k";
+
+/// Data-modifying CTEs for a PostgreSQL statement whose CTE `moved`
+/// deletes notices from `notify_msg`: they deal, in the same statement,
+/// with the oldest notice left of each ordering key moved, when it was
+/// never attempted, is not leased and its definition is ordered.
 ///
-/// It runs before its own commit, so unlike [`promote`] it also writes a
-/// head that looked due already: a claim that is setting that head aside
-/// right now holds its row lock, this update waits for it and then
-/// promotes the row set aside. (Were it to skip heads due in its snapshot,
-/// the claim's own recheck, run before this commit, would still see the
-/// finished notice, and the head would wait a whole [`TURN_RECHECK`].) It
-/// does not check the turn first: a head made due that is still held back
-/// (a final failure in history) is only set aside again by the next claim.
-/// What it cannot see (a notice committed while it ran, a head cancelled
+/// Without `claim`, one CTE (`promoted`) makes each such notice due. With
+/// `claim`, a CTE `claimed` claims those in turn for the sweep whose
+/// successes these are (as a claim would: leased, version bumped, one
+/// lease of `$4` seconds ahead; `RETURNING` the whole row), when their
+/// definition is not paused and their partition is in `$3` (an empty
+/// array: any); the others are made due (`promoted`). Their turn is the
+/// claim's ([`in_turn_sql`]) with the moved rows left out: they are older
+/// than the next notice by construction, and succeeded.
+///
+/// It runs before its own commit, so it also writes a next notice that
+/// looked due already: a claim that is setting it aside right now holds its
+/// row lock, this update waits for it, then re-checks the row and claims
+/// or promotes what was set aside. (Were it to skip notices due in its
+/// snapshot, the claim's own recheck, run before this commit, would still
+/// see the finished notice, and the next one would wait a whole
+/// [`TURN_RECHECK`].) A notice promoted that is still held back (a final
+/// failure in history) is only set aside again by the next claim. What it
+/// cannot see (a notice committed while it ran, a head cancelled
 /// meanwhile) the batch's [`promote`] after its commit catches.
-pub(crate) const PROMOTE_MOVED_PG: &str = "promoted AS (UPDATE notify_msg p \
-     SET next_call_time = (statement_timestamp() AT TIME ZONE 'UTC') \
-     WHERE p.id = ANY(ARRAY(SELECT (SELECT o.id FROM notify_msg o \
-             WHERE o.def_id = k.def_id AND o.ordering_key = k.ordering_key \
-             AND o.id NOT IN (SELECT id FROM moved) ORDER BY o.create_time, o.id LIMIT 1) \
-         FROM (SELECT DISTINCT def_id, ordering_key FROM moved WHERE ordering_key IS NOT NULL) k)) \
-     AND p.status = 0 AND NOT p.leased \
-     AND p.def_id IN (SELECT d.id FROM notify_def d WHERE d.ordering = 'per_key'))";
+pub(crate) fn next_of_moved_pg(claim: bool) -> String {
+    const MAY_WAIT: &str = "p.status = 0 AND NOT p.leased \
+         AND p.def_id IN (SELECT d.id FROM notify_def d WHERE d.ordering = 'per_key')";
+    const NOW: &str = "(statement_timestamp() AT TIME ZONE 'UTC')";
+    if !claim {
+        return format!(
+            "promoted AS (UPDATE notify_msg p SET next_call_time = {NOW} \
+             WHERE p.id = ANY(ARRAY({NEXT_OF_MOVED_PG})) AND {MAY_WAIT})"
+        );
+    }
+    let live_l = not_indexed_after("l.next_call_time", NOW);
+    let live_c = not_indexed_after("c.next_call_time", NOW);
+    let take = format!(
+        "p.def_id NOT IN (SELECT d.id FROM notify_def d WHERE d.paused_until > {NOW}) \
+         AND (cardinality($3::int[]) = 0 OR p.load_balance_num = ANY($3::int[])) \
+         AND NOT EXISTS (SELECT 1 FROM notify_msg l \
+             WHERE l.def_id = p.def_id AND l.ordering_key = p.ordering_key \
+             AND l.leased AND l.id <> p.id AND l.id NOT IN (SELECT id FROM moved) AND {live_l}) \
+         AND NOT EXISTS (SELECT 1 FROM notify_msg_history c \
+             WHERE c.def_id = p.def_id AND c.ordering_key = p.ordering_key \
+             AND c.status = 5 AND c.leased AND {live_c}) \
+         AND (p.def_id IN (SELECT d.id FROM notify_def d WHERE NOT d.stop_on_failure) \
+             OR NOT EXISTS (SELECT 1 FROM notify_msg_history h \
+                 WHERE h.def_id = p.def_id AND h.ordering_key = p.ordering_key \
+                 AND h.status IN (3, 6) AND (h.create_time, h.id) < (p.create_time, p.id)))"
+    );
+    format!(
+        "following AS MATERIALIZED (SELECT p.id, ({take}) AS take FROM notify_msg p \
+             WHERE p.id = ANY(ARRAY({NEXT_OF_MOVED_PG})) AND {MAY_WAIT}), \
+         claimed AS (UPDATE notify_msg p SET leased = true, last_call_time = {NOW}, \
+             next_call_time = {NOW} + make_interval(secs => $4::double precision), \
+             version = p.version + 1 \
+             WHERE p.id = ANY(ARRAY(SELECT id FROM following WHERE take)) AND {MAY_WAIT} RETURNING p.*), \
+         promoted AS (UPDATE notify_msg p SET next_call_time = {NOW} \
+             WHERE p.id = ANY(ARRAY(SELECT id FROM following WHERE NOT take)) AND {MAY_WAIT})"
+    )
+}
 
 /// Brings forward the next check of the oldest notice of each `(def_id,
 /// ordering_key)`, when it was set aside (status 0, not leased, due later):

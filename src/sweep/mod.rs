@@ -28,13 +28,16 @@ use tracing::instrument::WithSubscriber;
 
 use crate::{
     AttemptReport, AttemptResult, Notifier,
-    attempt::{self, Ran, Recorder, Stop, batch::SuccessBatch},
+    attempt::{
+        self, Ran, Recorder, Stop,
+        batch::{NextClaims, SuccessBatch},
+    },
     def::{DefRef, Target},
     error::Result,
     notifier::RELEASE_GRACE,
     state::{
         DueFilter, Lease,
-        batch::{HeldMany, release_many},
+        batch::{ClaimNext, HeldMany, release_many},
         claim,
     },
     stats::WorkerStats,
@@ -184,11 +187,25 @@ impl<'a> Sweep<'a> {
             limits.shutdown_timeout,
         ));
         let (reports, mut batch_reports) = tokio::sync::mpsc::unbounded_channel();
+        // PostgreSQL, ordered definitions: the batch claims each key's next
+        // notice as it records a success (attempt::batch), and hands it here.
+        let (next_sender, mut next_claimed) = tokio::sync::mpsc::unbounded_channel();
+        let chain = again
+            && inner.store.backend() == sea_orm::DbBackend::Postgres
+            && inner.defs.any_ordered();
+        let next = chain.then(|| NextClaims {
+            claim: ClaimNext {
+                partitions: filter.partitions.clone(),
+            },
+            sender: next_sender,
+            shutdown: shutdown.clone(),
+        });
         let batch = SuccessBatch::start(
             inner.store.clone(),
             stop.give_up.clone(),
             self.stats.clone(),
             self.keep_reports.then_some(reports),
+            next,
         );
         let recorder = Recorder::Batched(batch.handle());
         let slots = Arc::new(Semaphore::new(limits.concurrency.max(1)));
@@ -235,9 +252,13 @@ impl<'a> Sweep<'a> {
             }
             // Done once nothing is held or being claimed; a woken sweep
             // also stays while its last successes are written, so a wake-up
-            // meanwhile claims at once instead of after that write.
-            let writing = wakes.is_some() && batch.pending() > 0;
-            let idle = waiting.is_empty() && running.is_empty() && claiming.is_none();
+            // meanwhile claims at once instead of after that write, and so
+            // does one whose batch claims next notices (they come with it).
+            let writing = (wakes.is_some() || chain) && batch.pending() > 0;
+            let idle = waiting.is_empty()
+                && running.is_empty()
+                && claiming.is_none()
+                && next_claimed.is_empty();
             if idle && (!more || shutdown.is_cancelled()) && (!writing || shutdown.is_cancelled()) {
                 break;
             }
@@ -284,6 +305,13 @@ impl<'a> Sweep<'a> {
                         }
                     }
                 }
+                // Next notices the batch claimed as it recorded successes.
+                Some(leases) = next_claimed.recv(), if chain => {
+                    let n = leases.len() as u64;
+                    claimed_total += n;
+                    self.stats.add_claimed(n);
+                    self.resolve(leases, &mut waiting).await;
+                }
                 slot = slots.clone().acquire_owned(), if !waiting.is_empty() && !shutdown.is_cancelled() => {
                     let (Ok(slot), Some((lease, def))) = (slot, waiting.pop_front()) else { continue };
                     let notifier = self.notifier.clone();
@@ -315,6 +343,13 @@ impl<'a> Sweep<'a> {
         }
         drop(recorder);
         batch.finish().await;
+        // Claimed by the last writes, after this sweep stopped taking rows
+        // (shutting down): due again at once.
+        let mut late = Vec::new();
+        while let Ok(leases) = next_claimed.try_recv() {
+            late.extend(leases);
+        }
+        self.release(late, "shutting down", &stop.give_up).await;
         watcher.abort();
         while let Ok(report) = batch_reports.try_recv() {
             self.reports.push(report);

@@ -532,6 +532,16 @@ db_test!(
 
 /// Inserts plain-SQL notices of key `key`, one per seq, due now.
 async fn insert_plain(db: &TestDb, key: &str, seqs: std::ops::Range<i64>) {
+    insert_plain_in(db, key, seqs, |_| 0).await
+}
+
+/// [`insert_plain`], each notice in the partition `partition(seq)`.
+async fn insert_plain_in(
+    db: &TestDb,
+    key: &str,
+    seqs: std::ops::Range<i64>,
+    partition: impl Fn(i64) -> i32,
+) {
     let def_id = db
         .scalar("SELECT id FROM notify_def WHERE name = 'ordered'")
         .await;
@@ -545,8 +555,9 @@ async fn insert_plain(db: &TestDb, key: &str, seqs: std::ops::Range<i64>) {
             .execute_unprepared(&format!(
                 "INSERT INTO notify_msg (def_id, param, description, errors, status, retry_times, \
                  next_call_time, create_time, version, load_balance_num, leased, ordering_key) \
-                 VALUES ({def_id}, '{{\"seq\":{seq}}}', '', '', 0, 0, {now}, {now}, 0, 0, {leased}, '{key}')",
+                 VALUES ({def_id}, '{{\"seq\":{seq}}}', '', '', 0, 0, {now}, {now}, 0, {part}, {leased}, '{key}')",
                 now = db.now_sql(),
+                part = partition(seq),
             ))
             .await
             .unwrap();
@@ -631,4 +642,111 @@ db_test!(
 db_test!(
     a_notice_set_aside_at_its_insert_goes_to_a_sweeper_when_its_turn_came_meanwhile,
     |db: Arc<TestDb>| turn_came_before_commit(db, false)
+);
+
+db_test!(
+    a_keys_next_notice_goes_to_a_worker_of_its_partition,
+    |db: Arc<TestDb>| async move {
+        // One key, its notices alternating between partitions 0 and 1, a
+        // worker for each. On PostgreSQL a batch of successes claims the
+        // key's next notice for its own sweep: never one of a partition its
+        // worker does not take.
+        const N: i64 = 12;
+        db.def("ordered", "ordered", |s| s.ordering = "per_key".into())
+            .await;
+        insert_plain_in(&db, "k", 0..N, |seq| (seq % 2) as i32).await;
+        let by: Arc<Mutex<Vec<(i64, i32)>>> = Arc::default();
+        let seen: Shared = Arc::default();
+        let workers: Vec<_> = [0, 1]
+            .into_iter()
+            .map(|partition| {
+                let handler = recording(seen.clone(), |_, _| Outcome::success());
+                let by = by.clone();
+                let notifier = db
+                    .notifier()
+                    .config(quiet())
+                    .handler("ordered", move |n: Notice| {
+                        by.lock()
+                            .unwrap()
+                            .push((n.param["seq"].as_i64().unwrap(), partition));
+                        handler(n)
+                    })
+                    .build()
+                    .unwrap();
+                let config = WorkerConfig {
+                    partitions: vec![partition],
+                    ..fast(WorkerConfig::default())
+                };
+                start(notifier, config)
+            })
+            .collect();
+        eventually(20, "the key drained", || async {
+            (db.counts().await == (0, N as u64)).then_some(())
+        })
+        .await;
+        for worker in workers {
+            worker.stop().await;
+        }
+        for (seq, partition) in by.lock().unwrap().iter() {
+            assert_eq!(
+                i64::from(*partition),
+                seq % 2,
+                "notice {seq} sent by the worker of partition {partition}"
+            );
+        }
+        let keys = per_key(&seen);
+        assert_in_turn("k", &keys["k"], N);
+        assert_eq!(seen.lock().unwrap().overlaps, 0);
+    }
+);
+
+db_test!(
+    a_worker_stopped_mid_drain_leaves_no_next_notice_claimed,
+    |db: Arc<TestDb>| async move {
+        // Twelve keys drained by one worker, stopped once some notices are
+        // sent: the next notices its last writes claimed (PostgreSQL) are
+        // released at once, not left to their lease; another worker then
+        // sends every notice of every key, in turn, each exactly once.
+        const KEYS: usize = 12;
+        const PER_KEY: i64 = 15;
+        db.def("ordered", "ordered", |s| s.ordering = "per_key".into())
+            .await;
+        for key in 0..KEYS {
+            insert_plain(&db, &format!("k{key}"), 0..PER_KEY).await;
+        }
+        let seen: Shared = Arc::default();
+        let handler = Arc::new(recording(seen.clone(), |_, _| Outcome::success()));
+        let notifier = || {
+            let handler = handler.clone();
+            db.notifier()
+                .config(quiet())
+                .handler("ordered", move |n: Notice| handler(n))
+                .build()
+                .unwrap()
+        };
+        let first = start(notifier(), fast(WorkerConfig::default()));
+        eventually(20, "some notices sent", || async {
+            (seen.lock().unwrap().calls.len() >= 40).then_some(())
+        })
+        .await;
+        first.stop().await;
+        let leased = db
+            .scalar("SELECT COUNT(*) FROM notify_msg WHERE leased")
+            .await;
+        assert_eq!(leased, 0, "rows left claimed by a stopped worker");
+        let total = KEYS as u64 * PER_KEY as u64;
+        assert!(db.counts().await.1 < total, "stopped before the end");
+        let second = start(notifier(), fast(WorkerConfig::default()));
+        eventually(20, "every key drained", || async {
+            (db.counts().await == (0, total)).then_some(())
+        })
+        .await;
+        second.stop().await;
+        let keys = per_key(&seen);
+        for key in 0..KEYS {
+            let key = format!("k{key}");
+            assert_in_turn(&key, &keys[&key], PER_KEY);
+        }
+        assert_eq!(seen.lock().unwrap().overlaps, 0);
+    }
 );
