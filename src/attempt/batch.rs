@@ -12,7 +12,10 @@
 //! next notice of each ordering key it moves, in the same statement
 //! ([`NextClaims`]): a key then moves one notice per write instead of per
 //! claim, promotion and write, and each notice is sent only once the one
-//! before it is recorded.
+//! before it is recorded. If the reply to such a write is lost after it
+//! committed, its retry finds the successes gone (reported as lost claims)
+//! and the next notices it claimed are due again when their lease ends, as
+//! after any claim whose reply is lost.
 
 use std::sync::{
     Arc,
@@ -113,7 +116,7 @@ impl SuccessBatch {
 
     /// Successes handed over and not written yet.
     pub fn pending(&self) -> usize {
-        self.handle.pending.load(Ordering::Relaxed)
+        self.handle.pending.load(Ordering::Acquire)
     }
 
     /// Writes what is left and stops.
@@ -159,7 +162,9 @@ impl Out {
 
     fn report(&self, notice_id: i64, result: AttemptResult) {
         self.stats.count(&result);
-        self.pending.fetch_sub(1, Ordering::Relaxed);
+        // Release: a sweep that reads nothing pending (Acquire) also sees
+        // the next notices handed over before.
+        self.pending.fetch_sub(1, Ordering::Release);
         if let Some(reports) = &self.reports {
             let _ = reports.send(AttemptReport { notice_id, result });
         }

@@ -43,6 +43,10 @@ use crate::{
     stats::WorkerStats,
 };
 
+/// How often a sweep kept going by the next notices its batch claims
+/// ([`attempt::batch`]) claims due rows again: every 100 ms.
+const RECLAIM_WHILE_CHAINING: Duration = Duration::from_millis(100);
+
 /// Limits of one sweep.
 #[derive(Debug, Clone)]
 pub struct SweepLimits {
@@ -216,6 +220,7 @@ impl<'a> Sweep<'a> {
         let mut first_error = None;
         // The claim in flight: deliveries keep starting while it runs.
         let mut claiming: Option<ClaimInFlight<'_>> = None;
+        let mut last_claim = std::time::Instant::now();
         loop {
             // Claim when the waiting rows run low: fewer than the
             // deliveries that may run at once, or, while at most half of
@@ -238,6 +243,7 @@ impl<'a> Sweep<'a> {
             {
                 let set_aside = inner.defs.any_ordered();
                 let (store, limit) = (&inner.store, limits.batch_size);
+                last_claim = std::time::Instant::now();
                 claiming = Some(Box::pin(async move {
                     let asked = std::time::Instant::now();
                     let claimed = claim::claim_due(store, filter, limit, set_aside).await;
@@ -307,6 +313,13 @@ impl<'a> Sweep<'a> {
                 }
                 // Next notices the batch claimed as it recorded successes.
                 Some(leases) = next_claimed.recv(), if chain => {
+                    // Chains keep this sweep going with nothing waking it
+                    // (their writes promote nothing): it claims again now
+                    // and then, so rows due meanwhile (a retry, a lease run
+                    // out) are not left until every chain has ended.
+                    if !more && last_claim.elapsed() >= RECLAIM_WHILE_CHAINING {
+                        more = true;
+                    }
                     let n = leases.len() as u64;
                     claimed_total += n;
                     self.stats.add_claimed(n);

@@ -750,3 +750,77 @@ db_test!(
         assert_eq!(seen.lock().unwrap().overlaps, 0);
     }
 );
+
+db_test!(
+    a_sweep_kept_going_by_a_keys_chain_still_claims_other_due_notices,
+    |db: Arc<TestDb>| async move {
+        // One key's 80 notices, 40 ms each, keep a sweep going for over
+        // three seconds (on PostgreSQL its batch claims each next notice);
+        // meanwhile an unordered notice's retry falls due after 1 s. Polls
+        // are 30 s apart and, on PostgreSQL, wake-ups are off (the `NOTIFY`
+        // of each finish would wake it): the sweep must claim again by
+        // itself, not after the key is drained. (Elsewhere a key moves on
+        // by in-process wake-ups, which stay on.)
+        const N: i64 = 80;
+        db.def("ordered", "ordered", |s| s.ordering = "per_key".into())
+            .await;
+        db.def("plain", "plain", |s| s.retry_interval = "1s".into())
+            .await;
+        let seen: Shared = Arc::default();
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let notifier = {
+            let calls = calls.clone();
+            db.notifier()
+                .config(quiet())
+                .handler(
+                    "ordered",
+                    recording(seen.clone(), |_, _| Outcome::success()),
+                )
+                .handler("plain", move |_n: Notice| {
+                    let first = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0;
+                    Box::pin(async move {
+                        Ok(if first {
+                            Outcome::retry("not yet")
+                        } else {
+                            Outcome::success()
+                        })
+                    }) as futures::future::BoxFuture<'static, _>
+                })
+                .build()
+                .unwrap()
+        };
+        let tx = notifier.begin().await.unwrap();
+        tx.add(NewNotice::new("plain", &json!({}))).await.unwrap();
+        for seq in 0..N {
+            tx.add(NewNotice::new("ordered", &json!({ "seq": seq, "ms": 40 })).ordering_key("k"))
+                .await
+                .unwrap();
+        }
+        tx.commit().await.unwrap();
+        let worker = start(
+            notifier,
+            WorkerConfig {
+                delay: Duration::from_secs(30),
+                wake: db.backend != crate::support::Backend::Postgres,
+                ..fast(WorkerConfig::default())
+            },
+        );
+        let succeeded = "SELECT COUNT(*) FROM notify_msg_history h JOIN notify_def d \
+                         ON d.id = h.def_id WHERE d.name = 'plain' AND h.status = 1";
+        eventually(20, "the retry sent", || async {
+            (db.scalar(succeeded).await == 1).then_some(())
+        })
+        .await;
+        let left = seen.lock().unwrap().calls.len() as i64;
+        assert!(
+            left < N,
+            "the retry due after 1 s waited for the key's {N} notices to drain"
+        );
+        eventually(20, "the key drained", || async {
+            (db.counts().await == (0, N as u64 + 1)).then_some(())
+        })
+        .await;
+        worker.stop().await;
+        assert_in_turn("k", &per_key(&seen)["k"], N);
+    }
+);
