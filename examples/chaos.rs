@@ -8,13 +8,20 @@
 //! chaos stops, the workers drain what is left, and the run prints
 //!
 //! ```text
-//! lost=0 overlaps=0 duplicates=N
+//! lost=0 overlaps=0 out_of_order=0 duplicates=N
 //! ```
+//!
+//! A third of the notices belong to an ordered definition (`ordering =
+//! "per_key"`, 40 keys), whose keys move on through the batches' claims of
+//! each next notice on PostgreSQL.
 //!
 //! `lost`: notices never answered 2xx or not in history as succeeded;
 //! `overlaps`: two requests for one notice running at the same time;
+//! `out_of_order`: a request for an ordered notice that started before
+//! every request for the notice before it in its key had ended;
 //! `duplicates`: successful requests beyond one per notice (expected after a
-//! SIGKILL: at-least-once). Exits with 1 when `lost` or `overlaps` is above 0.
+//! SIGKILL: at-least-once). Exits with 1 when `lost`, `overlaps` or
+//! `out_of_order` is above 0.
 //!
 //! ```sh
 //! cargo build --bin solid-notify && cargo run --example chaos -- --secs 30
@@ -174,18 +181,25 @@ async fn chaos(s: &Settings, admin: &DatabaseConnection, url: &str, name: &str) 
     let mut spec = DefSpec::new("chaos", Channel::Http, json!({ "url": receiver.url }));
     spec.retry_interval = "1s".into();
     spec.max_retry_times = -1;
-    store::sync(&db, &[spec]).await?;
+    let mut ordered = spec.clone();
+    ordered.name = "chaos_ordered".into();
+    ordered.ordering = "per_key".into();
+    store::sync(&db, &[spec, ordered]).await?;
 
     let bin = worker_bin()?;
     let mut workers = Vec::new();
     for _ in 0..s.workers {
         workers.push(spawn_worker(&bin, url)?);
     }
+    // Every third notice is ordered, keyed by `g % 40`, written in `g`'s
+    // order (so in each key's order).
     let insert = |n: usize| {
         format!(
-            "INSERT INTO notify_msg (def_id, param, description) \
-             SELECT d.id, '{{\"i\":' || g || '}}', 'chaos' \
-             FROM generate_series(1, {n}) g, notify_def d WHERE d.name = 'chaos'"
+            "INSERT INTO notify_msg (def_id, param, description, ordering_key) \
+             SELECT d.id, '{{\"i\":' || g || '}}', 'chaos', \
+             CASE WHEN g % 3 = 0 THEN 'k' || (g % {KEYS}) END \
+             FROM generate_series(1, {n}) g JOIN notify_def d \
+             ON d.name = CASE WHEN g % 3 = 0 THEN 'chaos_ordered' ELSE 'chaos' END ORDER BY g"
         )
     };
     let started = Instant::now();
@@ -256,7 +270,44 @@ async fn chaos(s: &Settings, admin: &DatabaseConnection, url: &str, name: &str) 
     let lost = (s.notices as i64 - succeeded.min(delivered)).max(0);
     let overlaps = receiver.overlaps().len();
     let duplicates = receiver.duplicates();
-    println!("lost={lost} overlaps={overlaps} duplicates={duplicates}");
+    let out_of_order = out_of_order(&db, &receiver).await?;
+    println!("lost={lost} overlaps={overlaps} out_of_order={out_of_order} duplicates={duplicates}");
     db.close().await?;
-    Ok(lost == 0 && overlaps == 0)
+    Ok(lost == 0 && overlaps == 0 && out_of_order == 0)
+}
+
+/// Keys of the ordered definition.
+const KEYS: usize = 40;
+
+/// Requests for an ordered notice that started before every request for
+/// the notice before it in its key had ended.
+async fn out_of_order(db: &DatabaseConnection, receiver: &Receiver) -> BoxResult<usize> {
+    let rows = db
+        .query_all_raw(Statement::from_string(
+            DbBackend::Postgres,
+            "SELECT id, ordering_key FROM notify_msg_history WHERE ordering_key IS NOT NULL \
+             ORDER BY ordering_key, create_time, id",
+        ))
+        .await?;
+    let mut spans: std::collections::HashMap<i64, (Instant, Instant)> = Default::default();
+    for seen in receiver.seen() {
+        let ended = seen.ended.unwrap_or_else(Instant::now);
+        let span = spans.entry(seen.id).or_insert((seen.started, ended));
+        span.0 = span.0.min(seen.started);
+        span.1 = span.1.max(ended);
+    }
+    let mut wrong = 0;
+    let mut before: Option<(String, i64)> = None;
+    for row in rows {
+        let (id, key): (i64, String) = (row.try_get_by_index(0)?, row.try_get_by_index(1)?);
+        if let Some((prev_key, prev)) = &before
+            && *prev_key == key
+            && let (Some(a), Some(b)) = (spans.get(prev), spans.get(&id))
+            && b.0 < a.1
+        {
+            wrong += 1;
+        }
+        before = Some((key, id));
+    }
+    Ok(wrong)
 }
