@@ -191,7 +191,6 @@ pub(crate) async fn claim_due(
             leases: claim_rows(
                 store,
                 due_rows(store, wanted(filter, store.backend()), limit),
-                Locked::Skip,
             )
             .await?,
             set_aside: 0,
@@ -396,7 +395,7 @@ pub(crate) async fn claim_any_turn(
         return Ok(Vec::new());
     }
     let wanted = selected(filter).add(not_paused(store.backend()));
-    claim_rows(store, due_rows(store, wanted, limit), Locked::Skip).await
+    claim_rows(store, due_rows(store, wanted, limit)).await
 }
 
 /// Claims notice `id` if it is in its key's turn and due, or set aside for
@@ -404,12 +403,6 @@ pub(crate) async fn claim_any_turn(
 /// before its producer committed): the after-commit attempt of a notice
 /// with an ordering key. `None`: not its turn yet (or another attempt took
 /// it, or its definition is paused); a sweeper sends it in its turn.
-///
-/// On PostgreSQL it waits for the row's lock instead of skipping a locked row: the lock
-/// may be a promotion of this very notice (another notice's finish, or a
-/// producer's recheck of its key), and skipping it would leave the notice
-/// due with nobody attempting it until a sweeper polls. Every holder of a
-/// row lock on `notify_msg` is one short statement or transaction.
 pub(crate) async fn claim_in_turn(store: &Store, id: i64) -> Result<Option<Lease>, DbErr> {
     let backend = store.backend();
     let due_or_aside = Condition::any()
@@ -419,43 +412,20 @@ pub(crate) async fn claim_in_turn(store: &Store, id: i64) -> Result<Option<Lease
         .filter(Expr::col(Column::Id).eq(id))
         .filter(due_or_aside)
         .filter(wanted(&DueFilter::default(), backend));
-    Ok(claim_rows(store, row, Locked::Wait).await?.pop())
+    Ok(claim_rows(store, row).await?.pop())
 }
 
-/// What a claim does with rows another statement has locked.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Locked {
-    /// Skips them (`SKIP LOCKED`): claims of due rows.
-    Skip,
-    /// Waits for them (a plain `FOR UPDATE`; PostgreSQL only): a claim of
-    /// one row by id.
-    Wait,
-}
-
-impl Locked {
-    fn apply(self, rows: Select<notify_msg::Entity>) -> Select<notify_msg::Entity> {
-        match self {
-            Locked::Skip => rows.lock_with_behavior(LockType::Update, LockBehavior::SkipLocked),
-            Locked::Wait => rows.lock(LockType::Update),
-        }
-    }
-}
-
-/// Claims the rows `due` selects (due rows, oldest first, up to a limit),
-/// `locked` deciding what it does with rows locked by another statement.
-async fn claim_rows(
-    store: &Store,
-    due: Select<notify_msg::Entity>,
-    locked: Locked,
-) -> Result<Vec<Lease>, DbErr> {
+/// Claims the rows `due` selects (due rows, oldest first, up to a limit).
+async fn claim_rows(store: &Store, due: Select<notify_msg::Entity>) -> Result<Vec<Lease>, DbErr> {
     let started = Instant::now();
     let mut rows = match store.backend() {
         DbBackend::MySql => {
             // MariaDB has no UPDATE … RETURNING: lock, then bump, in one transaction.
             let txn = db::begin(&store.db).await?;
-            // Skipped on MariaDB whatever `locked` says: its locking reads
-            // also lock what the turn's subqueries read.
-            let mut rows = Locked::Skip.apply(due).all(&txn).await?;
+            let mut rows = due
+                .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked)
+                .all(&txn)
+                .await?;
             if !rows.is_empty() {
                 let ids = rows.iter().map(|r| r.id);
                 columns::update(&txn, Column::Id.is_in(ids), claim_sets(store)).await?;
@@ -470,7 +440,7 @@ async fn claim_rows(
         backend => {
             let mut ids = due.select_only().column(Column::Id);
             if backend == DbBackend::Postgres {
-                ids = locked.apply(ids);
+                ids = ids.lock_with_behavior(LockType::Update, LockBehavior::SkipLocked);
             }
             let ids = sea_orm::QueryTrait::into_query(ids);
             // PostgreSQL: `id = ANY(ARRAY(…))` probes the primary key for
