@@ -44,7 +44,8 @@ use crate::{
 };
 
 /// How often a sweep kept going by the next notices its batch claims
-/// ([`attempt::batch`]) claims due rows again: every 100 ms.
+/// ([`attempt::batch`]) claims due rows again: at the first next notice
+/// that arrives 100 ms or more after its last claim ended.
 const RECLAIM_WHILE_CHAINING: Duration = Duration::from_millis(100);
 
 /// Limits of one sweep.
@@ -243,7 +244,6 @@ impl<'a> Sweep<'a> {
             {
                 let set_aside = inner.defs.any_ordered();
                 let (store, limit) = (&inner.store, limits.batch_size);
-                last_claim = std::time::Instant::now();
                 claiming = Some(Box::pin(async move {
                     let asked = std::time::Instant::now();
                     let claimed = claim::claim_due(store, filter, limit, set_aside).await;
@@ -283,6 +283,9 @@ impl<'a> Sweep<'a> {
                     None => std::future::pending().await,
                 } }, if claiming.is_some() => {
                     claiming = None;
+                    // Counted from its end: a slow claim is not followed
+                    // by another at once.
+                    last_claim = std::time::Instant::now();
                     match claimed {
                         Ok(claimed) => {
                             let n = claimed.leases.len() as u64;
