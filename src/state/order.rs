@@ -113,27 +113,40 @@ fn placeholder(backend: DbBackend, n: usize) -> String {
 
 /// [`in_turn`] as SQL text (for `EXPLAIN`ing a claim by hand).
 pub fn in_turn_sql(backend: DbBackend) -> String {
-    let now = clock::now_sql(backend);
-    // "Its lease has not ended": each probe goes by the key's index.
-    let live_l = not_indexed_after("l.next_call_time", now);
-    let live_c = not_indexed_after("c.next_call_time", now);
     format!(
         "(notify_msg.ordering_key IS NULL \
          OR notify_msg.def_id NOT IN (SELECT d.id FROM notify_def d WHERE d.ordering = 'per_key') \
          OR (NOT EXISTS (SELECT 1 FROM notify_msg o \
                  WHERE o.def_id = notify_msg.def_id AND o.ordering_key = notify_msg.ordering_key \
                  AND (o.create_time, o.id) < (notify_msg.create_time, notify_msg.id)) \
-             AND NOT EXISTS (SELECT 1 FROM notify_msg l \
-                 WHERE l.def_id = notify_msg.def_id AND l.ordering_key = notify_msg.ordering_key \
-                 AND l.leased AND l.id <> notify_msg.id AND {live_l}) \
-             AND NOT EXISTS (SELECT 1 FROM notify_msg_history c \
-                 WHERE c.def_id = notify_msg.def_id AND c.ordering_key = notify_msg.ordering_key \
-                 AND c.status = 5 AND c.leased AND {live_c}) \
-             AND (notify_msg.def_id IN (SELECT d.id FROM notify_def d WHERE NOT d.stop_on_failure) \
-                 OR NOT EXISTS (SELECT 1 FROM notify_msg_history h \
-                     WHERE h.def_id = notify_msg.def_id AND h.ordering_key = notify_msg.ordering_key \
-                     AND h.status IN (3, 6) \
-                     AND (h.create_time, h.id) < (notify_msg.create_time, notify_msg.id)))))"
+             AND {}))",
+        not_held_back_sql(backend, "notify_msg", "")
+    )
+}
+
+/// The rest of the turn of the row `row` (one with a key, of an ordered
+/// definition, with no older notice of its key in `notify_msg`): no other
+/// notice of its key holds a live lease (besides those `also_not`, an SQL
+/// condition on `l`, excludes), none cancelled while claimed holds one in
+/// history, and, for a definition with `stop_on_failure`, no older final
+/// failure or parked notice of its key is in history.
+fn not_held_back_sql(backend: DbBackend, row: &str, also_not: &str) -> String {
+    let now = clock::now_sql(backend);
+    // "Its lease has not ended": each probe goes by the key's index.
+    let live_l = not_indexed_after("l.next_call_time", now);
+    let live_c = not_indexed_after("c.next_call_time", now);
+    format!(
+        "NOT EXISTS (SELECT 1 FROM notify_msg l \
+             WHERE l.def_id = {row}.def_id AND l.ordering_key = {row}.ordering_key \
+             AND l.leased AND l.id <> {row}.id {also_not} AND {live_l}) \
+         AND NOT EXISTS (SELECT 1 FROM notify_msg_history c \
+             WHERE c.def_id = {row}.def_id AND c.ordering_key = {row}.ordering_key \
+             AND c.status = 5 AND c.leased AND {live_c}) \
+         AND ({row}.def_id IN (SELECT d.id FROM notify_def d WHERE NOT d.stop_on_failure) \
+             OR NOT EXISTS (SELECT 1 FROM notify_msg_history h \
+                 WHERE h.def_id = {row}.def_id AND h.ordering_key = {row}.ordering_key \
+                 AND h.status IN (3, 6) \
+                 AND (h.create_time, h.id) < ({row}.create_time, {row}.id)))"
     )
 }
 
@@ -199,21 +212,14 @@ pub(crate) fn next_of_moved_pg(claim: bool) -> String {
              WHERE p.id = ANY(ARRAY({NEXT_OF_MOVED_PG})) AND {MAY_WAIT})"
         );
     }
-    let live_l = not_indexed_after("l.next_call_time", NOW);
-    let live_c = not_indexed_after("c.next_call_time", NOW);
     let take = format!(
         "p.def_id NOT IN (SELECT d.id FROM notify_def d WHERE d.paused_until > {NOW}) \
-         AND (cardinality($3::int[]) = 0 OR p.load_balance_num = ANY($3::int[])) \
-         AND NOT EXISTS (SELECT 1 FROM notify_msg l \
-             WHERE l.def_id = p.def_id AND l.ordering_key = p.ordering_key \
-             AND l.leased AND l.id <> p.id AND l.id NOT IN (SELECT id FROM moved) AND {live_l}) \
-         AND NOT EXISTS (SELECT 1 FROM notify_msg_history c \
-             WHERE c.def_id = p.def_id AND c.ordering_key = p.ordering_key \
-             AND c.status = 5 AND c.leased AND {live_c}) \
-         AND (p.def_id IN (SELECT d.id FROM notify_def d WHERE NOT d.stop_on_failure) \
-             OR NOT EXISTS (SELECT 1 FROM notify_msg_history h \
-                 WHERE h.def_id = p.def_id AND h.ordering_key = p.ordering_key \
-                 AND h.status IN (3, 6) AND (h.create_time, h.id) < (p.create_time, p.id)))"
+         AND (cardinality($3::int[]) = 0 OR p.load_balance_num = ANY($3::int[])) AND {}",
+        not_held_back_sql(
+            DbBackend::Postgres,
+            "p",
+            "AND l.id NOT IN (SELECT id FROM moved)"
+        )
     );
     format!(
         "following AS MATERIALIZED (SELECT p.id, ({take}) AS take FROM notify_msg p \

@@ -92,6 +92,20 @@ fn assert_in_turn(key: &str, calls: &[(i64, bool)], upto: i64) {
     assert_eq!(next, upto, "key {key}: {calls:?}");
 }
 
+/// Notifiers (without after-commit attempts) whose handler of `ordered`
+/// records every call in `seen` and succeeds.
+fn succeeding<'a>(db: &'a TestDb, seen: &Shared) -> impl Fn() -> Notifier + 'a {
+    let handler = Arc::new(recording(seen.clone(), |_, _| Outcome::success()));
+    move || {
+        let handler = handler.clone();
+        db.notifier()
+            .config(quiet())
+            .handler("ordered", move |n: Notice| handler(n))
+            .build()
+            .unwrap()
+    }
+}
+
 fn ordered(key: &str, seq: i64) -> NewNotice {
     NewNotice::new("ordered", &json!({ "seq": seq })).ordering_key(key)
 }
@@ -458,15 +472,7 @@ db_test!(
         db.def("ordered", "ordered", |s| s.ordering = "per_key".into())
             .await;
         let seen: Shared = Arc::default();
-        let handler = Arc::new(recording(seen.clone(), |_, _| Outcome::success()));
-        let notifier = || {
-            let handler = handler.clone();
-            db.notifier()
-                .config(quiet())
-                .handler("ordered", move |n: Notice| handler(n))
-                .build()
-                .unwrap()
-        };
+        let notifier = succeeding(&db, &seen);
         let producer = notifier();
         let tx = producer.begin().await.unwrap();
         for seq in 0..PER_KEY {
@@ -715,15 +721,7 @@ db_test!(
             insert_plain(&db, &format!("k{key}"), 0..PER_KEY).await;
         }
         let seen: Shared = Arc::default();
-        let handler = Arc::new(recording(seen.clone(), |_, _| Outcome::success()));
-        let notifier = || {
-            let handler = handler.clone();
-            db.notifier()
-                .config(quiet())
-                .handler("ordered", move |n: Notice| handler(n))
-                .build()
-                .unwrap()
-        };
+        let notifier = succeeding(&db, &seen);
         let first = start(notifier(), fast(WorkerConfig::default()));
         eventually(20, "some notices sent", || async {
             (seen.lock().unwrap().calls.len() >= 40).then_some(())
