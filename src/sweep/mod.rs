@@ -9,7 +9,11 @@
 //! batch that moves them to history in one statement, and claims again as
 //! soon as the waiting rows run low, for as long as claims come back full.
 //! A claim runs beside the deliveries: rows keep starting while the next
-//! batch is claimed.
+//! batch is claimed. On PostgreSQL, while some definition is ordered, the
+//! batch of successes also claims the next notice of each key it records
+//! and hands it back here ([`attempt::batch`]); such a sweep stays until
+//! its last successes are written, and claims due rows again as those next
+//! notices come, at most every 100 ms.
 //!
 //! Shutdown: no more claims and no more starts; unstarted rows are released
 //! at once; running deliveries may finish for `shutdown_timeout`, then are
