@@ -25,6 +25,7 @@ mod m20261201_000011_rate_limit;
 mod m20261202_000012_ordering;
 mod m20261203_000013_steps;
 mod m20261204_000014_set_aside_at_insert;
+mod m20261205_000015_history_key_partial;
 
 pub use m20261124_000004_wake_trigger::WAKE_CHANNEL;
 
@@ -52,6 +53,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261202_000012_ordering::Migration),
             Box::new(m20261203_000013_steps::Migration),
             Box::new(m20261204_000014_set_aside_at_insert::Migration),
+            Box::new(m20261205_000015_history_key_partial::Migration),
         ]
     }
 
