@@ -246,6 +246,9 @@ async fn produce(url: &str, rate: u64, secs: f64, immediate: bool, pool: u32) ->
     let notifier = notifier(db, immediate, true, handled.clone())?;
     let total = (rate as f64 * secs).round() as u64;
     let start = tokio::time::Instant::now();
+    // Time from `t` to the end of the commit, per notice: the rest of a
+    // notice's latency is the hand-off to the handler.
+    let mut committed = Vec::with_capacity(total as usize);
     for i in 0..total {
         tokio::time::sleep_until(start + Duration::from_secs_f64(i as f64 / rate as f64)).await;
         let t = epoch_us();
@@ -253,8 +256,14 @@ async fn produce(url: &str, rate: u64, secs: f64, immediate: bool, pool: u32) ->
         tx.add_notice("bench", &json!({"t": t, "i": i}), "lat")
             .await?;
         tx.commit().await?;
+        committed.push(epoch_us().saturating_sub(t));
     }
     eprintln!("produced {total} in {:.2}s", start.elapsed().as_secs_f64());
+    committed.sort_unstable();
+    if !committed.is_empty() {
+        let at = |q: f64| committed[((committed.len() - 1) as f64 * q) as usize] as f64 / 1000.0;
+        eprintln!("commit ms p50={:.2} p99={:.2}", at(0.5), at(0.99));
+    }
     if immediate {
         let deadline = Instant::now() + Duration::from_secs(30);
         while handled.load(Ordering::Relaxed) < total && Instant::now() < deadline {
