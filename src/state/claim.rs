@@ -456,7 +456,16 @@ async fn claim_rows(store: &Store, due: Select<notify_msg::Entity>) -> Result<Ve
             for (c, value) in claim_sets(store).into_iter().chain([columns::bump()]) {
                 update = update.col_expr(c, value);
             }
-            let mut rows = update.exec_with_returning(&store.db).await?;
+            let mut rows = if backend == DbBackend::Postgres {
+                let mut update = sea_orm::QueryTrait::into_query(update);
+                update.returning(columns::returning_all());
+                let rows = store.db.query_all(&update).await?;
+                rows.iter()
+                    .map(columns::model_at_pg)
+                    .collect::<Result<Vec<_>, _>>()?
+            } else {
+                update.exec_with_returning(&store.db).await?
+            };
             rows.sort_by_key(|r| r.id);
             rows
         }
