@@ -8,8 +8,11 @@
 //! (`WHERE idempotency_key IS NOT NULL`), like the unique index on
 //! `notify_msg`. MariaDB has no partial indexes and keeps the full one.
 //!
-//! The rebuild reads the whole history table and blocks writes to it
-//! while it runs: on a large history, migrate when workers are stopped.
+//! The rebuild reads the whole history table. On PostgreSQL the new index
+//! is built under another name first, which blocks writes to history (the
+//! moves of finished notices) but not reads (keyed adds, the dashboard),
+//! and then takes the old one's place; the exclusive lock of that swap is
+//! brief. On a large history, migrate when workers are stopped.
 
 use sea_orm_migration::prelude::*;
 use sea_orm_migration::sea_orm::DbBackend;
@@ -25,16 +28,29 @@ impl MigrationName for Migration {
 const INDEX: &str = "idx_notify_msg_history_def_key";
 
 async fn rebuild(manager: &SchemaManager<'_>, predicate: &str) -> Result<(), DbErr> {
-    if manager.get_database_backend() == DbBackend::MySql {
-        return Ok(());
-    }
     let db = manager.get_connection();
-    db.execute_unprepared(&format!("DROP INDEX IF EXISTS {INDEX}"))
-        .await?;
-    db.execute_unprepared(&format!(
-        "CREATE INDEX {INDEX} ON notify_msg_history (def_id, idempotency_key){predicate}"
-    ))
-    .await?;
+    let create = |name: &str| {
+        format!("CREATE INDEX {name} ON notify_msg_history (def_id, idempotency_key){predicate}")
+    };
+    match manager.get_database_backend() {
+        DbBackend::MySql => {}
+        DbBackend::Postgres => {
+            // Built beside the old one (a SHARE lock: reads go on), then
+            // swapped in under the old name.
+            let building = format!("{INDEX}_new");
+            db.execute_unprepared(&create(&building)).await?;
+            db.execute_unprepared(&format!("DROP INDEX IF EXISTS {INDEX}"))
+                .await?;
+            db.execute_unprepared(&format!("ALTER INDEX {building} RENAME TO {INDEX}"))
+                .await?;
+        }
+        _ => {
+            // SQLite: one writer at a time anyway.
+            db.execute_unprepared(&format!("DROP INDEX IF EXISTS {INDEX}"))
+                .await?;
+            db.execute_unprepared(&create(INDEX)).await?;
+        }
+    }
     Ok(())
 }
 
