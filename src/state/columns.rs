@@ -251,7 +251,9 @@ pub(crate) async fn succeed_pairs_pg(
     pairs: &[(i64, i32)],
     next: Option<(&ClaimNext, std::time::Duration)>,
 ) -> Result<(Vec<i64>, Vec<notify_msg::Model>), DbErr> {
-    use sea_orm::{FromQueryResult, Statement};
+    use sea_orm::{Iterable as _, Statement};
+    // `next`'s position: after every column of the row.
+    let next_at = Column::iter().count();
     use std::sync::OnceLock;
     static SQL: [OnceLock<String>; 2] = [OnceLock::new(), OnceLock::new()];
     let claim = next.is_some();
@@ -266,14 +268,15 @@ pub(crate) async fn succeed_pairs_pg(
             })
             .collect();
         // The rows claimed in full, then the ids moved (the other columns
-        // NULL), told apart by `next`.
+        // NULL), told apart by `next`, last so that the columns before it
+        // are the ones [`model_at_pg`] reads.
         let select = if claim {
             let nulls: Vec<&str> = names
                 .iter()
                 .map(|n| if *n == "id" { "id" } else { "NULL" })
                 .collect();
             format!(
-                "SELECT true AS next, {all} FROM claimed UNION ALL SELECT false, {ids} FROM kept",
+                "SELECT {all}, true AS next FROM claimed UNION ALL SELECT {ids}, false FROM kept",
                 all = names.iter().map(|n| format!("\"{n}\"")).collect::<Vec<_>>().join(", "),
                 ids = nulls.join(", "),
             )
@@ -316,10 +319,10 @@ pub(crate) async fn succeed_pairs_pg(
         ))
         .await?
     {
-        if row.try_get::<bool>("", "next")? {
-            claimed.push(notify_msg::Model::from_query_result(&row, "")?);
+        if row.try_get_by_index::<bool>(next_at)? {
+            claimed.push(model_at_pg(&row)?);
         } else {
-            moved.push(row.try_get::<i64>("", "id")?);
+            moved.push(row.try_get_by_index::<i64>(0)?);
         }
     }
     Ok((moved, claimed))
