@@ -6,7 +6,13 @@
 //! variants run: enqueue only (no after-commit attempt), and enqueue with the
 //! after-commit attempt of a no-op handler running in the background. A third
 //! variant adds one hand-written INSERT into `notify_msg` instead: the floor
-//! any outbox pays for writing its row in the caller's transaction.
+//! any outbox pays for writing its row in the caller's transaction. A last
+//! one adds notices of an `ordering = "per_key"` definition over 10 keys,
+//! attempted after commit, with no sweeper: most wait behind an older
+//! notice of their key, the path where a commit's attempt does not take its
+//! notice. It also counts the database transactions per such add,
+//! background ones included, over 1,000 more added by 8 producers at once
+//! (about 25 s of waiting for PostgreSQL's statistics).
 //! It runs on a current-thread runtime so that scheduling noise stays out.
 //!
 //! Run: `cargo run --release --example bench_enqueue`
@@ -21,7 +27,7 @@ use std::{
 use sea_orm::{ConnectionTrait, Database, DatabaseConnection, TransactionTrait};
 use serde_json::json;
 use solid_notify::{
-    Config, Notifier, Outcome,
+    Config, NewNotice, Notifier, Outcome,
     def::{Channel, DefSpec, store},
 };
 
@@ -48,7 +54,13 @@ async fn main() -> Result<(), Box<dyn Error>> {
     )
     .await?;
     let spec = DefSpec::new("bench", Channel::Handler, json!({"handler": "noop"}));
-    store::sync(&db, &[spec]).await?;
+    let mut ordered = DefSpec::new(
+        "bench_ordered",
+        Channel::Handler,
+        json!({"handler": "noop"}),
+    );
+    ordered.ordering = "per_key".into();
+    store::sync(&db, &[spec, ordered]).await?;
 
     let build = |immediate: bool| {
         Notifier::builder(db.clone())
@@ -73,6 +85,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let mut silent = Duration::ZERO;
     let mut attempted = Duration::ZERO;
     let mut raw = Duration::ZERO;
+    let mut keyed = Duration::ZERO;
     for block in 0..TXNS / BLOCK {
         let t = Instant::now();
         for i in 0..BLOCK {
@@ -104,7 +117,38 @@ async fn main() -> Result<(), Box<dyn Error>> {
             extra_raw_insert(&db, block * BLOCK + i).await?;
         }
         raw += t.elapsed();
+        // Ordered notices over KEYS keys, attempted after commit.
+        let t = Instant::now();
+        for i in 0..BLOCK {
+            with_keyed_notice(&with_attempt, block * BLOCK + i).await?;
+        }
+        keyed += t.elapsed();
+        settle(&db).await?;
     }
+    // The database's transactions per ordered add, background ones (claims,
+    // key checks) included: counted over a quiet window on each side, as
+    // idle backends report their counts up to 10 s late.
+    // PRODUCERS at once, as a burst of commits to busy keys comes.
+    tokio::time::sleep(STATS_LAG).await;
+    let before = xacts(&db).await?;
+    let burst = Instant::now();
+    let producers = (0..PRODUCERS).map(|p| {
+        let notifier = with_attempt.clone();
+        async move {
+            for i in (p..COUNTED).step_by(PRODUCERS) {
+                with_keyed_notice(&notifier, TXNS + i).await?;
+            }
+            Ok::<_, Box<dyn Error>>(())
+        }
+    });
+    for done in futures::future::join_all(producers).await {
+        done?;
+    }
+    let polls = settle(&db).await?;
+    let burst = burst.elapsed();
+    tokio::time::sleep(STATS_LAG).await;
+    // Less this count's own first query and the polls of `settle`.
+    let keyed_xacts = xacts(&db).await? - before - 1 - polls;
 
     let per = |d: Duration| d.as_secs_f64() * 1e6 / TXNS as f64;
     println!("{TXNS} transactions each, interleaved in blocks of {BLOCK}, PostgreSQL on 127.0.0.1");
@@ -132,6 +176,16 @@ async fn main() -> Result<(), Box<dyn Error>> {
         "  + add_notice + after-commit     {:>8.1} µs/txn  ratio {:.3}  (no-op handler in background)",
         per(attempted),
         attempted.as_secs_f64() / alone.as_secs_f64()
+    );
+    println!(
+        "  + ordered add_notice, {KEYS} keys   {:>8.1} µs/txn  ratio {:.3}  (after-commit on, no sweeper)",
+        per(keyed),
+        keyed.as_secs_f64() / alone.as_secs_f64(),
+    );
+    println!(
+        "    the same, {PRODUCERS} producers at once: {:.0} adds/s, {:.2} database transactions per add, background ones included",
+        COUNTED as f64 / burst.as_secs_f64(),
+        keyed_xacts as f64 / COUNTED as f64
     );
     db.close().await?;
     admin
@@ -171,6 +225,66 @@ async fn with_notice(notifier: &Notifier, i: usize) -> Result<(), Box<dyn Error>
         .await?;
     tx.commit().await?;
     Ok(())
+}
+
+/// Keys of the ordered variant.
+const KEYS: usize = 10;
+/// Ordered adds whose database transactions are counted.
+const COUNTED: usize = 1_000;
+/// Producers adding them at once.
+const PRODUCERS: usize = 8;
+/// How late an idle backend may report its transactions (PostgreSQL 15's
+/// `PGSTAT_IDLE_INTERVAL`), and a margin.
+const STATS_LAG: Duration = Duration::from_millis(11_000);
+
+async fn with_keyed_notice(notifier: &Notifier, i: usize) -> Result<(), Box<dyn Error>> {
+    let tx = notifier.begin().await?;
+    insert_order(&tx, i).await?;
+    tx.add(
+        NewNotice::new("bench_ordered", &json!({"order": i}))
+            .ordering_key(format!("customer-{}", i % KEYS)),
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Committed transactions of this database so far (the statistics
+/// collector's view, flushed first).
+async fn xacts(db: &DatabaseConnection) -> Result<i64, Box<dyn Error>> {
+    let row = db
+        .query_one_raw(sea_orm::Statement::from_string(
+            db.get_database_backend(),
+            "SELECT pg_stat_force_next_flush(), xact_commit FROM pg_stat_database \
+             WHERE datname = current_database()",
+        ))
+        .await?
+        .ok_or("no pg_stat_database row")?;
+    Ok(row.try_get_by_index::<i64>(1)?)
+}
+
+/// Waits until no notice is being sent (the background attempts have
+/// ended); returns how many queries that took.
+async fn settle(db: &DatabaseConnection) -> Result<i64, Box<dyn Error>> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut polls = 0;
+    loop {
+        polls += 1;
+        let row = db
+            .query_one_raw(sea_orm::Statement::from_string(
+                db.get_database_backend(),
+                "SELECT count(*) FROM notify_msg WHERE leased",
+            ))
+            .await?
+            .ok_or("no count")?;
+        if row.try_get_by_index::<i64>(0)? == 0 {
+            return Ok(polls);
+        }
+        if Instant::now() > deadline {
+            return Err("ordered notices still being sent after 30 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 async fn insert_order(conn: &impl ConnectionTrait, i: usize) -> Result<(), sea_orm::DbErr> {

@@ -59,6 +59,9 @@ pub(crate) struct Inner {
     pub ids: crate::state::ids::IdBlocks,
     /// Circuit breakers as this process sees them.
     pub circuits: crate::circuit::Circuits,
+    /// Ordering keys to check again after commits whose attempt did not
+    /// take their notice (PostgreSQL).
+    pub rechecks: Arc<crate::attempt::recheck::Rechecks>,
     /// Rows released (due again at once) so far.
     released: AtomicU64,
     /// The earliest time a notice recorded through this notifier falls due
@@ -265,6 +268,7 @@ impl NotifierBuilder {
                 tasks: TaskTracker::new(),
                 stop: Stop::default(),
                 circuits: crate::circuit::Circuits::default(),
+                rechecks: Default::default(),
                 ids: Default::default(),
                 released: AtomicU64::new(0),
                 due_hint: tokio::sync::watch::channel(None).0,

@@ -314,28 +314,22 @@ pub(crate) fn not_attempted(notifier: &Notifier, pending: Vec<PendingNotice>) {
 /// commit, when no finish could see it yet. Once its after-commit attempt
 /// has not taken it (no handler or slot here, shutting down, paused,
 /// attempts off, or not its turn), its key is checked again
-/// ([`Store::finished`](crate::state::Store)), in the background: without
-/// this it would wait for its recheck (`order::TURN_RECHECK`). Never while
-/// its own claim runs: the check's row lock would make that claim skip it.
+/// ([`Store::finished`](crate::state::Store)), in the background, one check
+/// at a time for all such keys ([`recheck`](super::recheck)): without this
+/// it would wait for its recheck (`order::TURN_RECHECK`). Never while its
+/// own claim runs: the check's row lock would make that claim skip it.
 fn recheck_turns(notifier: &Notifier, pending: &[&PendingNotice]) {
     let inner = &notifier.inner;
     if inner.store.backend() != sea_orm::DbBackend::Postgres {
         return;
     }
-    let keys: Vec<(i64, Option<String>)> = pending
+    let keys = pending
         .iter()
-        .filter(|p| p.is_new() && p.row.ordering_key.is_some())
-        .map(|p| (p.def.id, p.row.ordering_key.clone()))
-        .collect();
-    if keys.is_empty() {
-        return;
-    }
-    let store = inner.store.clone();
-    // Tracked, so that shutdown waits for it (it only moves a waiting
-    // notice's next check earlier).
-    inner
-        .tasks
-        .spawn(async move { store.finished(keys.iter().map(|(d, k)| (*d, k))).await });
+        .filter(|p| p.is_new())
+        .filter_map(|p| Some((p.def.id, p.row.ordering_key.clone()?)));
+    // On the tracked tasks, so that shutdown waits for the check (it only
+    // moves a waiting notice's next check earlier).
+    inner.rechecks.queue(&inner.store, &inner.tasks, keys);
 }
 
 /// Makes reserved rows due at once (retrying while the database is away,

@@ -22,6 +22,7 @@ pub(crate) mod background;
 pub(crate) mod batch;
 pub(crate) mod deliver;
 pub(crate) mod park;
+pub(crate) mod recheck;
 pub(crate) mod record;
 
 use std::time::Instant;

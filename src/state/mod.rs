@@ -93,10 +93,15 @@ impl Store {
             .into_iter()
             .filter_map(|(def, key)| key.as_ref().map(|key| (def, key.clone())))
             .collect();
+        self.finished_keys(&keys).await;
+    }
+
+    /// [`finished`](Self::finished) for these `(def_id, ordering_key)`.
+    pub(crate) async fn finished_keys(&self, keys: &[(i64, String)]) {
         if keys.is_empty() {
             return;
         }
-        if let Err(e) = order::promote(&self.db, &keys).await {
+        if let Err(e) = order::promote(&self.db, keys).await {
             tracing::warn!(error = %e, "cannot promote the next notices of finished ordering keys; they are due within {:?}", order::TURN_RECHECK);
         }
         self.wake_workers();
