@@ -12,6 +12,12 @@
 //! Every key is checked after it was queued, so after the attempt that
 //! queued it ended, which is what the check needs (checked while that
 //! attempt's claim runs, its row lock would make the claim skip the row).
+//!
+//! What one check at a time costs: a check that waits for a row lock (a
+//! head notice a batch of successes is claiming, for a few milliseconds)
+//! holds up the keys queued behind it for as long; a chunk of keys whose
+//! check fails is logged and left to the recheck (`order::TURN_RECHECK`),
+//! as a commit's own check was before.
 
 use std::{
     collections::HashSet,
@@ -57,11 +63,11 @@ impl Rechecks {
         }
         queue.running = true;
         drop(queue);
-        let (rechecks, store) = (self.clone(), store.clone());
+        // Should the task end otherwise (a panic, its runtime shut down,
+        // or dropped before it ever ran), the next queue starts another.
+        let mut running = Running(Some(self.clone()));
+        let store = store.clone();
         tasks.spawn(async move {
-            // Should the task end otherwise (a panic, its runtime shut
-            // down), the next queue starts another.
-            let mut running = Running(Some(rechecks));
             while let Some(keys) = running.take_keys() {
                 store.finished_keys(&keys).await;
             }

@@ -74,8 +74,8 @@ use crate::Status;
 /// while it waits.
 pub const TURN_RECHECK: Duration = Duration::from_secs(60);
 
-/// Keys promoted per statement.
-const PROMOTE_CHUNK: usize = 500;
+/// Keys promoted per statement: 500.
+pub(crate) const PROMOTE_CHUNK: usize = 500;
 
 /// Rows a claim may set aside when they are not in turn: keyed, never
 /// attempted since queued, not leased.
