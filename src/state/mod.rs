@@ -96,11 +96,14 @@ impl Store {
         self.finished_keys(&keys).await;
     }
 
-    /// [`finished`](Self::finished) for these `(def_id, ordering_key)`, in
-    /// chunks of [`order::PROMOTE_CHUNK`] keys: the workers are woken after
-    /// each chunk, and a chunk that fails leaves only its own keys to
-    /// [`order::TURN_RECHECK`].
+    /// [`finished`](Self::finished) for these `(def_id, ordering_key)`, each
+    /// key once, in chunks of [`order::PROMOTE_CHUNK`] keys: the workers are
+    /// woken after each chunk, and a chunk that fails leaves only its own
+    /// keys to [`order::TURN_RECHECK`].
     pub(crate) async fn finished_keys(&self, keys: &[(i64, String)]) {
+        let mut keys = keys.to_vec();
+        keys.sort_unstable();
+        keys.dedup();
         for chunk in keys.chunks(order::PROMOTE_CHUNK) {
             if let Err(e) = order::promote(&self.db, chunk).await {
                 tracing::warn!(error = %e, keys = chunk.len(), "cannot promote the next notices of finished ordering keys; they are due within {:?}", order::TURN_RECHECK);
