@@ -19,7 +19,6 @@ use solid_notify::{
     def::{Channel as DefChannel, DefSpec, store},
     worker::Mode,
 };
-use tokio::sync::RwLock;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
@@ -27,8 +26,40 @@ use crate::{
     support::{Alerts, TestDb, eventually, test_config},
 };
 
-/// Tests share the broker; the restart test takes it alone.
-pub static BROKER: RwLock<()> = RwLock::const_new(());
+/// Tests share the broker; the restart test takes it alone. The rule
+/// holds across test processes (nextest runs each test in its own): it is a
+/// PostgreSQL advisory lock, held by the guard's own session and released
+/// when the guard drops its connection.
+pub struct BrokerLock(#[allow(dead_code)] sea_orm::sqlx::PgConnection);
+
+/// The advisory lock's key ("solid-notify broker").
+const BROKER_LOCK_KEY: i64 = 0x736e_6272_6f6b;
+
+/// The broker, shared with other tests.
+pub async fn broker_shared() -> BrokerLock {
+    broker_lock("pg_advisory_lock_shared").await
+}
+
+/// The broker alone: waits for every test using it, in any process.
+pub async fn broker_alone() -> BrokerLock {
+    broker_lock("pg_advisory_lock").await
+}
+
+async fn broker_lock(function: &str) -> BrokerLock {
+    use sea_orm::sqlx::{Connection, PgConnection};
+    let base = std::env::var("SN_TEST_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
+    let mut conn = PgConnection::connect(&format!("{base}/postgres"))
+        .await
+        .expect("PostgreSQL for the broker's lock");
+    sea_orm::sqlx::query(sea_orm::sqlx::AssertSqlSafe(format!(
+        "SELECT {function}({BROKER_LOCK_KEY})"
+    )))
+    .execute(&mut conn)
+    .await
+    .expect("the broker's lock");
+    BrokerLock(conn)
+}
 
 pub fn broker_url() -> String {
     std::env::var("SN_TEST_AMQP_URL")
@@ -233,7 +264,7 @@ async fn stop((stop, task): (CancellationToken, tokio::task::JoinHandle<()>)) {
 db_test!(
     publish_lands_and_broker_ack_finishes,
     |db: Arc<TestDb>| async move {
-        let _shared = BROKER.read().await;
+        let _shared = broker_shared().await;
         let rabbit = Rabbit::new(&db).await;
         rabbit.def(&db, "orders", "rk", |_| {}).await;
         let notifier = db.notifier().config(rabbit.config()).build().unwrap();
@@ -257,7 +288,7 @@ db_test!(
 db_test!(unroutable_mandatory_is_a_failed_attempt, |db: Arc<
     TestDb,
 >| async move {
-    let _shared = BROKER.read().await;
+    let _shared = broker_shared().await;
     let rabbit = Rabbit::new(&db).await;
     rabbit
         .def(&db, "lost", "no-such-binding", |s| {
@@ -286,7 +317,7 @@ db_test!(unroutable_mandatory_is_a_failed_attempt, |db: Arc<
 db_test!(
     consumer_confirms_and_rejects_through_the_queue,
     |db: Arc<TestDb>| async move {
-        let _shared = BROKER.read().await;
+        let _shared = broker_shared().await;
         let rabbit = Rabbit::new(&db).await;
         rabbit
             .def(&db, "confirmed", "rk", |s| {
@@ -345,7 +376,7 @@ db_test!(
 db_test!(unconfirmed_is_resent_then_fails_with_alert, |db: Arc<
     TestDb,
 >| async move {
-    let _shared = BROKER.read().await;
+    let _shared = broker_shared().await;
     let rabbit = Rabbit::new(&db).await;
     rabbit
         .def(&db, "silent", "rk", |s| {
@@ -385,7 +416,7 @@ db_test!(unconfirmed_is_resent_then_fails_with_alert, |db: Arc<
 db_test!(
     late_duplicate_and_unknown_confirmations_are_harmless,
     |db: Arc<TestDb>| async move {
-        let _shared = BROKER.read().await;
+        let _shared = broker_shared().await;
         let rabbit = Rabbit::new(&db).await;
         rabbit
             .def(&db, "acks", "rk", |s| {
@@ -486,7 +517,7 @@ fn rabbitmqctl(arg: &str) {
 }
 
 db_test!(broker_restart_loses_nothing, |db: Arc<TestDb>| async move {
-    let _alone = BROKER.write().await;
+    let _alone = broker_alone().await;
     let rabbit = Rabbit::new(&db).await;
     rabbit.def(&db, "durable", "rk", |_| {}).await;
     let notifier = db.notifier().config(rabbit.config()).build().unwrap();

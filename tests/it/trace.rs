@@ -19,7 +19,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::{Layer, filter::Targets, layer::SubscriberExt};
 
 use crate::{
-    amqp::{BROKER, Rabbit},
+    amqp::{Rabbit, broker_shared},
     db_test,
     receiver::{Receiver, Reply},
     support::{TestDb, eventually, test_config},
@@ -185,7 +185,7 @@ db_test!(
 db_test!(amqp_messages_carry_the_producers_traceparent, |db: Arc<
     TestDb,
 >| async move {
-    let _shared = BROKER.read().await;
+    let _shared = broker_shared().await;
     let rabbit = Rabbit::new(&db).await;
     rabbit.def(&db, "orders", "rk", |_| {}).await;
     let notifier = db.notifier().config(rabbit.config()).build().unwrap();

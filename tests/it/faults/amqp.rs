@@ -16,13 +16,13 @@ use solid_notify::{
 
 use super::{fast, start};
 use crate::{
-    amqp::{BROKER, Rabbit},
+    amqp::{Rabbit, broker_shared},
     db_test,
     support::{Recorder, TestDb, eventually},
 };
 
 db_test!(a_bad_publish_fails_alone, |db: Arc<TestDb>| async move {
-    let _shared = BROKER.read().await;
+    let _shared = broker_shared().await;
     let rabbit = Rabbit::new(&db).await;
     rabbit
         .def(&db, "good", "rk", |s| s.retry_interval = "1h".into())
@@ -81,7 +81,7 @@ db_test!(a_bad_publish_fails_alone, |db: Arc<TestDb>| async move {
 db_test!(late_confirmations_are_answered_at_once, |db: Arc<
     TestDb,
 >| async move {
-    let _shared = BROKER.read().await;
+    let _shared = broker_shared().await;
     let rabbit = Rabbit::new(&db).await;
     db.def("confirmed", "h", |s| {
         s.need_confirm = true;
