@@ -69,7 +69,7 @@ impl Rechecks {
         let store = store.clone();
         tasks.spawn(async move {
             while let Some(keys) = running.take_keys() {
-                store.finished_keys(&keys).await;
+                store.finished_keys(keys).await;
             }
         });
     }

@@ -93,15 +93,14 @@ impl Store {
             .into_iter()
             .filter_map(|(def, key)| key.as_ref().map(|key| (def, key.clone())))
             .collect();
-        self.finished_keys(&keys).await;
+        self.finished_keys(keys).await;
     }
 
     /// [`finished`](Self::finished) for these `(def_id, ordering_key)`, each
     /// key once, in chunks of [`order::PROMOTE_CHUNK`] keys: the workers are
     /// woken after each chunk, and a chunk that fails leaves only its own
     /// keys to [`order::TURN_RECHECK`].
-    pub(crate) async fn finished_keys(&self, keys: &[(i64, String)]) {
-        let mut keys = keys.to_vec();
+    pub(crate) async fn finished_keys(&self, mut keys: Vec<(i64, String)>) {
         keys.sort_unstable();
         keys.dedup();
         for chunk in keys.chunks(order::PROMOTE_CHUNK) {
