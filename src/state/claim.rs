@@ -116,16 +116,42 @@ fn selected(filter: &DueFilter) -> Condition {
 
 /// Due rows matching `wanted`, oldest first.
 fn due_rows(store: &Store, wanted: Condition, limit: u64) -> Select<notify_msg::Entity> {
+    due_first(store.backend(), due(store.backend()).add(wanted)).limit(limit)
+}
+
+/// `due_at` on PostgreSQL (migration 16): the time a row fell or falls due,
+/// equal to `next_call_time` unless the row is leased, and never later. The
+/// due indexes are on it, so a claim (which moves only `next_call_time`)
+/// rewrites no index entry. The other backends index `next_call_time`.
+fn due_at(backend: DbBackend) -> Expr {
+    match backend {
+        DbBackend::Postgres => Expr::col(Alias::new("due_at")),
+        _ => Expr::col(Column::NextCallTime),
+    }
+}
+
+/// Rows due now by the database's clock: on PostgreSQL, by the due index
+/// (`due_at`), then by `next_call_time`, which a live claim holds ahead.
+fn due(backend: DbBackend) -> Condition {
+    let now = clock::now(backend);
+    let mut due = Condition::all().add(Expr::col(Column::NextCallTime).lte(now.clone()));
+    if backend == DbBackend::Postgres {
+        due = due.add(due_at(backend).lte(now));
+    }
+    due
+}
+
+/// Rows matching `cond`, oldest due first, by the due index.
+fn due_first(backend: DbBackend, cond: Condition) -> Select<notify_msg::Entity> {
     notify_msg::Entity::find()
-        .filter(Expr::col(Column::NextCallTime).lte(clock::now(store.backend())))
-        .filter(wanted)
-        .order_by_asc(Column::NextCallTime)
-        .limit(limit)
+        .filter(cond)
+        .order_by(due_at(backend), sea_orm::Order::Asc)
 }
 
 /// How long until the earliest row in flight matching `filter` is due, by
 /// the database's clock (zero when one is due already; `None` when none is
-/// in flight). Leased rows count with their lease's end.
+/// in flight). Leased rows count with their lease's end, except on
+/// PostgreSQL ([`next_due_pg`]).
 pub(crate) async fn next_due(
     store: &Store,
     filter: &DueFilter,
@@ -133,10 +159,11 @@ pub(crate) async fn next_due(
     if filter.is_empty() {
         return Ok(None);
     }
-    let until = Expr::cust(match store.backend() {
-        DbBackend::Postgres => {
-            "CAST(EXTRACT(EPOCH FROM (MIN(next_call_time) - (statement_timestamp() AT TIME ZONE 'UTC'))) AS DOUBLE PRECISION)"
-        }
+    let backend = store.backend();
+    if backend == DbBackend::Postgres {
+        return next_due_pg(store, filter).await;
+    }
+    let until = Expr::cust(match backend {
         DbBackend::MySql => {
             "CAST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), MIN(next_call_time)) AS DOUBLE) / 1000000"
         }
@@ -152,6 +179,34 @@ pub(crate) async fn next_due(
     Ok(secs
         .flatten()
         .map(|s| std::time::Duration::from_secs_f64(s.clamp(0.0, 365.0 * 86_400.0))))
+}
+
+/// [`next_due`] on PostgreSQL, by the due index: the first row in `due_at`
+/// order that no live claim holds. Every row's `due_at` is at most its
+/// `next_call_time`, and equal to it unless leased, so that row's
+/// `next_call_time` is the earliest time any row not held becomes due. A
+/// live claim's end is not looked for (no index has it): the claimant's
+/// outcome wakes its own process, and a claimant that died is found by
+/// the next poll after its lease ends.
+async fn next_due_pg(
+    store: &Store,
+    filter: &DueFilter,
+) -> Result<Option<std::time::Duration>, DbErr> {
+    let backend = store.backend();
+    let now = clock::now(backend);
+    let not_held = Condition::any()
+        .add(Expr::col(Column::Leased).eq(false))
+        .add(Expr::col(Column::NextCallTime).lte(now));
+    let until = Expr::cust(
+        "CAST(EXTRACT(EPOCH FROM (next_call_time - (statement_timestamp() AT TIME ZONE 'UTC'))) AS DOUBLE PRECISION)",
+    );
+    let secs: Option<f64> = due_first(backend, wanted(filter, backend).add(not_held))
+        .select_only()
+        .expr(until)
+        .into_tuple()
+        .one(&store.db)
+        .await?;
+    Ok(secs.map(|s| std::time::Duration::from_secs_f64(s.clamp(0.0, 365.0 * 86_400.0))))
 }
 
 /// What a claim of due rows did.
@@ -481,13 +536,9 @@ async fn claim_rows(store: &Store, due: Select<notify_msg::Entity>) -> Result<Ve
 /// definition is paused: the circuit breaker's probe
 /// ([`crate::circuit`]). `None`: nothing of it is due.
 pub(crate) async fn claim_probe(store: &Store, def_id: i64) -> Result<Option<Lease>, DbErr> {
-    let oldest = notify_msg::Entity::find()
-        .filter(Expr::col(Column::NextCallTime).lte(clock::now(store.backend())))
-        .filter(wanted_paused_too(
-            &DueFilter::defs(vec![def_id]),
-            store.backend(),
-        ))
-        .order_by_asc(Column::NextCallTime)
+    let backend = store.backend();
+    let wanted = wanted_paused_too(&DueFilter::defs(vec![def_id]), backend);
+    let oldest = due_first(backend, due(backend).add(wanted))
         .one(&store.db)
         .await?;
     match oldest {

@@ -135,10 +135,16 @@ fn not_held_back_sql(backend: DbBackend, row: &str, also_not: &str) -> String {
     // "Its lease has not ended": each probe goes by the key's index.
     let live_l = not_indexed_after("l.next_call_time", now);
     let live_c = not_indexed_after("c.next_call_time", now);
+    // A leased notice of the key: on PostgreSQL by `held_key` (migration
+    // 16), whose index a claim of a notice without a key leaves alone.
+    let held = match backend {
+        DbBackend::Postgres => format!("l.held_key = {row}.ordering_key"),
+        _ => format!("l.ordering_key = {row}.ordering_key AND l.leased"),
+    };
     format!(
         "NOT EXISTS (SELECT 1 FROM notify_msg l \
-             WHERE l.def_id = {row}.def_id AND l.ordering_key = {row}.ordering_key \
-             AND l.leased AND l.id <> {row}.id {also_not} AND {live_l}) \
+             WHERE l.def_id = {row}.def_id AND {held} \
+             AND l.id <> {row}.id {also_not} AND {live_l}) \
          AND NOT EXISTS (SELECT 1 FROM notify_msg_history c \
              WHERE c.def_id = {row}.def_id AND c.ordering_key = {row}.ordering_key \
              AND c.status = 5 AND c.leased AND {live_c}) \

@@ -12,6 +12,7 @@ mod amqp;
 mod browser;
 mod dashboard;
 mod defs;
+mod due_index;
 mod faults;
 mod history;
 mod http;
