@@ -73,6 +73,25 @@ fn claim_sets(store: &Store) -> Vec<Set> {
     ]
 }
 
+/// PostgreSQL: the `due_at` a claim sets. A notice without a key keeps
+/// its own, so the claim rewrites no index entry (migration 16); a notice
+/// with a key (whose claim writes `held_key`, and so every index, anyway)
+/// moves it to the lease's end with `next_call_time`, out of the due scan's
+/// way while it is held: ordered keys hold one notice each nearly all the
+/// time, and the scan would read past every one of them.
+fn claim_due_at(store: &Store) -> (Alias, Expr) {
+    let lease_end = clock::after(store.backend(), store.lease);
+    (
+        Alias::new("due_at"),
+        Expr::case(
+            Expr::col(Column::OrderingKey).is_null(),
+            Expr::col(Alias::new("due_at")),
+        )
+        .finally(lease_end)
+        .into(),
+    )
+}
+
 /// Rows in flight matching `filter` (due or not) and in their key's turn
 /// ([`order`](super::order)), of definitions not paused right now by the
 /// database's clock ([`pause`](super::pause)).
@@ -326,6 +345,7 @@ async fn claim_due_pg(
     set_aside
         .table(notify_msg::Entity)
         .value(Column::NextCallTime, super::order::aside_until(backend))
+        .value(Alias::new("due_at"), super::order::aside_until(backend))
         .and_where(ids_of(false))
         .returning(Query::returning().columns([Column::Id, Column::DefId, Column::OrderingKey]));
     let mut claim = Query::update();
@@ -333,6 +353,8 @@ async fn claim_due_pg(
     for (c, value) in claim_sets(store).into_iter().chain([columns::bump()]) {
         claim.value(c, value);
     }
+    let (due_at, value) = claim_due_at(store);
+    claim.value(due_at, value);
     claim
         .and_where(ids_of(true))
         .returning(Query::returning().columns(Column::iter()));
@@ -510,6 +532,10 @@ async fn claim_rows(store: &Store, due: Select<notify_msg::Entity>) -> Result<Ve
             let mut update = notify_msg::Entity::update_many().filter(claimed);
             for (c, value) in claim_sets(store).into_iter().chain([columns::bump()]) {
                 update = update.col_expr(c, value);
+            }
+            if backend == DbBackend::Postgres {
+                let (due_at, value) = claim_due_at(store);
+                update = update.col_expr(due_at, value);
             }
             let mut rows = if backend == DbBackend::Postgres {
                 let mut update = sea_orm::QueryTrait::into_query(update);

@@ -214,7 +214,7 @@ pub(crate) fn next_of_moved_pg(claim: bool) -> String {
     const NOW: &str = "(statement_timestamp() AT TIME ZONE 'UTC')";
     if !claim {
         return format!(
-            "promoted AS (UPDATE notify_msg p SET next_call_time = {NOW} \
+            "promoted AS (UPDATE notify_msg p SET next_call_time = {NOW}, due_at = {NOW} \
              WHERE p.id = ANY(ARRAY({NEXT_OF_MOVED_PG})) AND {MAY_WAIT})"
         );
     }
@@ -232,9 +232,10 @@ pub(crate) fn next_of_moved_pg(claim: bool) -> String {
              WHERE p.id = ANY(ARRAY({NEXT_OF_MOVED_PG})) AND {MAY_WAIT}), \
          claimed AS (UPDATE notify_msg p SET leased = true, last_call_time = {NOW}, \
              next_call_time = {NOW} + make_interval(secs => $4::double precision), \
+             due_at = {NOW} + make_interval(secs => $4::double precision), \
              version = p.version + 1 \
              WHERE p.id = ANY(ARRAY(SELECT id FROM following WHERE take)) AND {MAY_WAIT} RETURNING p.*), \
-         promoted AS (UPDATE notify_msg p SET next_call_time = {NOW} \
+         promoted AS (UPDATE notify_msg p SET next_call_time = {NOW}, due_at = {NOW} \
              WHERE p.id = ANY(ARRAY(SELECT id FROM following WHERE NOT take)) AND {MAY_WAIT})"
     )
 }
@@ -298,7 +299,8 @@ pub(crate) async fn promote(db: &DatabaseConnection, keys: &[(i64, String)]) -> 
             if ids.is_empty() {
                 continue;
             }
-            let update = sea_orm::sea_query::Query::update()
+            let mut update = sea_orm::sea_query::Query::update();
+            update
                 .table(sea_orm::sea_query::Alias::new("notify_msg"))
                 .value(Column::NextCallTime, at.clone())
                 .cond_where(
@@ -307,10 +309,13 @@ pub(crate) async fn promote(db: &DatabaseConnection, keys: &[(i64, String)]) -> 
                         .add(may_wait())
                         .add(Expr::cust_with_exprs(
                             not_indexed_after("next_call_time", &placeholder(backend, 1)),
-                            [at],
+                            [at.clone()],
                         )),
-                )
-                .to_owned();
+                );
+            if backend == DbBackend::Postgres {
+                // `due_at` with it: the trigger that would copy it is not run.
+                update.value(sea_orm::sea_query::Alias::new("due_at"), at);
+            }
             let n = db.execute(&update).await?.rows_affected();
             if due {
                 promoted += n;
