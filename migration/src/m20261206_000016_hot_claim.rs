@@ -8,11 +8,14 @@
 //!
 //! - `due_at` carries the due indexes: the time a notice fell or falls due.
 //!   `BEFORE` row triggers keep it equal to `next_call_time` for a row
-//!   not leased, and never later than it for a leased row (a row written
-//!   with triggers off keeps its default, `-infinity`: never later), so a claim of a
+//!   not leased, and never later than it for a leased row, so a claim of a
 //!   due row leaves it as it was. The due scan reads `due_at <= now AND
 //!   next_call_time <= now` in `due_at` order: a live claim is one row read
-//!   and skipped, an ended one is due again, as before.
+//!   and skipped, an ended one is due again, as before. A row inserted with
+//!   triggers off (`session_replication_role = replica`) keeps the default,
+//!   `-infinity`, and is never missed; an `UPDATE` by hand with triggers
+//!   off that brings `next_call_time` forward must set `due_at` with it,
+//!   or the row waits until its old `due_at`.
 //! - `held_key` (stored, generated: the `ordering_key` of a leased row)
 //!   carries the index of keys held, so a claim of a notice with no key
 //!   leaves it unchanged.
@@ -35,10 +38,18 @@ impl MigrationName for Migration {
     }
 }
 
+// Ordered for a populated table (all in the migration's transaction): the
+// fill factor first, so the rewrite that adds `held_key` packs the rows at
+// half a page (and drops the versions the backfill left); the old due
+// indexes dropped before it, so it does not rebuild them; the new indexes
+// built once, after it.
 const UP: [&str; 13] = [
+    "ALTER TABLE notify_msg SET (fillfactor = 50)",
+    "DROP INDEX IF EXISTS idx_notify_msg_due, idx_notify_msg_partition_due, \
+     idx_notify_msg_def_due, idx_notify_msg_def_order_held",
     // A row written with triggers off (`session_replication_role =
     // replica`, a logical replica) keeps the default: due by the index at
-    // once, so it is never missed, only read by each claim until taken.
+    // once, so the claim's scan never misses it (it reads it until taken).
     "ALTER TABLE notify_msg ADD COLUMN IF NOT EXISTS due_at timestamp NOT NULL DEFAULT '-infinity'",
     "UPDATE notify_msg SET due_at = next_call_time",
     "ALTER TABLE notify_msg ADD COLUMN IF NOT EXISTS held_key text \
@@ -49,7 +60,8 @@ const UP: [&str; 13] = [
        RETURN NEW;
      END $$",
     // Named to run after `solid_notify_set_aside` (BEFORE triggers run by
-    // name), which may move `next_call_time` of a new row.
+    // name), which may move `next_call_time` of a new row. The library's
+    // own inserts write `due_at` as `next_call_time`: no call.
     "CREATE TRIGGER solid_notify_sync_due_insert BEFORE INSERT ON notify_msg
      FOR EACH ROW WHEN (NEW.due_at <> NEW.next_call_time)
      EXECUTE FUNCTION solid_notify_sync_due()",
@@ -62,9 +74,6 @@ const UP: [&str; 13] = [
     "CREATE INDEX IF NOT EXISTS idx_notify_msg_def_due_at ON notify_msg (def_id, due_at)",
     "CREATE INDEX IF NOT EXISTS idx_notify_msg_def_held_key ON notify_msg (def_id, held_key) \
      WHERE held_key IS NOT NULL",
-    "DROP INDEX IF EXISTS idx_notify_msg_due, idx_notify_msg_partition_due, \
-     idx_notify_msg_def_due, idx_notify_msg_def_order_held",
-    "ALTER TABLE notify_msg SET (fillfactor = 50)",
     "COMMENT ON FUNCTION solid_notify_sync_due() IS 'solid-notify: due_at follows next_call_time, except ahead of a lease'",
 ];
 

@@ -201,25 +201,26 @@ pub(crate) async fn next_due(
 }
 
 /// [`next_due`] on PostgreSQL, by the due index: the first row in `due_at`
-/// order that no live claim holds. Every row's `due_at` is at most its
-/// `next_call_time`, and equal to it unless leased, so that row's
-/// `next_call_time` is the earliest time any row not held becomes due. A
-/// live claim's end is not looked for (no index has it): the claimant's
-/// outcome wakes its own process, and a claimant that died is found by
-/// the next poll after its lease ends.
+/// order that is due now or whose `due_at` is its `next_call_time`. Every
+/// row's `due_at` is at most its `next_call_time` (migration 16), so that
+/// row's `next_call_time` is the earliest of all such rows'. Left out: a
+/// live claim of a notice without a key (no index has its end: an outcome
+/// of this process wakes its workers, and a claim that died or was
+/// forgotten is found by the next poll after its lease ends), and a row
+/// inserted with triggers off and due later (found by the poll).
 async fn next_due_pg(
     store: &Store,
     filter: &DueFilter,
 ) -> Result<Option<std::time::Duration>, DbErr> {
     let backend = store.backend();
     let now = clock::now(backend);
-    let not_held = Condition::any()
-        .add(Expr::col(Column::Leased).eq(false))
+    let known = Condition::any()
+        .add(Expr::col(Alias::new("due_at")).equals(Column::NextCallTime))
         .add(Expr::col(Column::NextCallTime).lte(now));
     let until = Expr::cust(
         "CAST(EXTRACT(EPOCH FROM (next_call_time - (statement_timestamp() AT TIME ZONE 'UTC'))) AS DOUBLE PRECISION)",
     );
-    let secs: Option<f64> = due_first(backend, wanted(filter, backend).add(not_held))
+    let secs: Option<f64> = due_first(backend, wanted(filter, backend).add(known))
         .select_only()
         .expr(until)
         .into_tuple()

@@ -18,7 +18,7 @@
 
 use sea_orm::{
     ConnectionTrait, DbBackend, DbErr, IdenStatic, TransactionSession, TransactionTrait,
-    sea_query::{Expr, InsertStatement, Query},
+    sea_query::{Alias, DynIden, Expr, InsertStatement, IntoIden, Query},
 };
 
 use super::{
@@ -158,11 +158,33 @@ const NEW_ROW: [(Column, Init); 15] = [
 
 pub(super) fn statement(backend: DbBackend, row: &NewRow) -> InsertStatement {
     let mut insert = Query::insert();
+    insert.into_table(notify_msg::Entity);
+    if backend == DbBackend::Postgres {
+        insert
+            .columns(
+                NEW_ROW
+                    .map(|(c, _)| c.into_iden())
+                    .into_iter()
+                    .chain([due_at()]),
+            )
+            .values_panic(
+                values(backend, row)
+                    .into_iter()
+                    .chain([row.due.expr(backend)]),
+            );
+    } else {
+        insert
+            .columns(NEW_ROW.map(|(c, _)| c))
+            .values_panic(values(backend, row));
+    }
     insert
-        .into_table(notify_msg::Entity)
-        .columns(NEW_ROW.map(|(c, _)| c))
-        .values_panic(values(backend, row));
-    insert
+}
+
+/// PostgreSQL's `due_at` (migration 16), written at insert with the very
+/// expression of `next_call_time` ([`Init::Due`]), so the trigger that
+/// would copy it is not called.
+fn due_at() -> DynIden {
+    Alias::new("due_at").into_iden()
 }
 
 /// The values of `row`, in the order of [`NEW_ROW`].
@@ -221,9 +243,11 @@ pub(crate) fn pg_insert_literal(rows: &[(i64, NewRow)]) -> Option<String> {
     }
     let quoted = |s: &str| Expr::cust(dollar_quote(s));
     let mut insert = Query::insert();
-    insert
-        .into_table(notify_msg::Entity)
-        .columns(std::iter::once(Column::Id).chain(NEW_ROW.map(|(c, _)| c)));
+    insert.into_table(notify_msg::Entity).columns(
+        std::iter::once(Column::Id.into_iden())
+            .chain(NEW_ROW.map(|(c, _)| c.into_iden()))
+            .chain([due_at()]),
+    );
     for (id, row) in rows {
         let mut values = values(DbBackend::Postgres, row);
         for ((_, init), value) in NEW_ROW.iter().zip(values.iter_mut()) {
@@ -240,7 +264,8 @@ pub(crate) fn pg_insert_literal(rows: &[(i64, NewRow)]) -> Option<String> {
                 *value = quoted(text);
             }
         }
-        insert.values_panic(std::iter::once(Expr::val(*id)).chain(values));
+        let due = row.due.expr(DbBackend::Postgres);
+        insert.values_panic(std::iter::once(Expr::val(*id)).chain(values).chain([due]));
     }
     Some(insert.to_string(sea_orm::sea_query::PostgresQueryBuilder))
 }
@@ -372,8 +397,10 @@ pub(crate) async fn pg_insert_rows(
             Init::Empty => "''".into(),
             Init::Zero => "0".into(),
         });
+        // `due_at` (migration 16) as `next_call_time`: no trigger call.
+        let due = format!("{now} + make_interval(secs => r.due)");
         format!(
-            "INSERT INTO notify_msg (id, {}) SELECT r.id, {} \
+            "INSERT INTO notify_msg (id, {}, due_at) SELECT r.id, {}, {due} \
              FROM UNNEST($1::bigint[], $2::bigint[], $3::text[], $4::text[], $5::int[], \
              $6::text[], $7::text[], $8::float8[], $9::bool[], $10::text[], $11::text[]) \
              AS r(id, def_id, param, description, lb, key, over, due, reserved, trace, ordering)",

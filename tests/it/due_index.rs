@@ -2,7 +2,7 @@
 //! except ahead of a lease, so a claim rewrites no index entry (a HOT
 //! update), and the due scan still finds every row whose lease ended.
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use sea_orm::ConnectionTrait;
 
@@ -66,13 +66,6 @@ pg_test!(
         )
         .await;
         assert_eq!(due_at_of(&db, id).await, (1, 1), "lease ending early");
-        let due = db
-            .scalar(&format!(
-                "SELECT COUNT(*) FROM notify_msg WHERE id = {id} \
-                 AND due_at <= (now() AT TIME ZONE 'UTC')"
-            ))
-            .await;
-        assert_eq!(due, 1, "an ended lease is due by the index");
         // An outcome that reschedules (leased cleared) moves due_at too.
         exec(
             &db,
@@ -130,3 +123,74 @@ pg_test!(claims_are_heap_only_updates, |db: Arc<TestDb>| async move {
         "{hot} of {updated} updates heap-only: a claim wrote index entries"
     );
 });
+
+pg_test!(
+    a_held_notice_is_not_claimed_again_and_a_held_key_leaves_the_scan,
+    |db: Arc<TestDb>| async move {
+        use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+
+        use serde_json::json;
+        use solid_notify::{Config, NewNotice, Notice, Outcome};
+
+        db.def("ship", "ship", |_| {}).await;
+        db.def("ordered", "ship", |s| s.ordering = "per_key".into())
+            .await;
+        let gate = Arc::new(tokio::sync::Notify::new());
+        let calls = Arc::new(AtomicUsize::new(0));
+        let notifier = {
+            let (gate, calls) = (gate.clone(), calls.clone());
+            db.notifier()
+                .config(Config {
+                    immediate_attempt: false,
+                    ..crate::support::test_config()
+                })
+                .handler("ship", move |_: Notice| {
+                    let (gate, calls) = (gate.clone(), calls.clone());
+                    async move {
+                        calls.fetch_add(1, SeqCst);
+                        gate.notified().await;
+                        Ok(Outcome::success())
+                    }
+                })
+                .build()
+                .unwrap()
+        };
+        let tx = notifier.begin().await.unwrap();
+        let plain = tx.add_notice("ship", &json!({}), "").await.unwrap();
+        let keyed = tx
+            .add(NewNotice::new("ordered", &json!({})).ordering_key("k"))
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        let running = crate::faults::start(
+            notifier.clone(),
+            solid_notify::WorkerConfig {
+                mode: solid_notify::worker::Mode::FixedDelay,
+                delay: Duration::from_millis(20),
+                ..solid_notify::WorkerConfig::default()
+            },
+        );
+        eventually(5, "both attempts running", || async {
+            (calls.load(SeqCst) == 2).then_some(())
+        })
+        .await;
+        // The plain claim left due_at where it was (its update rewrote no
+        // index entry); the keyed one moved it to the lease's end.
+        assert_eq!(due_at_of(&db, plain).await, (0, 1), "plain notice held");
+        assert_eq!(due_at_of(&db, keyed).await, (1, 1), "keyed notice held");
+        // The plain one is in the due index's range, but neither is due.
+        let again = tokio::time::timeout(Duration::from_secs(5), notifier.sweep_once(100))
+            .await
+            .expect("a second sweep claims nothing, so it does not wait on the gate")
+            .unwrap();
+        assert!(again.is_empty(), "claimed again: {again:?}");
+        assert_eq!(calls.load(SeqCst), 2);
+        gate.notify_waiters();
+        eventually(5, "both delivered", || async {
+            (db.history().await.len() == 2).then_some(())
+        })
+        .await;
+        running.stop().await;
+        assert_eq!(calls.load(SeqCst), 2);
+    }
+);
