@@ -214,8 +214,9 @@ async fn explain(db: &DatabaseConnection, ordered: bool) -> BoxResult<()> {
         String::new()
     };
     let due = format!(
-        "SELECT id FROM notify_msg WHERE next_call_time <= (statement_timestamp() AT TIME ZONE 'UTC') \
-         AND status IN (0, 2, 4) AND def_id IN (1, 2) {in_turn} ORDER BY next_call_time LIMIT 1000 FOR UPDATE SKIP LOCKED"
+        "SELECT id FROM notify_msg WHERE due_at <= (statement_timestamp() AT TIME ZONE 'UTC') \
+         AND next_call_time <= (statement_timestamp() AT TIME ZONE 'UTC') \
+         AND status IN (0, 2, 4) AND def_id IN (1, 2) {in_turn} ORDER BY due_at LIMIT 1000 FOR UPDATE SKIP LOCKED"
     );
     let plans = [
         format!("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) {due}"),
@@ -301,11 +302,19 @@ const STUCK: i64 = 10_000;
 
 /// The plain-SQL floor: claim 500 with SKIP LOCKED and move them to history.
 async fn baseline(db: &DatabaseConnection) -> BoxResult<()> {
-    let sql = "WITH c AS (SELECT id FROM notify_msg WHERE next_call_time <= (now() at time zone 'utc') \
-               AND status IN (0, 2, 4) ORDER BY next_call_time LIMIT 500 FOR UPDATE SKIP LOCKED), \
-               moved AS (DELETE FROM notify_msg m USING c WHERE m.id = c.id RETURNING m.*) \
-               INSERT INTO notify_msg_history SELECT * FROM moved";
-    while db.execute_unprepared(sql).await?.rows_affected() > 0 {}
+    use sea_orm::{IdenStatic, Iterable};
+    // The history's columns (`notify_msg` has `due_at` and `held_key` too).
+    let columns: Vec<&str> = solid_notify::entity::notify_msg::Column::iter()
+        .map(|c| c.as_str())
+        .collect();
+    let columns = columns.join(", ");
+    let sql = format!(
+        "WITH c AS (SELECT id FROM notify_msg WHERE due_at <= (now() at time zone 'utc') \
+         AND status IN (0, 2, 4) ORDER BY due_at LIMIT 500 FOR UPDATE SKIP LOCKED), \
+         moved AS (DELETE FROM notify_msg m USING c WHERE m.id = c.id RETURNING m.*) \
+         INSERT INTO notify_msg_history ({columns}) SELECT {columns} FROM moved"
+    );
+    while db.execute_unprepared(&sql).await?.rows_affected() > 0 {}
     Ok(())
 }
 
