@@ -204,10 +204,12 @@ pub(crate) async fn next_due(
 /// order that is due now or whose `due_at` is its `next_call_time`. Every
 /// row's `due_at` is at most its `next_call_time` (migration 16), so that
 /// row's `next_call_time` is the earliest of all such rows'. Left out: a
-/// live claim of a notice without a key (no index has its end: an outcome
-/// of this process wakes its workers, and a claim that died or was
-/// forgotten is found by the next poll after its lease ends), and a row
-/// inserted with triggers off and due later (found by the poll).
+/// live claim whose `due_at` stayed behind (every claim of a notice
+/// without a key; a keyed one taken by [`claim_one`] or whose lease was
+/// renewed): no index has its end; an outcome of this process wakes its
+/// workers, and a claim that died or was forgotten is found by the next
+/// poll after its lease ends. Also left out: a row inserted with triggers
+/// off and due later (found by the poll).
 async fn next_due_pg(
     store: &Store,
     filter: &DueFilter,

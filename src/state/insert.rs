@@ -518,9 +518,12 @@ mod tests {
         assert!(sql.contains(r"$sn1$k'\$sn$$sn1$"), "{sql}");
         assert!(sql.contains("make_interval(secs => 1.5)"), "{sql}");
         assert!(
-            sql.contains(r#"TRUE, $sn${"traceparent":"a'b"}$sn$, $sn$o'k$sn$), (8, 1, "#),
-            "two rows, the trace context quoted: {sql}"
+            sql.contains(
+                r#"TRUE, $sn${"traceparent":"a'b"}$sn$, $sn$o'k$sn$, ((statement_timestamp() AT TIME ZONE 'UTC') + make_interval(secs => 1.5))), (8, 1, "#
+            ),
+            "two rows, the trace context quoted, due_at last as next_call_time: {sql}"
         );
+        assert!(sql.contains(r#""ordering_key", "due_at") VALUES"#), "{sql}");
         // Many small rows count their SQL, not only their text.
         let many: Vec<_> = (0..10_000).map(|id| (id, row())).collect();
         assert!(pg_insert_literal(&many).is_none());
