@@ -77,16 +77,7 @@ pg_test!(
         .await;
         assert_eq!(due_at_of(&db, id).await, (1, 1), "retry");
         // Written with triggers off: the default, never later than due.
-        let other = TestDb::connect_to(&db.url).await;
-        other
-            .execute_unprepared(
-                "SET session_replication_role = replica; \
-                 INSERT INTO notify_msg (def_id, param, next_call_time) SELECT id, '{}', \
-                 (now() AT TIME ZONE 'UTC') + interval '1 hour' FROM notify_def WHERE name = 'ship'",
-            )
-            .await
-            .unwrap();
-        let id = db.scalar("SELECT MAX(id) FROM notify_msg").await;
+        let id = db.insert_with_triggers_off("ship").await;
         assert_eq!(due_at_of(&db, id).await, (0, 1), "insert with triggers off");
     }
 );

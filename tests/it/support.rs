@@ -222,6 +222,31 @@ impl TestDb {
             .unwrap_or_else(|e| panic!("{sql}: {e}"))
     }
 
+    /// PostgreSQL: inserts a notice of `def` due in an hour from a session
+    /// with triggers off (`session_replication_role = replica`), so no
+    /// trigger writes its `due_at`; returns its id.
+    pub async fn insert_with_triggers_off(&self, def: &str) -> i64 {
+        use sea_orm::TransactionTrait;
+        let tx = self.db.begin().await.unwrap();
+        tx.execute_unprepared("SET LOCAL session_replication_role = replica")
+            .await
+            .unwrap();
+        let row = tx
+            .query_one_raw(sea_orm::Statement::from_string(
+                sea_orm::DbBackend::Postgres,
+                format!(
+                    "INSERT INTO notify_msg (def_id, param, next_call_time) SELECT id, '{{}}', \
+                     (now() AT TIME ZONE 'UTC') + interval '1 hour' FROM notify_def \
+                     WHERE name = '{def}' RETURNING id"
+                ),
+            ))
+            .await
+            .unwrap()
+            .expect("the row inserted");
+        tx.commit().await.unwrap();
+        row.try_get_by_index::<i64>(0).unwrap()
+    }
+
     /// The database's "now" in the notice tables' format, as SQL.
     pub fn now_sql(&self) -> &'static str {
         match self.backend {
