@@ -82,10 +82,10 @@ fn claim_sets(store: &Store) -> Vec<Set> {
 fn claim_due_at(store: &Store) -> (Alias, Expr) {
     let lease_end = clock::after(store.backend(), store.lease);
     (
-        Alias::new("due_at"),
+        columns::due_at(),
         Expr::case(
             Expr::col(Column::OrderingKey).is_null(),
-            Expr::col(Alias::new("due_at")),
+            Expr::col(columns::due_at()),
         )
         .finally(lease_end)
         .into(),
@@ -144,7 +144,7 @@ fn due_rows(store: &Store, wanted: Condition, limit: u64) -> Select<notify_msg::
 /// rewrites no index entry. The other backends index `next_call_time`.
 fn due_at(backend: DbBackend) -> Expr {
     match backend {
-        DbBackend::Postgres => Expr::col(Alias::new("due_at")),
+        DbBackend::Postgres => Expr::col(columns::due_at()),
         _ => Expr::col(Column::NextCallTime),
     }
 }
@@ -217,7 +217,7 @@ async fn next_due_pg(
     let backend = store.backend();
     let now = clock::now(backend);
     let known = Condition::any()
-        .add(Expr::col(Alias::new("due_at")).equals(Column::NextCallTime))
+        .add(Expr::col(columns::due_at()).equals(Column::NextCallTime))
         .add(Expr::col(Column::NextCallTime).lte(now));
     let until = Expr::cust(
         "CAST(EXTRACT(EPOCH FROM (next_call_time - (statement_timestamp() AT TIME ZONE 'UTC'))) AS DOUBLE PRECISION)",
@@ -348,7 +348,7 @@ async fn claim_due_pg(
     set_aside
         .table(notify_msg::Entity)
         .value(Column::NextCallTime, super::order::aside_until(backend))
-        .value(Alias::new("due_at"), super::order::aside_until(backend))
+        .value(columns::due_at(), super::order::aside_until(backend))
         .and_where(ids_of(false))
         .returning(Query::returning().columns([Column::Id, Column::DefId, Column::OrderingKey]));
     let mut claim = Query::update();

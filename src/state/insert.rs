@@ -18,12 +18,12 @@
 
 use sea_orm::{
     ConnectionTrait, DbBackend, DbErr, IdenStatic, TransactionSession, TransactionTrait,
-    sea_query::{Alias, DynIden, Expr, InsertStatement, IntoIden, Query},
+    sea_query::{Expr, InsertStatement, IntoIden, Query},
 };
 
 use super::{
     clock::{self, Due},
-    columns::Column,
+    columns::{self, Column},
     keyed::Keyed,
 };
 use crate::entity::notify_msg;
@@ -157,34 +157,25 @@ const NEW_ROW: [(Column, Init); 15] = [
 ];
 
 pub(super) fn statement(backend: DbBackend, row: &NewRow) -> InsertStatement {
+    // PostgreSQL's `due_at` (migration 16), with the very expression of
+    // `next_call_time` ([`Init::Due`]), so the trigger that would copy it
+    // is not called.
+    let pg = backend == DbBackend::Postgres;
     let mut insert = Query::insert();
-    insert.into_table(notify_msg::Entity);
-    if backend == DbBackend::Postgres {
-        insert
-            .columns(
-                NEW_ROW
-                    .map(|(c, _)| c.into_iden())
-                    .into_iter()
-                    .chain([due_at()]),
-            )
-            .values_panic(
-                values(backend, row)
-                    .into_iter()
-                    .chain([row.due.expr(backend)]),
-            );
-    } else {
-        insert
-            .columns(NEW_ROW.map(|(c, _)| c))
-            .values_panic(values(backend, row));
-    }
     insert
-}
-
-/// PostgreSQL's `due_at` (migration 16), written at insert with the very
-/// expression of `next_call_time` ([`Init::Due`]), so the trigger that
-/// would copy it is not called.
-fn due_at() -> DynIden {
-    Alias::new("due_at").into_iden()
+        .into_table(notify_msg::Entity)
+        .columns(
+            NEW_ROW
+                .map(|(c, _)| c.into_iden())
+                .into_iter()
+                .chain(pg.then(|| columns::due_at().into_iden())),
+        )
+        .values_panic(
+            values(backend, row)
+                .into_iter()
+                .chain(pg.then(|| row.due.expr(backend))),
+        );
+    insert
 }
 
 /// The values of `row`, in the order of [`NEW_ROW`].
@@ -246,7 +237,7 @@ pub(crate) fn pg_insert_literal(rows: &[(i64, NewRow)]) -> Option<String> {
     insert.into_table(notify_msg::Entity).columns(
         std::iter::once(Column::Id.into_iden())
             .chain(NEW_ROW.map(|(c, _)| c.into_iden()))
-            .chain([due_at()]),
+            .chain([columns::due_at().into_iden()]),
     );
     for (id, row) in rows {
         let mut values = values(DbBackend::Postgres, row);

@@ -314,7 +314,7 @@ pub(crate) async fn promote(db: &DatabaseConnection, keys: &[(i64, String)]) -> 
                 );
             if backend == DbBackend::Postgres {
                 // `due_at` with it: the trigger that would copy it is not run.
-                update.value(sea_orm::sea_query::Alias::new("due_at"), at);
+                update.value(super::columns::due_at(), at);
             }
             let n = db.execute(&update).await?.rows_affected();
             if due {
