@@ -16,6 +16,12 @@
 //! the plan of the ordered claim), and the same drain beside a stuck key:
 //! 10,000 more notices of one key, due before all the others, held back by
 //! a final failure (the claim skips them on every sweep).
+//! `-- --pairs N` runs only N interleaved pairs of the unordered and the
+//! ordered drain (one worker, 100,000 notices) and prints the ordered one's
+//! rate as a share of the unordered one's in each pair: the figure issue 12
+//! asks about, and the only one this machine's drifting speed leaves
+//! comparable. Ordered runs print the same share against the unordered
+//! run of their backlog when there is one.
 //! (`BENCH_PG_URL` default `postgres://postgres@127.0.0.1:5432`,
 //! `BENCH_MYSQL_URL` default `mysql://root@127.0.0.1:3306`; it creates and
 //! drops its own database `sn_bench_sweep`, on SQLite a temporary file.)
@@ -63,6 +69,9 @@ async fn main() -> BoxResult<()> {
         return run(&args[2], &args[3], args[4].parse()?).await;
     }
     let exe = std::env::current_exe()?;
+    if let Some(pairs) = flag_value(&args, "--pairs") {
+        return pairs_of_drains(&exe, pairs.parse()?);
+    }
     println!("drain of due notices, no-op handler, databases on 127.0.0.1");
     let mut runs = vec![
         ("postgres", "baseline", 100_000),
@@ -86,41 +95,94 @@ async fn main() -> BoxResult<()> {
         }
     }
     let mut baseline = 0.0;
+    // The unordered one-worker rate of each backlog, for the ordered runs.
+    let mut unordered = std::collections::HashMap::new();
     for (backend, mode, backlog) in runs {
-        let out = Command::new(&exe)
-            .args(["run", backend, mode, &backlog.to_string()])
-            .output()?;
-        if !out.status.success() {
-            return Err(String::from_utf8_lossy(&out.stderr).into_owned().into());
-        }
-        let text = String::from_utf8_lossy(&out.stdout);
-        for line in text.lines().filter(|l| !l.starts_with("rate=")) {
-            println!("    {line}");
-        }
-        let line = text.lines().last().unwrap_or_default();
-        let mut rate = 0.0;
-        let mut rss = 0;
-        for field in line.split_whitespace() {
-            if let Some(v) = field.strip_prefix("rate=") {
-                rate = v.parse()?;
-            }
-            if let Some(v) = field.strip_prefix("rss_kb=") {
-                rss = v.parse()?;
-            }
-        }
+        let (rate, rss) = one_run(&exe, backend, mode, backlog)?;
         if mode == "baseline" {
             baseline = rate;
         }
-        let ratio = if backend == "postgres" {
+        if backend == "postgres" && mode == "worker1" {
+            unordered.insert(backlog, rate);
+        }
+        let mut ratio = if backend == "postgres" {
             format!("({:.2}x plain SQL)", rate / baseline)
         } else {
             String::new()
         };
+        if let (true, Some(plain)) = (
+            mode == "ordered1" || mode == "stuck1",
+            unordered.get(&backlog),
+        ) {
+            ratio = format!("{ratio} ({:.2}x unordered)", rate / plain);
+        }
         println!(
             "  {backend:<8} {mode:<9} backlog {backlog:>9}: {rate:>9.0} msgs/s {:>6.1} µs/notice {ratio:<18} peak RSS {:.1} MiB",
             1e6 / rate,
             rss as f64 / 1024.0
         );
+    }
+    Ok(())
+}
+
+/// The value after `name` in `args`, if given.
+fn flag_value<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
+    let at = args.iter().position(|a| a == name)?;
+    args.get(at + 1).map(String::as_str)
+}
+
+/// One measured drain in a child process (so its peak RSS is its own),
+/// echoing what it printed: its rate and peak RSS in KiB.
+fn one_run(
+    exe: &std::path::Path,
+    backend: &str,
+    mode: &str,
+    backlog: u64,
+) -> BoxResult<(f64, u64)> {
+    let out = Command::new(exe)
+        .args(["run", backend, mode, &backlog.to_string()])
+        .output()?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned().into());
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    for line in text.lines().filter(|l| !l.starts_with("rate=")) {
+        println!("    {line}");
+    }
+    let line = text.lines().last().unwrap_or_default();
+    let (mut rate, mut rss) = (0.0, 0);
+    for field in line.split_whitespace() {
+        if let Some(v) = field.strip_prefix("rate=") {
+            rate = v.parse()?;
+        }
+        if let Some(v) = field.strip_prefix("rss_kb=") {
+            rss = v.parse()?;
+        }
+    }
+    Ok((rate, rss))
+}
+
+/// `--pairs N`: N interleaved pairs of the unordered and the ordered drain
+/// on PostgreSQL (one worker, 100,000 notices, 1,000 keys), each pair's
+/// ordered rate as a share of its unordered rate, and their median.
+fn pairs_of_drains(exe: &std::path::Path, pairs: usize) -> BoxResult<()> {
+    const BACKLOG: u64 = 100_000;
+    println!(
+        "unordered against ordered drain (1,000 keys), one worker, {BACKLOG} notices, PostgreSQL"
+    );
+    let mut shares = Vec::new();
+    for pair in 1..=pairs {
+        let (plain, _) = one_run(exe, "postgres", "worker1", BACKLOG)?;
+        let (ordered, _) = one_run(exe, "postgres", "ordered1", BACKLOG)?;
+        let share = ordered / plain;
+        println!(
+            "  pair {pair}: unordered {plain:>7.0} msgs/s, ordered {ordered:>7.0} msgs/s: {share:.2}x"
+        );
+        shares.push(share);
+    }
+    shares.sort_by(f64::total_cmp);
+    if let Some(median) = shares.get(shares.len() / 2) {
+        println!("  median of {} pairs: {median:.2}x", shares.len());
     }
     Ok(())
 }
