@@ -18,10 +18,10 @@
 //! a final failure (the claim skips them on every sweep).
 //! `-- --pairs N` runs only N interleaved pairs of the unordered and the
 //! ordered drain (one worker, 100,000 notices) and prints the ordered one's
-//! rate as a share of the unordered one's in each pair: the figure issue 12
-//! asks about, and the only one this machine's drifting speed leaves
-//! comparable. Ordered runs print the same share against the unordered
-//! run of their backlog when there is one.
+//! rate as a share of the unordered one's in each pair, and the median
+//! (only a share within one pair is comparable on a machine whose speed
+//! drifts). Ordered runs print the same share against the unordered run of
+//! their backlog.
 //! (`BENCH_PG_URL` default `postgres://postgres@127.0.0.1:5432`,
 //! `BENCH_MYSQL_URL` default `mysql://root@127.0.0.1:3306`; it creates and
 //! drops its own database `sn_bench_sweep`, on SQLite a temporary file.)
@@ -69,8 +69,12 @@ async fn main() -> BoxResult<()> {
         return run(&args[2], &args[3], args[4].parse()?).await;
     }
     let exe = std::env::current_exe()?;
-    if let Some(pairs) = flag_value(&args, "--pairs") {
-        return pairs_of_drains(&exe, pairs.parse()?);
+    if args.iter().any(|a| a == "--pairs") {
+        let pairs = flag_value(&args, "--pairs")
+            .and_then(|n| n.parse::<usize>().ok())
+            .filter(|n| *n > 0)
+            .ok_or("--pairs needs a count of pairs, 1 or more")?;
+        return pairs_of_drains(&exe, pairs);
     }
     println!("drain of due notices, no-op handler, databases on 127.0.0.1");
     let mut runs = vec![
@@ -105,19 +109,19 @@ async fn main() -> BoxResult<()> {
         if backend == "postgres" && mode == "worker1" {
             unordered.insert(backlog, rate);
         }
-        let mut ratio = if backend == "postgres" {
+        let ratio = if backend == "postgres" {
             format!("({:.2}x plain SQL)", rate / baseline)
         } else {
             String::new()
         };
-        if let (true, Some(plain)) = (
-            mode == "ordered1" || mode == "stuck1",
-            unordered.get(&backlog),
-        ) {
-            ratio = format!("{ratio} ({:.2}x unordered)", rate / plain);
-        }
+        let share = match unordered.get(&backlog) {
+            Some(plain) if mode == "ordered1" || mode == "stuck1" => {
+                format!("({:.2}x unordered)", rate / plain)
+            }
+            _ => String::new(),
+        };
         println!(
-            "  {backend:<8} {mode:<9} backlog {backlog:>9}: {rate:>9.0} msgs/s {:>6.1} µs/notice {ratio:<18} peak RSS {:.1} MiB",
+            "  {backend:<8} {mode:<9} backlog {backlog:>9}: {rate:>9.0} msgs/s {:>6.1} µs/notice {ratio:<18} {share:<18} peak RSS {:.1} MiB",
             1e6 / rate,
             rss as f64 / 1024.0
         );
@@ -181,9 +185,13 @@ fn pairs_of_drains(exe: &std::path::Path, pairs: usize) -> BoxResult<()> {
         shares.push(share);
     }
     shares.sort_by(f64::total_cmp);
-    if let Some(median) = shares.get(shares.len() / 2) {
-        println!("  median of {} pairs: {median:.2}x", shares.len());
-    }
+    let mid = shares.len() / 2;
+    let median = if shares.len() % 2 == 1 {
+        shares[mid]
+    } else {
+        (shares[mid - 1] + shares[mid]) / 2.0
+    };
+    println!("  median of {} pairs: {median:.2}x", shares.len());
     Ok(())
 }
 
