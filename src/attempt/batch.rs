@@ -10,12 +10,18 @@
 //!
 //! On PostgreSQL, a sweep of ordered definitions has the batch claim the
 //! next notice of each ordering key it moves, in the same statement
-//! ([`NextClaims`]): a key then moves one notice per write instead of per
-//! claim, promotion and write, and each notice is sent only once the one
-//! before it is recorded. If the reply to such a write is lost after it
-//! committed, its retry finds the successes gone (reported as lost claims)
-//! and the next notices it claimed are due again when their lease ends, as
-//! after any claim whose reply is lost.
+//! ([`NextClaims`]), with the run of notices right behind it: a key then
+//! moves one notice per write instead of per claim, promotion and write,
+//! and finds and checks its turn once per run. The batch hands the sweep
+//! each run's first notice and queues the rest ([`Runs`]); each success it
+//! records hands on the next notice queued behind it, so each notice is
+//! sent only once the one before it is recorded. A notice that ends any
+//! other way has its queue released by the sweep; one whose success is not
+//! recorded (a lost claim, a write given up), or recorded while its sweep
+//! shuts down, has it released here. If the reply to such a write is lost
+//! after it committed, its retry finds the successes gone (reported as
+//! lost claims) and the next notices it claimed are due again when their
+//! lease ends, as after any claim whose reply is lost.
 
 use std::sync::{
     Arc,
@@ -26,12 +32,12 @@ use futures::StreamExt;
 use tokio::{sync::mpsc, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 
-use super::{AttemptReport, AttemptResult, record};
+use super::{AttemptReport, AttemptResult, record, runs::Runs};
 use crate::{
     db::{self, Backoff},
     state::{
         Lease, Store,
-        batch::{ClaimNext, HeldMany, release_many, succeed_many},
+        batch::{ClaimNext, Claims, HeldMany, release_many, succeed_many},
     },
     stats::WorkerStats,
 };
@@ -64,6 +70,8 @@ pub(crate) struct NextClaims {
     pub claim: ClaimNext,
     /// The sweep's queue of claimed rows.
     pub sender: mpsc::UnboundedSender<Vec<Lease>>,
+    /// The sweep's runs: where the rows claimed behind them wait.
+    pub runs: Runs,
     /// The sweep's shutdown: from then on next notices are made due, not
     /// claimed.
     pub shutdown: CancellationToken,
@@ -145,18 +153,54 @@ impl Out {
             .map(|n| &n.claim)
     }
 
-    /// Hands claimed rows to the sweep (before the successes that claimed
-    /// them are reported, so a sweep that sees nothing pending sees them);
-    /// a sweep gone meanwhile has them released.
-    async fn hand_next(&self, store: &Store, claimed: Vec<Lease>) {
-        if claimed.is_empty() {
-            return;
-        }
+    /// Hands the sweep what follows the successes written (`moved`, each
+    /// with whether it moved): for each moved notice with a run queued
+    /// behind it, its next notice; and the first notice of each run
+    /// claimed, queuing the rest. Before the successes are reported, so a
+    /// sweep that sees nothing pending sees them. A sweep gone or shutting
+    /// down meanwhile has them released, and so are the runs behind
+    /// notices not moved.
+    async fn hand_next(&self, store: &Store, moved: &[(i64, bool)], claimed: Claims) {
         let Some(next) = &self.next else {
-            return release(store, claimed).await;
+            let all = claimed.runs.into_iter().flatten().chain(claimed.stray);
+            return release(store, all.collect()).await;
         };
-        if let Err(refused) = next.sender.send(claimed) {
-            release(store, refused.0).await;
+        let taking = !next.shutdown.is_cancelled() && !next.sender.is_closed();
+        let mut to_release = claimed.stray;
+        let mut hand = Vec::new();
+        for &(id, moved) in moved {
+            if moved && taking {
+                hand.extend(next.runs.advance(id));
+            } else {
+                to_release.extend(next.runs.take(id));
+            }
+        }
+        for mut run in claimed.runs {
+            let rest = run.split_off(1);
+            if taking {
+                if let Some(first) = run.first() {
+                    next.runs.queue(first.id(), rest);
+                }
+                hand.extend(run);
+            } else {
+                to_release.extend(run.into_iter().chain(rest));
+            }
+        }
+        if !hand.is_empty()
+            && let Err(refused) = next.sender.send(hand)
+        {
+            let ids: Vec<i64> = refused.0.iter().map(Lease::id).collect();
+            to_release.extend(refused.0);
+            to_release.extend(next.runs.take_behind(ids.into_iter()));
+        }
+        release(store, to_release).await;
+    }
+
+    /// Releases what is queued behind `ids`: their successes were not
+    /// recorded here.
+    async fn release_behind(&self, store: &Store, ids: &[i64]) {
+        if let Some(next) = &self.next {
+            release(store, next.runs.take_behind(ids.iter().copied())).await;
         }
     }
 
@@ -234,9 +278,15 @@ async fn run(
 async fn flush(store: &Store, mut leases: Vec<Lease>, give_up: &CancellationToken, out: &Out) {
     let mut backoff = Backoff::default();
     loop {
-        match succeed_many(store, leases, out.claim_next()).await {
+        // Keys with a run queued: their next notices are held already.
+        let continuing = match &out.next {
+            Some(next) => next.runs.continuing(leases.iter().map(Lease::id)),
+            None => Vec::new(),
+        };
+        let claim_next = out.claim_next().map(|c| (c, continuing.as_slice()));
+        match succeed_many(store, leases, claim_next).await {
             Ok((moved, claimed)) => {
-                out.hand_next(store, claimed).await;
+                out.hand_next(store, &moved, claimed).await;
                 crate::telemetry::lost_claims(moved.iter().filter(|(_, m)| !*m).count() as u64);
                 for (id, moved) in moved {
                     let result = if moved {
@@ -255,6 +305,8 @@ async fn flush(store: &Store, mut leases: Vec<Lease>, give_up: &CancellationToke
                 tracing::warn!(error = %error, n = held.len(), "cannot record successes yet; retrying");
                 if !backoff.wait(give_up).await {
                     let error = format!("{error}; left to its lease");
+                    let ids: Vec<i64> = held.iter().map(Lease::id).collect();
+                    out.release_behind(store, &ids).await;
                     for lease in held {
                         let id = lease.id();
                         lease.forget();
@@ -274,6 +326,8 @@ async fn flush(store: &Store, mut leases: Vec<Lease>, give_up: &CancellationToke
                 error,
             }) => {
                 tracing::warn!(error = %error, "a success batch was refused; recording one by one");
+                let ids: Vec<i64> = held.iter().map(Lease::id).collect();
+                out.release_behind(store, &ids).await;
                 for lease in held {
                     let id = lease.id();
                     out.report(id, record::succeed_inline(lease, None, give_up).await);
@@ -284,9 +338,13 @@ async fn flush(store: &Store, mut leases: Vec<Lease>, give_up: &CancellationToke
     }
 }
 
-/// Releases rows claimed for a sweep that no longer takes them: due again
-/// at once (or, if that cannot be written, when their leases end).
+/// Releases rows claimed for a sweep that no longer takes them, or queued
+/// behind a notice that was not recorded here: due again at once (or, if
+/// that cannot be written, when their leases end).
 async fn release(store: &Store, claimed: Vec<Lease>) {
+    if claimed.is_empty() {
+        return;
+    }
     match release_many(store, claimed).await {
         Ok(n) => tracing::debug!(n, "next notices released: their sweep has ended"),
         Err(HeldMany { leases, error }) => {

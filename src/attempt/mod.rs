@@ -24,6 +24,7 @@ pub(crate) mod deliver;
 pub(crate) mod park;
 pub(crate) mod recheck;
 pub(crate) mod record;
+pub(crate) mod runs;
 
 use std::time::Instant;
 

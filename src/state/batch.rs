@@ -1,7 +1,7 @@
 //! Batch: the transitions of many leases in one statement or one
 //! transaction, for sweeps.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use sea_orm::{DbBackend, DbErr, sea_query::Expr};
 
@@ -27,20 +27,93 @@ fn pairs(leases: &[Lease]) -> Vec<(i64, i32)> {
     leases.iter().map(|l| (l.id(), l.version())).collect()
 }
 
+/// What a batch of successes claimed ([`succeed_many`]).
+#[derive(Default)]
+pub(crate) struct Claims {
+    /// One run per key: the next notice in turn first, then those claimed
+    /// behind it, in order. Each may be sent only once the one before it
+    /// is recorded.
+    pub runs: Vec<Vec<Lease>>,
+    /// Rows claimed that must not be sent: behind a row of their run that
+    /// the statement could not claim, or in a run whose last row claimed
+    /// does not hold its key (a race). To release.
+    pub stray: Vec<Lease>,
+}
+
+impl Claims {
+    /// The leases of rows claimed, sorted into runs ([`sort_runs`]).
+    fn of(store: &Store, claimed: Vec<columns::ClaimedNext>, started: std::time::Instant) -> Self {
+        let rows = claimed.into_iter().map(|c| {
+            let lease = Lease::new(store.clone(), c.row, started);
+            (lease.id(), c.behind, c.holds, lease)
+        });
+        let (runs, stray) = sort_runs(rows.collect());
+        Claims { runs, stray }
+    }
+
+    /// How many rows were claimed.
+    pub fn len(&self) -> usize {
+        self.runs.iter().map(Vec::len).sum::<usize>() + self.stray.len()
+    }
+}
+
+/// A row claimed, as [`sort_runs`] takes it: `(id, behind, holds, item)`.
+type ClaimedRow<T> = (i64, Option<(i64, i64)>, bool, T);
+
+/// Sorts rows claimed, each `(id, behind, holds, item)` (see
+/// [`columns::ClaimedNext`]), into runs and strays. A row behind a next
+/// notice joins its run while every place before it is filled; then each
+/// run is cut after its last row that holds the key, so that a lease holds
+/// the key as long as any row of the run is left to send. The rest (after
+/// a gap, after the last holder, behind a next notice not claimed) strays.
+fn sort_runs<T>(rows: Vec<ClaimedRow<T>>) -> (Vec<Vec<T>>, Vec<T>) {
+    let mut behind: HashMap<i64, Vec<(i64, bool, T)>> = HashMap::new();
+    let mut heads = Vec::new();
+    for (id, after, holds, item) in rows {
+        match after {
+            None => heads.push((id, holds, item)),
+            Some((head, pos)) => behind.entry(head).or_default().push((pos, holds, item)),
+        }
+    }
+    let mut runs = Vec::new();
+    let mut stray = Vec::new();
+    for (id, holds, head) in heads {
+        let mut run = vec![(holds, head)];
+        let mut rest = behind.remove(&id).unwrap_or_default();
+        rest.sort_by_key(|(pos, ..)| *pos);
+        for (place, (pos, holds, item)) in (1..).zip(rest) {
+            if pos == place && run.len() as i64 == place {
+                run.push((holds, item));
+            } else {
+                stray.push(item);
+            }
+        }
+        while run.last().is_some_and(|(holds, _)| !holds) {
+            stray.extend(run.pop().map(|(_, item)| item));
+        }
+        if !run.is_empty() {
+            runs.push(run.into_iter().map(|(_, item)| item).collect());
+        }
+    }
+    stray.extend(behind.into_values().flatten().map(|(.., item)| item));
+    (runs, stray)
+}
+
 /// Moves the leased rows to history as succeeded, copying them server-side
 /// (one statement on PostgreSQL, which also deals with the next notice of
 /// each ordering key moved: [`order`](super::order)). With `next` (on
 /// PostgreSQL) that next notice is claimed for the caller when it is in
-/// turn ([`columns::ClaimNext`]), else made due. Returns each notice id
-/// with whether it moved (`false`: its claim was lost meanwhile), and the
-/// leases of the notices claimed.
+/// turn ([`columns::ClaimNext`]), with the run behind it, else made due;
+/// but not for the keys of `next`'s ids (leases whose caller holds the
+/// next notices of their key already). Returns each notice id with whether
+/// it moved (`false`: its claim was lost meanwhile), and what was claimed.
 pub(crate) async fn succeed_many(
     store: &Store,
     leases: Vec<Lease>,
-    next: Option<&ClaimNext>,
-) -> Result<(Vec<(i64, bool)>, Vec<Lease>), HeldMany> {
+    next: Option<(&ClaimNext, &[i64])>,
+) -> Result<(Vec<(i64, bool)>, Claims), HeldMany> {
     if leases.is_empty() {
-        return Ok((Vec::new(), Vec::new()));
+        return Ok((Vec::new(), Claims::default()));
     }
     let pairs = pairs(&leases);
     let guard = columns::at_versions(&pairs);
@@ -51,7 +124,7 @@ pub(crate) async fn succeed_many(
     // Only a batch with ordered notices has a next notice to claim.
     let next = next
         .filter(|_| leases.iter().any(|l| l.row().ordering_key.is_some()))
-        .map(|next| (next, store.lease));
+        .map(|(next, continuing)| (next, store.lease, continuing));
     // Before the statement: the in-process lease never outlives the row's.
     let started = std::time::Instant::now();
     let moved = db::on_conflict_retry(|| async {
@@ -73,17 +146,27 @@ pub(crate) async fn succeed_many(
     .await;
     match moved {
         Ok((moved, claimed)) => {
-            let claimed: Vec<Lease> = claimed
-                .into_iter()
-                .map(|row| Lease::new(store.clone(), row, started))
-                .collect();
+            let claimed = Claims::of(store, claimed, started);
             crate::telemetry::claimed(claimed.len() as u64);
             // On PostgreSQL the statement dealt with the next notices
             // already; this check, after its commit, catches a notice
             // committed (or a head cancelled) while the statement ran,
-            // which it could not see. A key whose next notice was claimed
-            // is busy until that one finishes.
-            let busy: HashSet<(i64, &Option<String>)> = claimed.iter().map(Lease::key).collect();
+            // which it could not see. A key whose next notice was claimed,
+            // now or before, is busy until that one finishes.
+            let continuing: HashSet<i64> = next
+                .map(|(_, _, ids)| ids.iter().copied().collect())
+                .unwrap_or_default();
+            let busy: HashSet<(i64, &Option<String>)> = claimed
+                .runs
+                .iter()
+                .filter_map(|run| run.first().map(Lease::key))
+                .chain(
+                    leases
+                        .iter()
+                        .filter(|l| continuing.contains(&l.id()))
+                        .map(Lease::key),
+                )
+                .collect();
             store
                 .finished(leases.iter().map(Lease::key).filter(|k| !busy.contains(k)))
                 .await;
@@ -166,5 +249,66 @@ pub(crate) async fn park_many(
             Ok(parked)
         }
         Err(error) => Err(HeldMany { leases, error }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ClaimedRow, sort_runs};
+
+    /// Rows whose items are their ids.
+    fn sorted(rows: &[ClaimedRow<()>]) -> (Vec<Vec<i64>>, Vec<i64>) {
+        let (mut runs, mut stray) =
+            sort_runs(rows.iter().map(|&(id, b, h, ())| (id, b, h, id)).collect());
+        runs.sort();
+        stray.sort();
+        (runs, stray)
+    }
+
+    #[test]
+    fn a_whole_run_keeps_its_order_whatever_the_order_rows_come_in() {
+        let rows = [
+            (12, Some((10, 2)), true, ()),
+            (10, None, true, ()),
+            (11, Some((10, 1)), false, ()),
+            (20, None, true, ()),
+        ];
+        assert_eq!(sorted(&rows), (vec![vec![10, 11, 12], vec![20]], vec![]));
+    }
+
+    #[test]
+    fn a_gap_cuts_the_run_back_to_its_last_holder() {
+        // Place 2 was not claimed: 11 does not hold, so only the head goes.
+        let rows = [
+            (10, None, true, ()),
+            (11, Some((10, 1)), false, ()),
+            (13, Some((10, 3)), true, ()),
+        ];
+        assert_eq!(sorted(&rows), (vec![vec![10]], vec![11, 13]));
+    }
+
+    #[test]
+    fn a_run_whose_last_row_does_not_hold_is_cut() {
+        let rows = [
+            (10, None, true, ()),
+            (11, Some((10, 1)), true, ()),
+            (12, Some((10, 2)), false, ()),
+        ];
+        assert_eq!(sorted(&rows), (vec![vec![10, 11]], vec![12]));
+    }
+
+    #[test]
+    fn rows_behind_a_next_notice_not_claimed_stray() {
+        let rows = [
+            (11, Some((10, 1)), false, ()),
+            (12, Some((10, 2)), true, ()),
+        ];
+        assert_eq!(sorted(&rows), (vec![], vec![11, 12]));
+    }
+
+    #[test]
+    fn a_head_that_does_not_hold_is_not_sent() {
+        let rows = [(10, None, false, ())];
+        assert_eq!(sorted(&rows), (vec![], vec![10]));
     }
 }

@@ -247,17 +247,32 @@ pub(crate) struct ClaimNext {
     pub partitions: Vec<i32>,
 }
 
+/// A row a batch of successes claimed: the next notice of its key, or one
+/// of the run behind it (`behind`: the next notice's id and the place
+/// behind it, from 1; see [`order::next_of_moved_pg`](super::order)).
+pub(crate) struct ClaimedNext {
+    /// The row, at its claimed version.
+    pub row: notify_msg::Model,
+    /// Which next notice it follows, and where.
+    pub behind: Option<(i64, i64)>,
+    /// Whether its lease holds its key (`held_key`): the first and the
+    /// last of a run do.
+    pub holds: bool,
+}
+
 /// PostgreSQL: moves the rows held at `pairs` (id, version) to history as
 /// succeeded, in one prepared statement whatever their number (the pairs
 /// travel as two arrays and are joined on the primary key), and deals with
-/// the next notice of each ordering key moved: claims it for the caller
-/// when `next` is given and it is in turn, else makes it due. Returns the
-/// ids moved, and the rows claimed (at their claimed version).
+/// the next notice of each ordering key moved: claims it (and the run
+/// behind it) for the caller when `next` is given and it is in turn, else
+/// makes it due. `next`'s ids are moved ids whose keys are left alone (the
+/// caller holds their next notices already). Returns the ids moved, and the
+/// rows claimed.
 pub(crate) async fn succeed_pairs_pg(
     db: &sea_orm::DatabaseConnection,
     pairs: &[(i64, i32)],
-    next: Option<(&ClaimNext, std::time::Duration)>,
-) -> Result<(Vec<i64>, Vec<notify_msg::Model>), DbErr> {
+    next: Option<(&ClaimNext, std::time::Duration, &[i64])>,
+) -> Result<(Vec<i64>, Vec<ClaimedNext>), DbErr> {
     use sea_orm::{Iterable as _, Statement};
     // `next`'s position: after every column of the row.
     let next_at = Column::iter().count();
@@ -275,16 +290,18 @@ pub(crate) async fn succeed_pairs_pg(
             })
             .collect();
         // The rows claimed in full, then the ids moved (the other columns
-        // NULL), told apart by `next`, last so that the columns before it
-        // are the ones [`model_at_pg`] reads.
+        // NULL), told apart by `next`, after the columns [`model_at_pg`]
+        // reads; then where a claimed row stands in its run.
         let select = if claim {
             let nulls: Vec<&str> = names
                 .iter()
                 .map(|n| if *n == "id" { "id" } else { "NULL" })
                 .collect();
             format!(
-                "SELECT {all}, true AS next FROM claimed UNION ALL SELECT {ids}, false FROM kept",
-                all = names.iter().map(|n| format!("\"{n}\"")).collect::<Vec<_>>().join(", "),
+                "SELECT {all}, true AS next, r.head, r.pos, claimed.held_key IS NOT NULL \
+                 FROM claimed LEFT JOIN run r ON r.id = claimed.id \
+                 UNION ALL SELECT {ids}, false, NULL, NULL, NULL FROM kept",
+                all = names.iter().map(|n| format!("claimed.\"{n}\"")).collect::<Vec<_>>().join(", "),
                 ids = nulls.join(", "),
             )
         } else {
@@ -302,7 +319,7 @@ pub(crate) async fn succeed_pairs_pg(
     });
     let ids: Vec<i64> = pairs.iter().map(|p| p.0).collect();
     let versions: Vec<i32> = pairs.iter().map(|p| p.1).collect();
-    let Some((next, lease)) = next else {
+    let Some((next, lease, continuing)) = next else {
         let moved = sea_orm::sqlx::query_scalar(sea_orm::sqlx::AssertSqlSafe(sql.as_str()))
             .bind(ids)
             .bind(versions)
@@ -316,6 +333,7 @@ pub(crate) async fn succeed_pairs_pg(
         versions.into(),
         next.partitions.clone().into(),
         lease.as_secs_f64().into(),
+        continuing.to_vec().into(),
     ];
     let (mut moved, mut claimed) = (Vec::new(), Vec::new());
     for row in db
@@ -327,7 +345,14 @@ pub(crate) async fn succeed_pairs_pg(
         .await?
     {
         if row.try_get_by_index::<bool>(next_at)? {
-            claimed.push(model_at_pg(&row)?);
+            let head = row.try_get_by_index::<Option<i64>>(next_at + 1)?;
+            let pos = row.try_get_by_index::<Option<i64>>(next_at + 2)?;
+            let holds = row.try_get_by_index::<Option<bool>>(next_at + 3)?;
+            claimed.push(ClaimedNext {
+                row: model_at_pg(&row)?,
+                behind: head.zip(pos),
+                holds: holds.unwrap_or(false),
+            });
         } else {
             moved.push(row.try_get_by_index::<i64>(0)?);
         }

@@ -48,7 +48,11 @@
 //! of its key in flight is written set aside at once (a trigger, migration
 //! 14), so no claim ever reads it; and a sweep's batch of successes
 //! promotes the next notice of each key in the statement that moves them
-//! ([`next_of_moved_pg`]), then checks again after its commit. A notice set
+//! ([`next_of_moved_pg`]), then checks again after its commit. That
+//! statement claims the next notice with up to [`RUN`] - 1 behind it (a
+//! run), which its sweep sends one by one: a key's turn is then found and
+//! checked once per run. The first and the last notice of a run hold the
+//! key; a live lease of either keeps every other claim of the key out. A notice set
 //! aside at its insert whose older ones all finished before its producer
 //! committed is claimed by the producer's after-commit attempt; when that
 //! attempt does not take it (or its commit's outcome is unknown), its key
@@ -176,13 +180,28 @@ pub(crate) fn aside_until(backend: DbBackend) -> Expr {
     )
 }
 
+/// Notices of one key the batch of successes claims at once: the next one
+/// in turn and up to 15 behind it ([`next_of_moved_pg`]): 16.
+pub(crate) const RUN: usize = 16;
+
 /// The oldest notice left of each ordering key moved by the statement's
-/// CTE `moved`, as a subquery of ids (PostgreSQL). The statement's snapshot
-/// still holds the rows it deletes, so they are left out by id.
-const NEXT_OF_MOVED_PG: &str = "SELECT (SELECT o.id FROM notify_msg o \
-     WHERE o.def_id = k.def_id AND o.ordering_key = k.ordering_key \
-     AND o.id NOT IN (SELECT id FROM moved) ORDER BY o.create_time, o.id LIMIT 1) \
-     FROM (SELECT DISTINCT def_id, ordering_key FROM moved WHERE ordering_key IS NOT NULL) k";
+/// CTE `moved` (but those of moved ids in `$5`, when `skip`), as a subquery
+/// of ids (PostgreSQL). The statement's snapshot still holds the rows it
+/// deletes, so they are left out by id.
+fn next_of_moved(skip: bool) -> String {
+    let skip = if skip {
+        " AND NOT (id = ANY($5::bigint[]))"
+    } else {
+        ""
+    };
+    format!(
+        "SELECT (SELECT o.id FROM notify_msg o \
+         WHERE o.def_id = k.def_id AND o.ordering_key = k.ordering_key \
+         AND o.id NOT IN (SELECT id FROM moved) ORDER BY o.create_time, o.id LIMIT 1) \
+         FROM (SELECT DISTINCT def_id, ordering_key FROM moved \
+         WHERE ordering_key IS NOT NULL{skip}) k"
+    )
+}
 
 /// Data-modifying CTEs for a PostgreSQL statement whose CTE `moved`
 /// deletes notices from `notify_msg`: they deal, in the same statement,
@@ -196,7 +215,25 @@ const NEXT_OF_MOVED_PG: &str = "SELECT (SELECT o.id FROM notify_msg o \
 /// definition is not paused and their partition is in `$3` (an empty
 /// array: any); the others are made due (`promoted`). Their turn is the
 /// claim's ([`in_turn_sql`]) with the moved rows left out: they are older
-/// than the next notice by construction, and succeeded.
+/// than the next notice by construction, and succeeded. Keys of the moved
+/// ids in `$5` are left alone: their next notices are claimed already (a
+/// run, below).
+///
+/// **Runs.** With each next notice claimed, `claimed` also claims the
+/// notices of its key right behind it, up to [`RUN`] in all: those that
+/// follow it without a gap among the rows it can see and that, like it,
+/// were never attempted, are not leased and are in `$3`'s partitions. They
+/// need no turn of their own: while the first is unfinished none of them
+/// is in turn for anyone, and the caller sends each only once the one
+/// before it is recorded ([`attempt::batch`](crate::attempt)). The CTE
+/// `run` tells them apart: its `head` is the next notice they follow and
+/// its `pos` their place behind it (1, 2, …). Only the first and the last
+/// of a run hold the key (`held_key`); those between are claimed with
+/// `in_run_at` at their new version and `due_at` left alone, so their
+/// claim is a heap-only update (migration 17). The last one's lease keeps
+/// every other claim of the key out until the run ends, so a caller must
+/// send a run's notices only while each place before them was claimed and
+/// the last one it keeps holds the key.
 ///
 /// It runs before its own commit, so it also writes a next notice that
 /// looked due already: a claim that is setting it aside right now holds its
@@ -207,36 +244,69 @@ const NEXT_OF_MOVED_PG: &str = "SELECT (SELECT o.id FROM notify_msg o \
 /// [`TURN_RECHECK`].) A notice promoted that is still held back (a final
 /// failure in history) is only set aside again by the next claim. What it
 /// cannot see (a notice committed while it ran, a head cancelled
-/// meanwhile) the batch's [`promote`] after its commit catches.
+/// meanwhile) the batch's [`promote`] after its commit catches. A notice
+/// of a key committed after its run was claimed, but dated before the
+/// run's last (a producer's transaction slower than those after it), is
+/// sent after the run.
 pub(crate) fn next_of_moved_pg(claim: bool) -> String {
     const MAY_WAIT: &str = "p.status = 0 AND NOT p.leased \
          AND p.def_id IN (SELECT d.id FROM notify_def d WHERE d.ordering = 'per_key')";
     const NOW: &str = "(statement_timestamp() AT TIME ZONE 'UTC')";
+    const PARTITION: &str = "(cardinality($3::int[]) = 0 OR {t}.load_balance_num = ANY($3::int[]))";
     if !claim {
         return format!(
             "promoted AS (UPDATE notify_msg p SET next_call_time = {NOW}, due_at = {NOW} \
-             WHERE p.id = ANY(ARRAY({NEXT_OF_MOVED_PG})) AND {MAY_WAIT})"
+             WHERE p.id = ANY(ARRAY({})) AND {MAY_WAIT})",
+            next_of_moved(false)
         );
     }
     let take = format!(
         "p.def_id NOT IN (SELECT d.id FROM notify_def d WHERE d.paused_until > {NOW}) \
-         AND (cardinality($3::int[]) = 0 OR p.load_balance_num = ANY($3::int[])) AND {}",
+         AND {} AND {}",
+        PARTITION.replace("{t}", "p"),
         not_held_back_sql(
             DbBackend::Postgres,
             "p",
             "AND l.id NOT IN (SELECT id FROM moved)"
         )
     );
+    // Behind each next notice taken, by the key's index: the next RUN - 1
+    // rows, cut at the first that may not follow it.
+    let run = format!(
+        "SELECT r.id, h.id AS head, r.pos, r.pos = max(r.pos) OVER (PARTITION BY h.id) AS last \
+         FROM following h CROSS JOIN LATERAL ( \
+             SELECT c.id, c.pos FROM ( \
+                 SELECT b.id, row_number() OVER w AS pos, bool_and(b.free) OVER w AS free \
+                 FROM (SELECT n.id, n.create_time, \
+                         n.status = 0 AND NOT n.leased AND {partition} \
+                         AND n.id NOT IN (SELECT id FROM moved) AS free \
+                     FROM notify_msg n \
+                     WHERE n.def_id = h.def_id AND n.ordering_key = h.ordering_key \
+                     AND (n.create_time, n.id) > (h.create_time, h.id) \
+                     ORDER BY n.create_time, n.id LIMIT {behind}) b \
+                 WINDOW w AS (ORDER BY b.create_time, b.id)) c \
+             WHERE c.free) r \
+         WHERE h.take",
+        partition = PARTITION.replace("{t}", "n"),
+        behind = RUN - 1,
+    );
     format!(
-        "following AS MATERIALIZED (SELECT p.id, ({take}) AS take FROM notify_msg p \
-             WHERE p.id = ANY(ARRAY({NEXT_OF_MOVED_PG})) AND {MAY_WAIT}), \
+        "following AS MATERIALIZED (SELECT p.id, p.def_id, p.ordering_key, p.create_time, \
+             ({take}) AS take FROM notify_msg p \
+             WHERE p.id = ANY(ARRAY({next})) AND {MAY_WAIT}), \
+         run AS MATERIALIZED ({run}), \
+         inside AS MATERIALIZED (SELECT id FROM run WHERE NOT last), \
          claimed AS (UPDATE notify_msg p SET leased = true, last_call_time = {NOW}, \
              next_call_time = {NOW} + make_interval(secs => $4::double precision), \
-             due_at = {NOW} + make_interval(secs => $4::double precision), \
+             due_at = CASE WHEN p.id IN (SELECT id FROM inside) THEN p.due_at \
+                 ELSE {NOW} + make_interval(secs => $4::double precision) END, \
+             in_run_at = CASE WHEN p.id IN (SELECT id FROM inside) THEN p.version + 1 END, \
              version = p.version + 1 \
-             WHERE p.id = ANY(ARRAY(SELECT id FROM following WHERE take)) AND {MAY_WAIT} RETURNING p.*), \
+             WHERE p.id = ANY(ARRAY(SELECT id FROM following WHERE take UNION ALL SELECT id FROM run)) \
+             AND {MAY_WAIT} RETURNING p.*), \
          promoted AS (UPDATE notify_msg p SET next_call_time = {NOW}, due_at = {NOW} \
-             WHERE p.id = ANY(ARRAY(SELECT id FROM following WHERE NOT take)) AND {MAY_WAIT})"
+             WHERE p.id = ANY(ARRAY(SELECT id FROM following WHERE NOT take)) AND {MAY_WAIT})",
+        next = next_of_moved(true),
     )
 }
 

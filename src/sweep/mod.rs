@@ -10,13 +10,15 @@
 //! soon as the waiting rows run low, for as long as claims come back full.
 //! A claim runs beside the deliveries: rows keep starting while the next
 //! batch is claimed. On PostgreSQL, while some definition is ordered, the
-//! batch of successes also claims the next notice of each key it records
-//! and hands it back here ([`attempt::batch`]); such a sweep stays until
-//! its last successes are written, and claims due rows again as those next
-//! notices come, at most every 100 ms.
+//! batch of successes also claims the next notice of each key it records,
+//! with a run of notices behind it, and hands it back here
+//! ([`attempt::batch`]); the run waits, leased, until the notice before
+//! each is recorded, and is released when that notice ends any other way
+//! ([`Runs`]). Such a sweep stays until its last successes are written, and
+//! claims due rows again as those next notices come, at most every 100 ms.
 //!
-//! Shutdown: no more claims and no more starts; unstarted rows are released
-//! at once; running deliveries may finish for `shutdown_timeout`, then are
+//! Shutdown: no more claims and no more starts; unstarted rows (and the
+//! runs behind them) are released at once; running deliveries may finish for `shutdown_timeout`, then are
 //! abandoned and their rows released. A database error ends the claiming,
 //! not the work already claimed: outcomes are retried until they are written
 //! (or shutdown gives up on them), and the worker sweeps again at its next
@@ -35,6 +37,7 @@ use crate::{
     attempt::{
         self, Ran, Recorder, Stop,
         batch::{NextClaims, SuccessBatch},
+        runs::Runs,
     },
     def::{DefRef, Target},
     error::Result,
@@ -158,6 +161,8 @@ struct Sweep<'a> {
     stats: Arc<WorkerStats>,
     keep_reports: bool,
     reports: Vec<AttemptReport>,
+    /// Notices claimed behind those being sent ([`attempt::runs`]).
+    runs: Runs,
 }
 
 impl<'a> Sweep<'a> {
@@ -167,6 +172,7 @@ impl<'a> Sweep<'a> {
             stats,
             keep_reports,
             reports: Vec::new(),
+            runs: Runs::default(),
         }
     }
 
@@ -207,6 +213,7 @@ impl<'a> Sweep<'a> {
                 partitions: filter.partitions.clone(),
             },
             sender: next_sender,
+            runs: self.runs.clone(),
             shutdown: shutdown.clone(),
         });
         let batch = SuccessBatch::start(
@@ -242,6 +249,8 @@ impl<'a> Sweep<'a> {
             } else {
                 concurrency
             };
+            // (Runs queued behind these are not counted: at most RUN - 1
+            // each, they bound themselves.)
             let held = (waiting.len() + running.len() + batch.pending()) as u64;
             let room = held <= 2 * limits.batch_size;
             if more && claiming.is_none() && !shutdown.is_cancelled() && waiting.len() < low && room
@@ -257,7 +266,9 @@ impl<'a> Sweep<'a> {
             // (Not while a claim is in flight: on SQLite, or on a pool of
             // one, the release would wait for the claim it does not poll.)
             if shutdown.is_cancelled() && !waiting.is_empty() && claiming.is_none() {
-                let leases = waiting.drain(..).map(|(lease, _)| lease).collect();
+                let leases: Vec<Lease> = waiting.drain(..).map(|(lease, _)| lease).collect();
+                let behind = self.runs.take_behind(leases.iter().map(Lease::id));
+                let leases = leases.into_iter().chain(behind).collect();
                 self.release(leases, "shutting down", &stop.give_up).await;
             }
             // Done once nothing is held or being claimed; a woken sweep
@@ -275,7 +286,13 @@ impl<'a> Sweep<'a> {
             tokio::select! {
                 biased;
                 Some(done) = running.join_next() => match done {
-                    Ok(Some(report)) => self.report(report),
+                    Ok(Some(report)) => {
+                        // Not recorded by the batch: what waited behind it
+                        // goes back to the claims' turn rule.
+                        let behind = self.runs.take(report.notice_id);
+                        self.report(report);
+                        self.release(behind, "its run ended: the notice before it was not recorded as a plain success", &stop.give_up).await;
+                    }
                     Ok(None) => {} // handed to the batch, which reports it
                     Err(e) => tracing::error!(error = %e, "an attempt task failed"),
                 },
@@ -372,6 +389,7 @@ impl<'a> Sweep<'a> {
         while let Ok(leases) = next_claimed.try_recv() {
             late.extend(leases);
         }
+        late.extend(self.runs.take_all());
         self.release(late, "shutting down", &stop.give_up).await;
         watcher.abort();
         while let Ok(report) = batch_reports.try_recv() {
@@ -404,6 +422,11 @@ impl<'a> Sweep<'a> {
                 Err(_) => unusable.push(lease),
             }
         }
+        // What waits behind rows not attempted here goes back too.
+        let behind = self
+            .runs
+            .take_behind(unusable.iter().chain(&elsewhere).map(Lease::id));
+        elsewhere.extend(behind);
         for report in attempt::park::park(self.notifier, unusable, &inner.stop.give_up).await {
             self.report(report);
         }

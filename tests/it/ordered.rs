@@ -822,3 +822,202 @@ db_test!(
         assert_in_turn("k", &per_key(&seen)["k"], N);
     }
 );
+
+/// Notice `seq` of key `key`, whose call takes `ms` milliseconds.
+fn ordered_taking(key: &str, seq: i64, ms: u64) -> NewNotice {
+    NewNotice::new("ordered", &json!({ "seq": seq, "ms": ms })).ordering_key(key)
+}
+
+/// Quiet notifiers with a lease of 60 s: a notice left leased by mistake
+/// would hold its key far longer than these tests wait.
+fn long_lease() -> solid_notify::Config {
+    solid_notify::Config {
+        lease: Duration::from_secs(60),
+        ..quiet()
+    }
+}
+
+db_test!(
+    a_retry_inside_a_run_goes_first_without_waiting_for_the_leases_behind_it,
+    |db: Arc<TestDb>| async move {
+        // On PostgreSQL the batch of successes claims key `k` in runs of up
+        // to 16, leased behind the notice being sent; 5 and 21 fail once
+        // each, inside a run. Key `busy` keeps the sweep going all along
+        // (a sweep that ends releases whatever it still holds).
+        const N: i64 = 40;
+        db.def("ordered", "ordered", |s| {
+            s.ordering = "per_key".into();
+            s.retry_interval = "1s".into();
+            s.max_retry_times = 5;
+        })
+        .await;
+        let seen: Shared = Arc::default();
+        let failed = Arc::new(Mutex::new(std::collections::HashSet::new()));
+        let handler = recording(seen.clone(), move |n, seq| {
+            let k = n.ordering_key.as_deref() == Some("k");
+            if k && (seq == 5 || seq == 21) && failed.lock().unwrap().insert(seq) {
+                Outcome::retry("once")
+            } else {
+                Outcome::success()
+            }
+        });
+        let notifier = db
+            .notifier()
+            .config(long_lease())
+            .handler("ordered", handler)
+            .build()
+            .unwrap();
+        let tx = notifier.begin().await.unwrap();
+        for seq in 0..N {
+            tx.add(ordered_taking("k", seq, 1)).await.unwrap();
+        }
+        for seq in 0..100 {
+            tx.add(ordered_taking("busy", seq, 200)).await.unwrap();
+        }
+        tx.commit().await.unwrap();
+        let worker = start(notifier, fast(WorkerConfig::default()));
+        // Each retry is due a second after its failure; had the notices
+        // claimed behind it kept their leases, it would wait for them (a
+        // minute) or for the sweep's end (`busy` takes 20 s).
+        eventually(12, "key k delivered, its retries on time", || async {
+            let calls = per_key(&seen);
+            let k = calls
+                .get("k")
+                .map_or(0, |c| c.iter().filter(|(_, ok)| *ok).count());
+            (k == N as usize).then_some(())
+        })
+        .await;
+        worker.stop().await;
+        let calls = per_key(&seen);
+        assert_in_turn("k", &calls["k"], N);
+        assert_eq!(calls["k"].len() as i64, N + 2, "{:?}", calls["k"]);
+        assert_eq!(seen.lock().unwrap().overlaps, 0);
+    }
+);
+
+db_test!(
+    a_notice_dated_before_those_in_flight_never_goes_beside_them,
+    |db: Arc<TestDb>| async move {
+        const N: i64 = 40;
+        db.def("ordered", "ordered", |s| s.ordering = "per_key".into())
+            .await;
+        let seen: Shared = Arc::default();
+        let notifier = db
+            .notifier()
+            .config(quiet())
+            .handler(
+                "ordered",
+                recording(seen.clone(), |_, _| Outcome::success()),
+            )
+            .build()
+            .unwrap();
+        let tx = notifier.begin().await.unwrap();
+        for seq in 0..N {
+            tx.add(ordered_taking("k", seq, 20)).await.unwrap();
+        }
+        tx.commit().await.unwrap();
+        let worker = start(notifier, fast(WorkerConfig::default()));
+        eventually(10, "the key under way", || async {
+            (seen.lock().unwrap().calls.len() >= 3).then_some(())
+        })
+        .await;
+        // A plain-SQL producer's notice of the key, dated before every
+        // other (its transaction committed late): it is the oldest now, but
+        // must not be sent while any of the others is, claimed as they are
+        // (on PostgreSQL in runs, of which only the first and the last
+        // hold the key).
+        let def_id = db
+            .scalar("SELECT id FROM notify_def WHERE name = 'ordered'")
+            .await;
+        let leased = if db.backend == crate::support::Backend::Postgres {
+            "false"
+        } else {
+            "0"
+        };
+        db.db
+            .execute_unprepared(&format!(
+                "INSERT INTO notify_msg (def_id, param, description, errors, status, retry_times, \
+                 next_call_time, create_time, version, load_balance_num, leased, ordering_key) \
+                 VALUES ({def_id}, '{{\"seq\":1000,\"ms\":20}}', '', '', 0, 0, {now}, \
+                 '2000-01-01 00:00:00', 0, 0, {leased}, 'k')",
+                now = db.now_sql(),
+            ))
+            .await
+            .unwrap();
+        eventually(30, "every notice delivered", || async {
+            (db.counts().await == (0, N as u64 + 1)).then_some(())
+        })
+        .await;
+        worker.stop().await;
+        let calls = per_key(&seen);
+        let mut sent: Vec<i64> = calls["k"].iter().map(|(seq, _)| *seq).collect();
+        sent.sort();
+        let mut expected: Vec<i64> = (0..N).collect();
+        expected.push(1000);
+        assert_eq!(sent, expected, "each notice sent once");
+        assert_eq!(
+            seen.lock().unwrap().overlaps,
+            0,
+            "two calls of one key at once"
+        );
+    }
+);
+
+db_test!(
+    shutting_down_inside_runs_releases_every_notice_held,
+    |db: Arc<TestDb>| async move {
+        const KEYS: usize = 10;
+        const PER_KEY: i64 = 30;
+        db.def("ordered", "ordered", |s| s.ordering = "per_key".into())
+            .await;
+        let seen: Shared = Arc::default();
+        let notifier = || {
+            db.notifier()
+                .config(long_lease())
+                .handler(
+                    "ordered",
+                    recording(seen.clone(), |_, _| Outcome::success()),
+                )
+                .build()
+                .unwrap()
+        };
+        let producer = notifier();
+        let tx = producer.begin().await.unwrap();
+        for seq in 0..PER_KEY {
+            for key in 0..KEYS {
+                tx.add(ordered_taking(&format!("k{key}"), seq, 5))
+                    .await
+                    .unwrap();
+            }
+        }
+        tx.commit().await.unwrap();
+        let worker = start(notifier(), fast(WorkerConfig::default()));
+        eventually(10, "the keys under way", || async {
+            (seen.lock().unwrap().calls.len() >= 3 * KEYS).then_some(())
+        })
+        .await;
+        worker.stop().await;
+        // Whatever the worker held (being sent, queued behind it, claimed
+        // by its last writes) was released as it stopped: nothing waits
+        // for a lease to run out.
+        assert_eq!(
+            db.scalar("SELECT COUNT(*) FROM notify_msg WHERE leased")
+                .await,
+            0,
+            "notices left leased after shutdown"
+        );
+        let total = (KEYS as u64) * PER_KEY as u64;
+        let done = db.counts().await.1;
+        assert!(done < total, "shut down before the end: {done} of {total}");
+        let worker = start(notifier(), fast(WorkerConfig::default()));
+        eventually(20, "a second worker finishes every key", || async {
+            (db.counts().await == (0, total)).then_some(())
+        })
+        .await;
+        worker.stop().await;
+        for (key, calls) in per_key(&seen) {
+            assert_in_turn(&key, &calls, PER_KEY);
+        }
+        assert_eq!(seen.lock().unwrap().overlaps, 0);
+    }
+);
