@@ -11,7 +11,7 @@
 //! | — | insert, in the caller's transaction | 0, due now or reserved for the after-commit attempt | [`insert`] |
 //! | 0 / 2 / 4 due (or reserved) | claim: version + 1, `leased`, lease from the DB clock | same status, leased | [`claim`] |
 //! | 0, next of its key after a success, in turn | claim for the sweep that recorded the success, in the same statement (PostgreSQL) | same status, leased | [`batch::succeed_many`], [`order::next_of_moved_pg`] |
-//! | 0, right behind that next notice, never attempted | claimed with it, a run of up to [`order::RUN`]; those between the first and the last hold no key (`in_run_at`, migration 17), the sweep sends each once the one before is recorded | same status, leased | [`order::next_of_moved_pg`], [`crate::attempt`] (runs) |
+//! | 0 not leased, right behind that next notice | claimed with it, a run of up to [`order::RUN`]; those between the first and the last hold no key (`in_run_at`, migration 17), the sweep sends each once the one before is recorded | same status, leased | [`order::next_of_moved_pg`], [`crate::attempt`] (runs) |
 //! | 0 due, not in its key's turn | set aside: next check later, version unchanged | same status | [`claim`], [`order`]; on PostgreSQL also at insert, third in line or later (trigger, migration 14) |
 //! | 0 set aside | promote: due now, once in turn, version unchanged | same status | [`order::promote`]; on PostgreSQL a batch of successes promotes in its own statement ([`batch::succeed_many`]) |
 //! | leased | release: due now | same status | [`Lease::release_for`] |

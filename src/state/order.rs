@@ -222,7 +222,7 @@ fn next_of_moved(skip: bool) -> String {
 /// **Runs.** With each next notice claimed, `claimed` also claims the
 /// notices of its key right behind it, up to [`RUN`] in all: those that
 /// follow it without a gap among the rows it can see and that, like it,
-/// were never attempted, are not leased and are in `$3`'s partitions. They
+/// have status 0, are not leased and are in `$3`'s partitions. They
 /// need no turn of their own: while the first is unfinished none of them
 /// is in turn for anyone, and the caller sends each only once the one
 /// before it is recorded ([`attempt::batch`](crate::attempt)). The CTE

@@ -227,6 +227,10 @@ impl<'a> Sweep<'a> {
         let slots = Arc::new(Semaphore::new(limits.concurrency.max(1)));
         let mut waiting: VecDeque<(Lease, DefRef)> = VecDeque::new();
         let mut running: JoinSet<Option<AttemptReport>> = JoinSet::new();
+        // The notice each attempt task runs, to release what waits behind
+        // it should the task fail.
+        let mut attempting: std::collections::HashMap<tokio::task::Id, i64> =
+            std::collections::HashMap::new();
         let mut claimed_total = 0;
         let mut more = true;
         let mut first_error = None;
@@ -285,16 +289,28 @@ impl<'a> Sweep<'a> {
             }
             tokio::select! {
                 biased;
-                Some(done) = running.join_next() => match done {
-                    Ok(Some(report)) => {
+                Some(done) = running.join_next_with_id() => match done {
+                    Ok((task, Some(report))) => {
+                        attempting.remove(&task);
                         // Not recorded by the batch: what waited behind it
                         // goes back to the claims' turn rule.
                         let behind = self.runs.take(report.notice_id);
                         self.report(report);
                         self.release(behind, "its run ended: the notice before it was not recorded as a plain success", &stop.give_up).await;
                     }
-                    Ok(None) => {} // handed to the batch, which reports it
-                    Err(e) => tracing::error!(error = %e, "an attempt task failed"),
+                    // Handed to the batch, which reports it.
+                    Ok((task, None)) => {
+                        attempting.remove(&task);
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "an attempt task failed");
+                        // Its lease was dropped (released in the
+                        // background); so is what waited behind it.
+                        if let Some(notice_id) = attempting.remove(&e.id()) {
+                            let behind = self.runs.take(notice_id);
+                            self.release(behind, "its run ended: the attempt before it failed", &stop.give_up).await;
+                        }
+                    }
                 },
                 // A claim is never dropped while in flight: rows it took
                 // would wait out their lease. Its rows are released below
@@ -357,13 +373,14 @@ impl<'a> Sweep<'a> {
                     // task. Boxed: a task's future is moved on spawn, and
                     // an attempt's is large (a tenth of a no-op drain's CPU
                     // went to copying it).
-                    running.spawn(Box::pin(async move {
-                        let notice_id = lease.id();
+                    let notice_id = lease.id();
+                    let task = running.spawn(Box::pin(async move {
                         match attempt::run(&notifier, def, lease, &recorder, &stop, Some(slot)).await {
                             Ran::Done(result) => Some(AttemptReport { notice_id, result }),
                             Ran::Batched => None,
                         }
                     }).with_current_subscriber());
+                    attempting.insert(task.id(), notice_id);
                 }
                 _ = shutdown.cancelled(), if !waiting.is_empty() && !shutdown.is_cancelled() => {}
                 // Holding a full batch of successes being written, or only

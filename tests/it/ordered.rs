@@ -1021,3 +1021,57 @@ db_test!(
         assert_eq!(seen.lock().unwrap().overlaps, 0);
     }
 );
+
+db_test!(
+    a_notice_cancelled_while_queued_behind_another_of_its_key_is_never_sent,
+    |db: Arc<TestDb>| async move {
+        const N: i64 = 40;
+        db.def("ordered", "ordered", |s| s.ordering = "per_key".into())
+            .await;
+        let seen: Shared = Arc::default();
+        let notifier = db
+            .notifier()
+            .config(quiet())
+            .handler(
+                "ordered",
+                recording(seen.clone(), |_, _| Outcome::success()),
+            )
+            .build()
+            .unwrap();
+        let tx = notifier.begin().await.unwrap();
+        let mut ids = Vec::new();
+        for seq in 0..N {
+            ids.push(tx.add(ordered_taking("k", seq, 30)).await.unwrap());
+        }
+        tx.commit().await.unwrap();
+        let worker = start(notifier.clone(), fast(WorkerConfig::default()));
+        // Under way: on PostgreSQL notice 12 is then claimed already, in a
+        // run, queued behind the one being sent.
+        eventually(10, "the key under way", || async {
+            (seen.lock().unwrap().calls.len() >= 3).then_some(())
+        })
+        .await;
+        notifier.cancel(ids[12]).await.unwrap();
+        eventually(40, "every other notice delivered", || async {
+            (db.counts().await == (0, N as u64)).then_some(())
+        })
+        .await;
+        worker.stop().await;
+        let calls = per_key(&seen);
+        assert!(
+            calls["k"].iter().all(|(seq, _)| *seq != 12),
+            "the cancelled notice was sent: {:?}",
+            calls["k"]
+        );
+        let rest: Vec<(i64, bool)> = calls["k"]
+            .iter()
+            .map(|&(seq, ok)| (if seq > 12 { seq - 1 } else { seq }, ok))
+            .collect();
+        assert_in_turn("k", &rest, N - 1);
+        assert_eq!(
+            db.history_of(ids[12]).await.unwrap().status,
+            Status::Cancelled
+        );
+        assert_eq!(seen.lock().unwrap().overlaps, 0);
+    }
+);
