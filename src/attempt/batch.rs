@@ -169,21 +169,10 @@ impl Out {
         let mut to_release = claimed.stray;
         let mut hand = Vec::new();
         for &(id, moved) in moved {
-            if !(moved && taking) {
-                to_release.extend(next.runs.take(id));
-                continue;
-            }
-            let Some(following) = next.runs.advance(id) else {
-                continue;
-            };
-            if claimed.still_held.contains(&following.id()) {
-                hand.push(following);
+            if moved && taking {
+                hand.extend(next.runs.advance(id));
             } else {
-                // Gone from its claimed version (an operator's cancel):
-                // not sent, and what waits behind it goes back to the
-                // claims' turn rule.
-                to_release.extend(next.runs.take(following.id()));
-                following.forget();
+                to_release.extend(next.runs.take(id));
             }
         }
         for mut run in claimed.runs {
@@ -290,11 +279,11 @@ async fn flush(store: &Store, mut leases: Vec<Lease>, give_up: &CancellationToke
     let mut backoff = Backoff::default();
     loop {
         // Keys with a run queued: their next notices are held already.
-        let queued = match &out.next {
-            Some(next) => next.runs.fronts(leases.iter().map(Lease::id)),
+        let continuing = match &out.next {
+            Some(next) => next.runs.continuing(leases.iter().map(Lease::id)),
             None => Vec::new(),
         };
-        let claim_next = out.claim_next().map(|c| (c, queued.as_slice()));
+        let claim_next = out.claim_next().map(|c| (c, continuing.as_slice()));
         match succeed_many(store, leases, claim_next).await {
             Ok((moved, claimed)) => {
                 out.hand_next(store, &moved, claimed).await;

@@ -15,7 +15,7 @@ use std::{
     sync::{Arc, Mutex, MutexGuard},
 };
 
-use crate::state::{Lease, batch::Queued};
+use crate::state::Lease;
 
 /// The queues of one sweep, shared by the sweep and its batch.
 #[derive(Clone, Default)]
@@ -40,15 +40,10 @@ impl Runs {
         self.lock().insert(after, run.into());
     }
 
-    /// For each of `ids` with notices queued behind it: its id, and the id
-    /// and version of the notice right behind it.
-    pub fn fronts(&self, ids: impl Iterator<Item = i64>) -> Vec<Queued> {
+    /// Which of `ids` have notices queued behind them.
+    pub fn continuing(&self, ids: impl Iterator<Item = i64>) -> Vec<i64> {
         let queues = self.lock();
-        ids.filter_map(|id| {
-            let front = queues.get(&id)?.front()?;
-            Some((id, front.id(), front.version()))
-        })
-        .collect()
+        ids.filter(|id| queues.contains_key(id)).collect()
     }
 
     /// The notice `id` was recorded as delivered: the next one behind it,

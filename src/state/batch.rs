@@ -13,7 +13,7 @@ use super::{
 };
 use crate::{Status, db};
 
-pub(crate) use super::columns::{ClaimNext, Queued};
+pub(crate) use super::columns::ClaimNext;
 
 /// A batch transition that could not be written; the leases are still held.
 pub(crate) struct HeldMany {
@@ -38,9 +38,6 @@ pub(crate) struct Claims {
     /// the statement could not claim, or in a run whose last row claimed
     /// does not hold its key (a race). To release.
     pub stray: Vec<Lease>,
-    /// Which of the notices [`Queued`](columns::Queued) behind the leases
-    /// were still in flight at their claimed version.
-    pub still_held: HashSet<i64>,
 }
 
 impl Claims {
@@ -51,11 +48,7 @@ impl Claims {
             (lease.id(), c.behind, c.holds, lease)
         });
         let (runs, stray) = sort_runs(rows.collect());
-        Claims {
-            runs,
-            stray,
-            still_held: HashSet::new(),
-        }
+        Claims { runs, stray }
     }
 
     /// How many rows were claimed.
@@ -111,14 +104,13 @@ fn sort_runs<T>(rows: Vec<ClaimedRow<T>>) -> (Vec<Vec<T>>, Vec<T>) {
 /// each ordering key moved: [`order`](super::order)). With `next` (on
 /// PostgreSQL) that next notice is claimed for the caller when it is in
 /// turn ([`columns::ClaimNext`]), with the run behind it, else made due;
-/// but not for the keys of leases with notices [`Queued`](columns::Queued)
-/// behind them (their caller holds their next notices already), whose
-/// queued notices it checks instead. Returns each notice id with whether
+/// but not for the keys of `next`'s ids (leases whose caller holds the
+/// next notices of their key already). Returns each notice id with whether
 /// it moved (`false`: its claim was lost meanwhile), and what was claimed.
 pub(crate) async fn succeed_many(
     store: &Store,
     leases: Vec<Lease>,
-    next: Option<(&ClaimNext, &[columns::Queued])>,
+    next: Option<(&ClaimNext, &[i64])>,
 ) -> Result<(Vec<(i64, bool)>, Claims), HeldMany> {
     if leases.is_empty() {
         return Ok((Vec::new(), Claims::default()));
@@ -132,7 +124,7 @@ pub(crate) async fn succeed_many(
     // Only a batch with ordered notices has a next notice to claim.
     let next = next
         .filter(|_| leases.iter().any(|l| l.row().ordering_key.is_some()))
-        .map(|(next, queued)| (next, store.lease, queued));
+        .map(|(next, continuing)| (next, store.lease, continuing));
     // Before the statement: the in-process lease never outlives the row's.
     let started = std::time::Instant::now();
     let moved = db::on_conflict_retry(|| async {
@@ -149,13 +141,12 @@ pub(crate) async fn succeed_many(
         )
         .await?;
         txn.commit().await?;
-        Ok((moved, Vec::new(), Vec::new()))
+        Ok((moved, Vec::new()))
     })
     .await;
     match moved {
-        Ok((moved, claimed, still_held)) => {
-            let mut claimed = Claims::of(store, claimed, started);
-            claimed.still_held = still_held.into_iter().collect();
+        Ok((moved, claimed)) => {
+            let claimed = Claims::of(store, claimed, started);
             crate::telemetry::claimed(claimed.len() as u64);
             // On PostgreSQL the statement dealt with the next notices
             // already; this check, after its commit, catches a notice
@@ -163,7 +154,7 @@ pub(crate) async fn succeed_many(
             // which it could not see. A key whose next notice was claimed,
             // now or before, is busy until that one finishes.
             let continuing: HashSet<i64> = next
-                .map(|(_, _, queued)| queued.iter().map(|q| q.0).collect())
+                .map(|(_, _, ids)| ids.iter().copied().collect())
                 .unwrap_or_default();
             let busy: HashSet<(i64, &Option<String>)> = claimed
                 .runs

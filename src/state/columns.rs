@@ -247,11 +247,6 @@ pub(crate) struct ClaimNext {
     pub partitions: Vec<i32>,
 }
 
-/// A notice queued behind a lease of a batch of successes (see
-/// [`crate::attempt`]'s runs): the lease's id, and the notice's id and
-/// claimed version.
-pub(crate) type Queued = (i64, i64, i32);
-
 /// A row a batch of successes claimed: the next notice of its key, or one
 /// of the run behind it (`behind`: the next notice's id and the place
 /// behind it, from 1; see [`order::next_of_moved_pg`](super::order)).
@@ -270,16 +265,14 @@ pub(crate) struct ClaimedNext {
 /// travel as two arrays and are joined on the primary key), and deals with
 /// the next notice of each ordering key moved: claims it (and the run
 /// behind it) for the caller when `next` is given and it is in turn, else
-/// makes it due. The keys of the leases `next` has notices [`Queued`]
-/// behind are left alone (the caller holds their next notices already).
-/// Returns the ids moved, the rows claimed, and which of the notices queued
-/// are still in flight at their claimed version (an operator may have
-/// cancelled one meanwhile).
+/// makes it due. `next`'s ids are moved ids whose keys are left alone (the
+/// caller holds their next notices already). Returns the ids moved, and the
+/// rows claimed.
 pub(crate) async fn succeed_pairs_pg(
     db: &sea_orm::DatabaseConnection,
     pairs: &[(i64, i32)],
-    next: Option<(&ClaimNext, std::time::Duration, &[Queued])>,
-) -> Result<(Vec<i64>, Vec<ClaimedNext>, Vec<i64>), DbErr> {
+    next: Option<(&ClaimNext, std::time::Duration, &[i64])>,
+) -> Result<(Vec<i64>, Vec<ClaimedNext>), DbErr> {
     use sea_orm::{Iterable as _, Statement};
     // `next`'s position: after every column of the row.
     let next_at = Column::iter().count();
@@ -297,9 +290,8 @@ pub(crate) async fn succeed_pairs_pg(
             })
             .collect();
         // The rows claimed in full, then the ids moved (the other columns
-        // NULL), then the queued notices still held, told apart by `next`
-        // (true, false, NULL), after the columns [`model_at_pg`] reads;
-        // then where a claimed row stands in its run.
+        // NULL), told apart by `next`, after the columns [`model_at_pg`]
+        // reads; then where a claimed row stands in its run.
         let select = if claim {
             let nulls: Vec<&str> = names
                 .iter()
@@ -308,17 +300,9 @@ pub(crate) async fn succeed_pairs_pg(
             format!(
                 "SELECT {all}, true AS next, r.head, r.pos, claimed.held_key IS NOT NULL \
                  FROM claimed LEFT JOIN run r ON r.id = claimed.id \
-                 UNION ALL SELECT {ids}, false, NULL, NULL, NULL FROM kept \
-                 UNION ALL SELECT {held}, NULL, NULL, NULL, NULL FROM notify_msg n \
-                 JOIN UNNEST($6::bigint[], $7::int[]) AS q(id, version) \
-                 ON n.id = q.id AND n.version = q.version",
+                 UNION ALL SELECT {ids}, false, NULL, NULL, NULL FROM kept",
                 all = names.iter().map(|n| format!("claimed.\"{n}\"")).collect::<Vec<_>>().join(", "),
                 ids = nulls.join(", "),
-                held = names
-                    .iter()
-                    .map(|n| if *n == "id" { "n.id" } else { "NULL" })
-                    .collect::<Vec<_>>()
-                    .join(", "),
             )
         } else {
             "SELECT id FROM kept".to_string()
@@ -335,25 +319,23 @@ pub(crate) async fn succeed_pairs_pg(
     });
     let ids: Vec<i64> = pairs.iter().map(|p| p.0).collect();
     let versions: Vec<i32> = pairs.iter().map(|p| p.1).collect();
-    let Some((next, lease, queued)) = next else {
+    let Some((next, lease, continuing)) = next else {
         let moved = sea_orm::sqlx::query_scalar(sea_orm::sqlx::AssertSqlSafe(sql.as_str()))
             .bind(ids)
             .bind(versions)
             .fetch_all(db.get_postgres_connection_pool())
             .await
             .map_err(|e| DbErr::Query(sea_orm::RuntimeErr::SqlxError(std::sync::Arc::new(e))))?;
-        return Ok((moved, Vec::new(), Vec::new()));
+        return Ok((moved, Vec::new()));
     };
     let values = [
         ids.into(),
         versions.into(),
         next.partitions.clone().into(),
         lease.as_secs_f64().into(),
-        queued.iter().map(|q| q.0).collect::<Vec<i64>>().into(),
-        queued.iter().map(|q| q.1).collect::<Vec<i64>>().into(),
-        queued.iter().map(|q| q.2).collect::<Vec<i32>>().into(),
+        continuing.to_vec().into(),
     ];
-    let (mut moved, mut claimed, mut held) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut moved, mut claimed) = (Vec::new(), Vec::new());
     for row in db
         .query_all_raw(Statement::from_sql_and_values(
             DbBackend::Postgres,
@@ -362,8 +344,7 @@ pub(crate) async fn succeed_pairs_pg(
         ))
         .await?
     {
-        let kind = row.try_get_by_index::<Option<bool>>(next_at)?;
-        if kind == Some(true) {
+        if row.try_get_by_index::<bool>(next_at)? {
             let head = row.try_get_by_index::<Option<i64>>(next_at + 1)?;
             let pos = row.try_get_by_index::<Option<i64>>(next_at + 2)?;
             let holds = row.try_get_by_index::<Option<bool>>(next_at + 3)?;
@@ -372,13 +353,11 @@ pub(crate) async fn succeed_pairs_pg(
                 behind: head.zip(pos),
                 holds: holds.unwrap_or(false),
             });
-        } else if kind == Some(false) {
-            moved.push(row.try_get_by_index::<i64>(0)?);
         } else {
-            held.push(row.try_get_by_index::<i64>(0)?);
+            moved.push(row.try_get_by_index::<i64>(0)?);
         }
     }
-    Ok((moved, claimed, held))
+    Ok((moved, claimed))
 }
 
 /// PostgreSQL: a notice row read by position, its columns in the order of
