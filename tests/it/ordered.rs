@@ -309,15 +309,7 @@ db_test!(
             .await
             .unwrap();
         let seen: Shared = Arc::default();
-        let notifier = db
-            .notifier()
-            .config(quiet())
-            .handler(
-                "ordered",
-                recording(seen.clone(), |_, _| Outcome::success()),
-            )
-            .build()
-            .unwrap();
+        let notifier = succeeding(&db, &seen)();
         // Polls every 30 s; it catches up once when it starts, and each
         // finished notice wakes it for the next.
         let worker = start(
@@ -828,6 +820,18 @@ fn ordered_taking(key: &str, seq: i64, ms: u64) -> NewNotice {
     NewNotice::new("ordered", &json!({ "seq": seq, "ms": ms })).ordering_key(key)
 }
 
+/// Adds notices 0..`n` of key `key`, each call taking `ms`, in one
+/// transaction; returns their ids.
+async fn add_key(notifier: &Notifier, key: &str, n: i64, ms: u64) -> Vec<i64> {
+    let tx = notifier.begin().await.unwrap();
+    let mut ids = Vec::new();
+    for seq in 0..n {
+        ids.push(tx.add(ordered_taking(key, seq, ms)).await.unwrap());
+    }
+    tx.commit().await.unwrap();
+    ids
+}
+
 /// Quiet notifiers with a lease of 60 s: a notice left leased by mistake
 /// would hold its key far longer than these tests wait.
 fn long_lease() -> solid_notify::Config {
@@ -902,20 +906,8 @@ db_test!(
         db.def("ordered", "ordered", |s| s.ordering = "per_key".into())
             .await;
         let seen: Shared = Arc::default();
-        let notifier = db
-            .notifier()
-            .config(quiet())
-            .handler(
-                "ordered",
-                recording(seen.clone(), |_, _| Outcome::success()),
-            )
-            .build()
-            .unwrap();
-        let tx = notifier.begin().await.unwrap();
-        for seq in 0..N {
-            tx.add(ordered_taking("k", seq, 20)).await.unwrap();
-        }
-        tx.commit().await.unwrap();
+        let notifier = succeeding(&db, &seen)();
+        add_key(&notifier, "k", N, 20).await;
         let worker = start(notifier, fast(WorkerConfig::default()));
         eventually(10, "the key under way", || async {
             (seen.lock().unwrap().calls.len() >= 3).then_some(())
@@ -1029,21 +1021,8 @@ db_test!(
         db.def("ordered", "ordered", |s| s.ordering = "per_key".into())
             .await;
         let seen: Shared = Arc::default();
-        let notifier = db
-            .notifier()
-            .config(quiet())
-            .handler(
-                "ordered",
-                recording(seen.clone(), |_, _| Outcome::success()),
-            )
-            .build()
-            .unwrap();
-        let tx = notifier.begin().await.unwrap();
-        let mut ids = Vec::new();
-        for seq in 0..N {
-            ids.push(tx.add(ordered_taking("k", seq, 30)).await.unwrap());
-        }
-        tx.commit().await.unwrap();
+        let notifier = succeeding(&db, &seen)();
+        let ids = add_key(&notifier, "k", N, 30).await;
         let worker = start(notifier.clone(), fast(WorkerConfig::default()));
         // Under way: on PostgreSQL notice 12 is then claimed already, in a
         // run, queued behind the one being sent.
