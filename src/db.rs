@@ -57,6 +57,15 @@ pub(crate) fn rolled_back_transaction(e: &DbErr) -> bool {
     mysql_code(e) == Some(1213)
 }
 
+/// Whether `e` says the statement ran in a transaction the database had
+/// aborted already: PostgreSQL's `in_failed_sql_transaction` (25P02), which
+/// refuses every statement until the transaction is rolled back (or rolled
+/// back to a savepoint), or a deadlock that rolled it back
+/// ([`rolled_back_transaction`]).
+pub(crate) fn in_aborted_transaction(e: &DbErr) -> bool {
+    sql_state(e).is_some_and(|code| code == "25P02") || rolled_back_transaction(e)
+}
+
 fn mysql_code(e: &DbErr) -> Option<u16> {
     let db = sqlx_error(e)?.as_database_error()?;
     db.try_downcast_ref::<sea_orm::sqlx::mysql::MySqlDatabaseError>()

@@ -2,16 +2,28 @@
 //! after-commit attempt.
 //!
 //! [`NoticeTx`] wraps a sea-orm [`DatabaseTransaction`]: business code runs on
-//! it unchanged (it is a [`ConnectionTrait`]), notices are added with
+//! it unchanged (it is a [`ConnectionTrait`], and its
+//! [`begin`](sea_orm::TransactionTrait::begin) opens a nested transaction,
+//! a savepoint, as sea-orm's own do), notices are added with
 //! [`NoticeTx::add_notice`], and [`NoticeTx::commit`] attempts them once the
 //! commit succeeded. Dropping or rolling back the wrapper stores and sends
 //! nothing. Applications that manage their own transaction can use the two
 //! halves directly: [`Notifier::add`] inside it, [`Notifier::dispatch`] after.
 //!
+//! **Only what committed is sent.** A notice added inside a savepoint or a
+//! nested transaction that is rolled back is neither stored nor sent. Once
+//! a transaction may hold a savepoint (a nested transaction, or a statement
+//! of the caller's that names one), every notice of it is written as it is
+//! added and claimed by its after-commit attempt before anything is sent:
+//! the claim finds the row only if it committed. A transaction that never
+//! opens a savepoint keeps the cheaper path below.
+//!
 //! Bad input never costs the caller its transaction: every field is checked
-//! before any SQL runs. Should the database nevertheless abort the
-//! transaction (a failed statement on PostgreSQL, a deadlock on MySQL),
-//! [`NoticeTx::commit`] returns [`Error::TransactionAborted`], never `Ok`.
+//! before any SQL runs. An add into a transaction the database has aborted
+//! already (a failed statement on PostgreSQL, a deadlock on MySQL, an
+//! error that rolled SQLite's back) fails with [`Error::TransactionAborted`]
+//! and writes nothing; so does [`NoticeTx::commit`], which never returns
+//! `Ok` for such a transaction.
 //!
 //! How the rows travel depends on the backend. On PostgreSQL a [`NoticeTx`]
 //! from [`Notifier::begin`] buffers its notices and sends them with the
@@ -24,27 +36,26 @@
 //! it is added on every backend ([`crate::state::keyed`]), so that the key's
 //! unique index can answer at once with the notice that already holds it.
 
+mod control;
 mod pg;
+mod tx;
 
-use std::sync::{
-    Mutex,
-    atomic::{AtomicBool, Ordering},
-};
+use std::any::TypeId;
 
-use async_trait::async_trait;
 use sea_orm::{
-    ConnectionTrait, DatabaseTransaction, DbBackend, DbErr, ExecResult, QueryResult, Statement,
-    TransactionTrait,
+    ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, TransactionTrait,
 };
 use serde::Serialize;
 use serde_json::Value;
+
+pub use tx::NoticeTx;
 
 use crate::{
     Notifier,
     attempt::{AttemptReport, PendingNotice, background, merged_target},
     error::{Error, Result},
     state::{
-        insert::{self, NewRow},
+        insert::{self, InsertError, NewRow, Within},
         keyed::Keyed,
     },
 };
@@ -141,20 +152,39 @@ impl Notifier {
     /// without attempting it; pass the result to [`Notifier::dispatch`] after
     /// the commit. A checking error writes nothing and leaves the
     /// transaction as it was; a database error rolls back only the notice
-    /// (a savepoint on PostgreSQL).
+    /// (a savepoint on PostgreSQL). The after-commit attempt claims the
+    /// notice first, so a notice whose transaction (or an enclosing one, or
+    /// a savepoint around the add) rolled back is never sent.
+    ///
+    /// In a transaction the database has aborted already, the add fails
+    /// with [`Error::TransactionAborted`] and writes nothing: PostgreSQL
+    /// refuses the statement, and on MySQL/MariaDB the insert checks that a
+    /// transaction is still open (a deadlock victim is rolled back by the
+    /// server and left in autocommit, where an insert would commit on its
+    /// own). On SQLite only a failure this library saw is known (through a
+    /// [`NoticeTx`]): give `add` a transaction whose statements all
+    /// succeeded. `conn` may also be a plain [`DatabaseConnection`]: the
+    /// notice then commits at once.
     pub async fn add<C>(&self, conn: &C, notice: NewNotice) -> Result<PendingNotice>
     where
-        C: ConnectionTrait + TransactionTrait,
+        C: ConnectionTrait + TransactionTrait + 'static,
     {
-        let (row, def) = self.prepare(conn, notice).await?;
-        let written = std::time::Instant::now();
-        let inserted = insert::insert(conn, &row).await.map_err(|e| {
-            if e.aborted {
-                Error::TransactionAborted(e.error.to_string())
-            } else {
-                Error::Db(e.error)
+        let within = if TypeId::of::<C>() == TypeId::of::<DatabaseConnection>() {
+            Within::Any
+        } else {
+            Within::Transaction
+        };
+        let (row, def) = self.prepare(conn, notice).await.map_err(|e| match e {
+            // The definition's lookup, through the caller's transaction.
+            Error::Db(e) if crate::db::in_aborted_transaction(&e) => {
+                Error::TransactionAborted(e.to_string())
             }
+            other => other,
         })?;
+        let written = std::time::Instant::now();
+        let inserted = insert::insert(conn, &row, within)
+            .await
+            .map_err(insert_error)?;
         Ok(pending(inserted, row, def, written))
     }
 
@@ -240,21 +270,17 @@ impl Notifier {
 
     /// Begins a transaction on the notifier's pool, wrapped for adding
     /// notices (the database's default isolation). On PostgreSQL nothing is
-    /// sent until the first statement, and notices travel with the `COMMIT`;
-    /// on SQLite it is `BEGIN IMMEDIATE` (the write lock up front).
+    /// sent until the first statement, and notices travel with the `COMMIT`
+    /// (until a savepoint is opened); on SQLite it is `BEGIN IMMEDIATE` (the
+    /// write lock up front).
     pub async fn begin(&self) -> Result<NoticeTx> {
         let db = &self.inner.store.db;
-        let kind = if db.get_database_backend() == DbBackend::Postgres {
-            Kind::Pg(pg::PgTx::new(db.get_postgres_connection_pool()).await?)
-        } else {
-            Kind::Sea(SeaTx::new(crate::db::begin_business(db).await?))
-        };
-        Ok(NoticeTx {
-            kind,
-            notifier: self.clone(),
-            pending: Mutex::new(Vec::new()),
-            top_level: true,
-        })
+        if db.get_database_backend() == DbBackend::Postgres {
+            let pg = pg::PgTx::new(db.get_postgres_connection_pool()).await?;
+            return Ok(NoticeTx::top_pg(self.clone(), pg));
+        }
+        let txn = crate::db::begin_business(db).await?;
+        Ok(NoticeTx::top_sea(self.clone(), txn))
     }
 
     /// Wraps a transaction the caller already began (notices are inserted
@@ -263,250 +289,23 @@ impl Notifier {
     /// its notice: a notice whose outer transaction rolled back is never
     /// sent.
     pub fn wrap(&self, txn: DatabaseTransaction) -> NoticeTx {
-        NoticeTx {
-            kind: Kind::Sea(SeaTx::new(txn)),
-            notifier: self.clone(),
-            pending: Mutex::new(Vec::new()),
-            top_level: false,
-        }
+        NoticeTx::wrapped(self.clone(), txn)
     }
 }
 
-/// A business transaction that can carry notices.
-///
-/// Use it wherever sea-orm expects a connection (`model.insert(&tx)`,
-/// `Entity::find().all(&tx)`): it is a [`ConnectionTrait`].
-pub struct NoticeTx {
-    kind: Kind,
-    notifier: Notifier,
-    pending: Mutex<Vec<PendingNotice>>,
-    /// Begun by [`Notifier::begin`]: its commit is the database's commit.
-    top_level: bool,
-}
-
-enum Kind {
-    /// A sea-orm transaction; notices inserted as they are added.
-    Sea(SeaTx),
-    /// PostgreSQL: notices buffered and sent with the commit.
-    Pg(pg::PgTx),
-}
-
-struct SeaTx {
-    txn: DatabaseTransaction,
-    /// A statement through the wrapper failed: check the transaction is
-    /// still alive before committing.
-    failed: AtomicBool,
-    /// Known to be aborted, and why.
-    aborted: Mutex<Option<String>>,
-}
-
-impl SeaTx {
-    fn new(txn: DatabaseTransaction) -> Self {
-        SeaTx {
-            txn,
-            failed: AtomicBool::new(false),
-            aborted: Mutex::new(None),
-        }
-    }
-
-    fn watch<T>(&self, result: std::result::Result<T, DbErr>) -> std::result::Result<T, DbErr> {
-        if let Err(e) = &result {
-            self.failed_with(e);
-        }
-        result
-    }
-
-    /// Notes a failed statement (and a known rollback).
-    fn failed_with(&self, e: &DbErr) {
-        self.failed.store(true, Ordering::Relaxed);
-        if crate::db::rolled_back_transaction(e) {
-            lock(&self.aborted).get_or_insert_with(|| e.to_string());
-        }
-    }
-
-    /// After a failed statement: whether the database has aborted the
-    /// transaction (PostgreSQL refuses any further statement; MariaDB
-    /// reports no transaction after rolling one back on a deadlock; where
-    /// `@@in_transaction` does not exist, MySQL 8, the deadlock itself was
-    /// noted by [`watch`](Self::watch)).
-    async fn probe(&self) -> Option<String> {
-        let backend = self.txn.get_database_backend();
-        let sql = match backend {
-            DbBackend::Postgres => "SELECT 1",
-            DbBackend::MySql => "SELECT @@in_transaction",
-            _ => return None,
-        };
-        match self
-            .txn
-            .query_one_raw(Statement::from_string(backend, sql))
-            .await
-        {
-            Err(e) if backend == DbBackend::Postgres => Some(e.to_string()),
-            Ok(Some(row)) if backend == DbBackend::MySql => match row.try_get_by_index::<i64>(0) {
-                Ok(0) => Some("the server rolled the transaction back".into()),
-                _ => None,
-            },
-            _ => None,
-        }
-    }
-
-    async fn commit(self) -> Result<()> {
-        let aborted = lock(&self.aborted).take();
-        let aborted = match aborted {
-            Some(why) => Some(why),
-            None if self.failed.load(Ordering::Relaxed) => self.probe().await,
-            None => None,
-        };
-        if let Some(why) = aborted {
-            self.txn.rollback().await.ok();
-            return Err(Error::TransactionAborted(why));
-        }
-        self.txn.commit().await.map_err(|e| {
-            if crate::db::connection_lost(&e) {
-                Error::CommitOutcomeUnknown(e.to_string())
-            } else {
-                // A COMMIT the database refused rolled the transaction back
-                // (a transaction dropped uncommitted is rolled back too).
-                Error::TransactionAborted(format!("COMMIT failed: {e}"))
-            }
-        })
-    }
-}
-
-impl NoticeTx {
-    /// Adds a notice of definition `def` with `param` and a description.
-    /// Returns the new notice id.
-    pub async fn add_notice(
-        &self,
-        def: &str,
-        param: &impl Serialize,
-        description: &str,
-    ) -> Result<i64> {
-        self.add(NewNotice::new(def, param).description(description))
-            .await
-    }
-
-    /// Adds a notice built with overrides. Returns the new notice id.
-    pub async fn add(&self, notice: NewNotice) -> Result<i64> {
-        let added = match &self.kind {
-            Kind::Sea(sea) => match self.notifier.add(&sea.txn, notice).await {
-                Err(e) => {
-                    match &e {
-                        Error::TransactionAborted(why) => *lock(&sea.aborted) = Some(why.clone()),
-                        Error::Db(e) => sea.failed_with(e),
-                        _ => {}
-                    }
-                    Err(e)
-                }
-                ok => ok,
-            },
-            Kind::Pg(pg) => {
-                let (row, def) = self.notifier.prepare(self, notice).await?;
-                if row.idempotency_key.is_some() || row.ordering_key.is_some() {
-                    // Keyed: written now, so that the key's index decides
-                    // (and an ordered notice's insert time is its add's,
-                    // in the order of the adds), inside a savepoint (an
-                    // error rolls back only the notice). The caller may
-                    // still roll back to a savepoint of its own, so the
-                    // attempt after the commit claims the row first.
-                    let written = std::time::Instant::now();
-                    let inserted = pg_keyed(self, &row).await?;
-                    Ok(pending(inserted, row, def, written).claim_after_commit())
-                } else {
-                    let id = pg.next_id(&self.notifier.inner.ids).await?;
-                    // Written with the commit; `written` is set again then.
-                    let mut p = PendingNotice::new(id, row, def, std::time::Instant::now());
-                    p.on_commit = true;
-                    Ok(p)
-                }
-            }
-        };
-        let pending = added?;
-        let id = pending.id();
-        lock(&self.pending).push(pending);
-        Ok(id)
-    }
-
-    /// Commits, then attempts the added notices in the background.
-    /// Returns their ids.
-    pub async fn commit(self) -> Result<Vec<i64>> {
-        let (notifier, pending) = self.commit_inner().await?;
-        let ids = pending.iter().map(PendingNotice::id).collect();
-        notifier.dispatch(pending, false).await;
-        Ok(ids)
-    }
-
-    /// Commits, then attempts the added notices and waits for each outcome.
-    pub async fn commit_and_wait(self) -> Result<Vec<AttemptReport>> {
-        let (notifier, pending) = self.commit_inner().await?;
-        Ok(notifier.dispatch(pending, true).await)
-    }
-
-    /// Rolls back: no notice is stored or sent.
-    pub async fn rollback(self) -> Result<()> {
-        match self.kind {
-            Kind::Sea(sea) => Ok(sea.txn.rollback().await?),
-            Kind::Pg(pg) => Ok(pg.rollback().await?),
-        }
-    }
-
-    async fn commit_inner(self) -> Result<(Notifier, Vec<PendingNotice>)> {
-        let mut pending = self
-            .pending
-            .into_inner()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let committed = match self.kind {
-            Kind::Sea(sea) => sea.commit().await,
-            Kind::Pg(pg) => {
-                let rows: Vec<_> = pending
-                    .iter()
-                    .filter(|p| p.on_commit)
-                    .map(|p| (p.id, p.row.clone()))
-                    .collect();
-                let written = std::time::Instant::now();
-                for p in pending.iter_mut().filter(|p| p.on_commit) {
-                    p.written = written;
-                }
-                pg.commit(&rows).await
-            }
-        };
-        if let Err(e) = committed {
-            if matches!(e, Error::CommitOutcomeUnknown(_)) {
-                // If it did commit, its notices are due at once for any
-                // worker; if not, this changes nothing.
-                background::not_attempted(&self.notifier, pending);
-            }
-            return Err(e);
-        }
-        if self.top_level {
-            pending = pending.into_iter().map(PendingNotice::committed).collect();
-        }
-        Ok((self.notifier, pending))
-    }
-}
-
-/// PostgreSQL, [`Notifier::begin`]: writes a keyed notice now, inside a
-/// savepoint of its own.
-async fn pg_keyed(tx: &NoticeTx, row: &NewRow) -> Result<Keyed> {
-    tx.execute_unprepared("SAVEPOINT solid_notify_key").await?;
-    match insert::write(tx, row).await {
-        Ok(inserted) => {
-            tx.execute_unprepared("RELEASE SAVEPOINT solid_notify_key")
-                .await?;
-            Ok(inserted)
-        }
-        Err(e) => {
-            if let Err(undo) = tx
-                .execute_unprepared("ROLLBACK TO SAVEPOINT solid_notify_key")
-                .await
-            {
-                return Err(Error::TransactionAborted(format!("{e}; then {undo}")));
-            }
-            tx.execute_unprepared("RELEASE SAVEPOINT solid_notify_key")
-                .await
-                .ok();
-            Err(Error::Db(e))
-        }
+/// An insert's failure as the producer reports it.
+fn insert_error(e: InsertError) -> Error {
+    match e {
+        InsertError::Db {
+            error,
+            aborted: true,
+        } => Error::TransactionAborted(error.to_string()),
+        InsertError::Db { error, .. } => Error::Db(error),
+        InsertError::NoTransaction => Error::TransactionAborted(
+            "the database had rolled the transaction back before this add (no transaction \
+             was open); nothing was written"
+                .into(),
+        ),
     }
 }
 
@@ -521,57 +320,5 @@ fn pending(
     match inserted {
         Keyed::New(id) => PendingNotice::new(id, row, def, written),
         Keyed::Existing(id) => PendingNotice::existing(id, row, def),
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-#[async_trait]
-impl ConnectionTrait for NoticeTx {
-    fn get_database_backend(&self) -> DbBackend {
-        match &self.kind {
-            Kind::Sea(sea) => sea.txn.get_database_backend(),
-            Kind::Pg(_) => DbBackend::Postgres,
-        }
-    }
-
-    async fn execute_raw(&self, stmt: Statement) -> std::result::Result<ExecResult, DbErr> {
-        match &self.kind {
-            Kind::Sea(sea) => sea.watch(sea.txn.execute_raw(stmt).await),
-            Kind::Pg(pg) => pg.execute(stmt).await,
-        }
-    }
-
-    async fn execute_unprepared(&self, sql: &str) -> std::result::Result<ExecResult, DbErr> {
-        match &self.kind {
-            Kind::Sea(sea) => sea.watch(sea.txn.execute_unprepared(sql).await),
-            Kind::Pg(pg) => pg.execute_unprepared(sql).await,
-        }
-    }
-
-    async fn query_one_raw(
-        &self,
-        stmt: Statement,
-    ) -> std::result::Result<Option<QueryResult>, DbErr> {
-        match &self.kind {
-            Kind::Sea(sea) => sea.watch(sea.txn.query_one_raw(stmt).await),
-            Kind::Pg(pg) => pg.query_one(stmt).await,
-        }
-    }
-
-    async fn query_all_raw(&self, stmt: Statement) -> std::result::Result<Vec<QueryResult>, DbErr> {
-        match &self.kind {
-            Kind::Sea(sea) => sea.watch(sea.txn.query_all_raw(stmt).await),
-            Kind::Pg(pg) => pg.query_all(stmt).await,
-        }
-    }
-
-    fn support_returning(&self) -> bool {
-        match &self.kind {
-            Kind::Sea(sea) => sea.txn.support_returning(),
-            Kind::Pg(_) => true,
-        }
     }
 }

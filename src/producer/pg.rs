@@ -24,7 +24,17 @@
 //!
 //! A transaction dropped unfinished, or mid-statement, closes its connection
 //! (PostgreSQL rolls back) instead of handing it back to the pool in an
-//! unknown state.
+//! unknown state. Once committed or rolled back it hands its connection
+//! back at once and refuses every further statement, even from a nested
+//! transaction that outlived it.
+//!
+//! **Savepoints.** Notices buffered for the `COMMIT` cannot follow
+//! savepoints, so the wrapper stops buffering at the first savepoint
+//! ([`PgTx::write_now`], called by [`NoticeTx`](super::NoticeTx) before the
+//! statement that opens it): the notices buffered so far are written before
+//! it, and every later notice as it is added, each in one message guarded by
+//! a savepoint of its own. The database then decides which rows a rollback
+//! to a savepoint takes back.
 
 use std::sync::Arc;
 
@@ -43,13 +53,17 @@ use crate::{
     },
 };
 
+/// The savepoint around one write of notices ([`PgTx::write_now`]).
+const ADD_SAVEPOINT: &str = "solid_notify_add";
+
 struct Link {
     conn: Option<PoolConnection<Postgres>>,
     /// `BEGIN` was sent (or may have been) and the transaction has not ended.
     begun: bool,
-    /// A statement failed inside the transaction. The commit asks the
-    /// server whether that aborted the transaction: the caller may have
-    /// rolled back to a savepoint of its own and gone on.
+    /// A statement failed inside the transaction (or one of the caller's
+    /// may have rolled it back). The next add or commit asks the server
+    /// whether that aborted the transaction: the caller may have rolled
+    /// back to a savepoint of its own and gone on.
     failed: Option<String>,
     /// The transaction's state is unknown (a statement's future was dropped
     /// mid-way, or `BEGIN` failed): it can only be rolled back.
@@ -61,6 +75,9 @@ struct Link {
 /// See the module docs.
 pub(crate) struct PgTx {
     link: Mutex<Link>,
+    /// Savepoints of nested transactions dropped unfinished: rolled back to
+    /// (newest first) before the next statement.
+    undo: std::sync::Mutex<Vec<String>>,
 }
 
 fn exec_err(e: sqlx::Error) -> DbErr {
@@ -106,6 +123,40 @@ impl Link {
         self.conn.as_mut().ok_or_else(ended)
     }
 
+    /// `Err` with the reason when the transaction can only be rolled back:
+    /// known broken, or, after a failed statement (or one of the caller's
+    /// that may have rolled it back), found so by asking the server once.
+    /// `now()` is the transaction's start, so it differs from the
+    /// statement's time exactly while a transaction the caller began is
+    /// open; an aborted one refuses the question.
+    async fn ask(&mut self) -> std::result::Result<(), String> {
+        if let Some(why) = &self.broken {
+            return Err(why.clone());
+        }
+        let Some(why) = self.failed.clone() else {
+            return Ok(());
+        };
+        let asked: std::result::Result<bool, sqlx::Error> = match self.ready(false).await {
+            Ok(conn) => {
+                sqlx::query_scalar("SELECT now() <> statement_timestamp()")
+                    .fetch_one(&mut **conn)
+                    .await
+            }
+            Err(e) => return Err(format!("{why}; then: {e}")),
+        };
+        self.in_flight = false;
+        let broken = match asked {
+            Ok(true) => {
+                self.failed = None;
+                return Ok(());
+            }
+            Ok(false) => format!("{why} (no transaction is open any more: it was rolled back)"),
+            Err(e) => format!("{why} (the transaction is aborted: {e})"),
+        };
+        self.broken = Some(broken.clone());
+        Err(broken)
+    }
+
     /// Ends the statement in flight, noting a failure inside the transaction.
     fn note<T>(&mut self, result: std::result::Result<T, DbErr>) -> std::result::Result<T, DbErr> {
         self.in_flight = false;
@@ -142,11 +193,129 @@ impl PgTx {
                 broken: None,
                 in_flight: false,
             }),
+            undo: std::sync::Mutex::new(Vec::new()),
         })
     }
 
-    pub async fn execute(&self, stmt: Statement) -> std::result::Result<ExecResult, DbErr> {
+    /// The link, once the savepoints of nested transactions dropped
+    /// unfinished are rolled back to (a failure there leaves a transaction
+    /// that can only be rolled back).
+    async fn lock(&self) -> tokio::sync::MutexGuard<'_, Link> {
         let mut link = self.link.lock().await;
+        let undo: Vec<String> = std::mem::take(&mut *lock_undo(&self.undo));
+        for savepoint in undo.into_iter().rev() {
+            if !link.begun || link.broken.is_some() {
+                break;
+            }
+            let sql = format!("ROLLBACK TO SAVEPOINT {savepoint}; RELEASE SAVEPOINT {savepoint}");
+            let done = match link.ready(false).await {
+                Ok(conn) => conn.execute(sqlx::AssertSqlSafe(sql)).await.map(drop),
+                Err(_) => break,
+            };
+            link.in_flight = false;
+            if let Err(e) = done {
+                link.broken = Some(format!(
+                    "rolling back a nested transaction dropped unfinished failed: {e}"
+                ));
+            }
+        }
+        link
+    }
+
+    /// From now on the transaction can only be rolled back, for `why`.
+    pub async fn break_with(&self, why: String) {
+        self.link.lock().await.broken.get_or_insert(why);
+    }
+
+    /// A nested transaction was dropped unfinished: its savepoint is rolled
+    /// back to before the next statement, as sea-orm does for its own.
+    pub fn undo_later(&self, savepoint: String) {
+        lock_undo(&self.undo).push(savepoint);
+    }
+
+    /// Whether the transaction can go on: `Err` with the reason when it
+    /// can only be rolled back. After a failed statement (which aborts a
+    /// PostgreSQL transaction unless the caller rolled back to a savepoint
+    /// of its own), or one of the caller's that may have rolled it back,
+    /// the server is asked, once ([`Link::ask`]).
+    pub async fn alive(&self) -> std::result::Result<(), String> {
+        let mut link = self.lock().await;
+        link.ask().await
+    }
+
+    /// A statement of the caller's may have ended the transaction (a
+    /// `ROLLBACK`): the next add or commit asks the server first.
+    pub async fn check_later(&self, why: String) {
+        let mut link = self.link.lock().await;
+        if link.begun {
+            link.failed.get_or_insert(why);
+        }
+    }
+
+    /// Writes `rows` now, inside the transaction (begun if it was not), in
+    /// a savepoint of their own: one message when they fit a literal insert.
+    /// A refusal rolls back only these rows ([`Error::Db`]); a rollback
+    /// that fails too leaves a transaction that can only be rolled back
+    /// ([`Error::TransactionAborted`]).
+    pub async fn write_now(&self, rows: &[(i64, NewRow)]) -> Result<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let mut link = self.lock().await;
+        let conn = link
+            .ready(true)
+            .await
+            .map_err(|e| Error::TransactionAborted(e.to_string()))?;
+        let written = match insert::pg_insert_literal(rows) {
+            Some(insert) => conn
+                .execute(sqlx::AssertSqlSafe(format!(
+                    "SAVEPOINT {ADD_SAVEPOINT}; {insert}; RELEASE SAVEPOINT {ADD_SAVEPOINT}"
+                )))
+                .await
+                .map(drop),
+            None => {
+                let savepoint = format!("SAVEPOINT {ADD_SAVEPOINT}");
+                match conn.execute(sqlx::AssertSqlSafe(savepoint)).await {
+                    Ok(_) => match insert::pg_insert_rows(conn, rows).await {
+                        Ok(()) => conn
+                            .execute(sqlx::AssertSqlSafe(format!(
+                                "RELEASE SAVEPOINT {ADD_SAVEPOINT}"
+                            )))
+                            .await
+                            .map(drop),
+                        Err(e) => Err(e),
+                    },
+                    Err(e) => Err(e),
+                }
+            }
+        };
+        let Err(e) = written else {
+            link.in_flight = false;
+            return Ok(());
+        };
+        let e = exec_err(e);
+        if crate::db::connection_lost(&e) {
+            link.broken = Some(format!("the connection was lost writing notices: {e}"));
+            return Err(Error::TransactionAborted(e.to_string()));
+        }
+        let undone = conn
+            .execute(sqlx::AssertSqlSafe(format!(
+                "ROLLBACK TO SAVEPOINT {ADD_SAVEPOINT}; RELEASE SAVEPOINT {ADD_SAVEPOINT}"
+            )))
+            .await;
+        link.in_flight = false;
+        match undone {
+            Ok(_) => Err(Error::Db(e)),
+            Err(undo) => {
+                let why = format!("writing notices failed: {e}; then: {undo}");
+                link.broken = Some(why.clone());
+                Err(Error::TransactionAborted(why))
+            }
+        }
+    }
+
+    pub async fn execute(&self, stmt: Statement) -> std::result::Result<ExecResult, DbErr> {
+        let mut link = self.lock().await;
         let conn = link.ready(true).await?;
         let values = stmt.values.unwrap_or(sea_orm::Values(Vec::new()));
         let done = sqlx::query_with(sqlx::AssertSqlSafe(stmt.sql), SqlxValues(values))
@@ -158,7 +327,7 @@ impl PgTx {
     }
 
     pub async fn execute_unprepared(&self, sql: &str) -> std::result::Result<ExecResult, DbErr> {
-        let mut link = self.link.lock().await;
+        let mut link = self.lock().await;
         let conn = link.ready(true).await?;
         let done = conn
             .execute(sqlx::AssertSqlSafe(sql.to_owned()))
@@ -169,7 +338,7 @@ impl PgTx {
     }
 
     pub async fn query_all(&self, stmt: Statement) -> std::result::Result<Vec<QueryResult>, DbErr> {
-        let mut link = self.link.lock().await;
+        let mut link = self.lock().await;
         let conn = link.ready(true).await?;
         let values = stmt.values.unwrap_or(sea_orm::Values(Vec::new()));
         let rows = sqlx::query_with(sqlx::AssertSqlSafe(stmt.sql), SqlxValues(values))
@@ -184,7 +353,7 @@ impl PgTx {
         &self,
         stmt: Statement,
     ) -> std::result::Result<Option<QueryResult>, DbErr> {
-        let mut link = self.link.lock().await;
+        let mut link = self.lock().await;
         let conn = link.ready(true).await?;
         let values = stmt.values.unwrap_or(sea_orm::Values(Vec::new()));
         let row = sqlx::query_with(sqlx::AssertSqlSafe(stmt.sql), SqlxValues(values))
@@ -201,7 +370,7 @@ impl PgTx {
         if let Some(id) = blocks.take() {
             return Ok(id);
         }
-        let mut link = self.link.lock().await;
+        let mut link = self.lock().await;
         let conn = link.ready(false).await?;
         let fetched = link_fetch(conn, blocks).await.map_err(query_err);
         link.note(fetched)?;
@@ -221,32 +390,21 @@ impl PgTx {
     /// - [`Error::CommitOutcomeUnknown`]: the connection was lost while
     ///   committing.
     pub async fn commit(&self, rows: &[(i64, NewRow)]) -> Result<()> {
-        let mut link = self.link.lock().await;
+        let mut link = self.lock().await;
         if let Some(why) = link.broken.clone() {
             drop(link);
             self.rollback().await.ok();
             return Err(Error::TransactionAborted(why));
         }
-        if let Some(why) = link.failed.take() {
-            // Aborted by the server, or recovered by the caller (a savepoint)?
-            let conn = match link.ready(false).await {
-                Ok(conn) => conn,
-                Err(e) => {
-                    drop(link);
-                    self.rollback().await.ok();
-                    return Err(Error::TransactionAborted(format!("{why}; then: {e}")));
-                }
-            };
-            let alive = conn.execute("SELECT 1").await;
-            link.in_flight = false;
-            if alive.is_err() {
-                drop(link);
-                self.rollback().await.ok();
-                return Err(Error::TransactionAborted(why));
-            }
+        // Aborted by the server, or recovered by the caller (a savepoint)?
+        if let Err(why) = link.ask().await {
+            drop(link);
+            self.rollback().await.ok();
+            return Err(Error::TransactionAborted(why));
         }
         let begun = link.begun;
         if !begun && rows.is_empty() {
+            link.conn = None;
             return Ok(());
         }
         let conn = link
@@ -282,6 +440,9 @@ impl PgTx {
             Ok(()) => {
                 link.in_flight = false;
                 link.begun = false;
+                // Back to the pool now: a nested transaction that outlived
+                // this one can send nothing more on it.
+                link.conn = None;
                 return Ok(());
             }
             Err(failed) => failed,
@@ -300,6 +461,7 @@ impl PgTx {
         } else {
             // A failed COMMIT, or a failed lone insert, ends the transaction.
             link.begun = false;
+            link.conn = None;
         }
         let what = match stage {
             Stage::Insert => "writing its notices at the commit failed",
@@ -312,8 +474,10 @@ impl PgTx {
     /// Rolls back (nothing to do when nothing was sent). A connection that
     /// cannot be rolled back is closed when the transaction is dropped.
     pub async fn rollback(&self) -> std::result::Result<(), DbErr> {
+        lock_undo(&self.undo).clear();
         let mut link = self.link.lock().await;
         if !link.begun && !link.in_flight {
+            link.conn = None;
             return Ok(());
         }
         let conn = link.conn.as_mut().ok_or_else(ended)?;
@@ -321,6 +485,7 @@ impl PgTx {
         if done.is_ok() {
             link.begun = false;
             link.in_flight = false;
+            link.conn = None;
         }
         done
     }
@@ -335,6 +500,10 @@ async fn link_fetch(
         .await?;
     blocks.put(ids);
     Ok(())
+}
+
+fn lock_undo(undo: &std::sync::Mutex<Vec<String>>) -> std::sync::MutexGuard<'_, Vec<String>> {
+    undo.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Drop for PgTx {

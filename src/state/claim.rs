@@ -651,12 +651,20 @@ pub(crate) async fn still_held(store: &Store, lease: &Lease) -> Result<bool, DbE
 /// statement that wrote the row. `None`: no such committed reservation (the
 /// transaction rolled back or has not committed yet, or another attempt
 /// took it).
+///
+/// The row must also be the one written: same definition, same param. An
+/// id is not enough, as a rolled-back insert's id can be given to another
+/// notice (SQLite takes the largest rowid plus one; MariaDB's counter
+/// restarts from the largest id after a restart), whose reservation this
+/// attempt must not take.
 pub(crate) async fn claim_reserved(
     store: &Store,
     row: &notify_msg::Model,
     started: Instant,
 ) -> Result<Option<Lease>, DbErr> {
     let guard = columns::at_version(row.id, 0)
+        .add(Expr::col(Column::DefId).eq(row.def_id))
+        .add(Expr::col(Column::Param).eq(row.param.as_str()))
         .add(Expr::col(Column::Leased).eq(true))
         .add(Expr::col(Column::Status).eq(Status::NotSent as i16))
         .add(Expr::col(Column::NextCallTime).gt(clock::now(store.backend())));

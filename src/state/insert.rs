@@ -103,12 +103,37 @@ pub(crate) fn check(row: &NewRow, max_param_bytes: usize) -> Result<(), String> 
     Ok(())
 }
 
-/// The insert failed; `aborted` says whether the caller's transaction is
-/// now unusable (the savepoint could not be rolled back).
+/// Where a caller's insert must land.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Within {
+    /// Any connection, in a transaction or in autocommit.
+    Any,
+    /// An open transaction. On MySQL/MariaDB the statement checks
+    /// `@@in_transaction`: a transaction the server rolled back (a deadlock
+    /// victim) leaves the connection in autocommit, where an insert would
+    /// commit on its own; it writes nothing instead
+    /// ([`InsertError::NoTransaction`]). Elsewhere an aborted transaction
+    /// refuses the statement (PostgreSQL) or the library saw the failure
+    /// that ended it.
+    Transaction,
+}
+
+/// Why an insert wrote nothing.
 #[derive(Debug)]
-pub(crate) struct InsertError {
-    pub error: DbErr,
-    pub aborted: bool,
+pub(crate) enum InsertError {
+    /// The database refused it. `aborted`: the caller's transaction cannot
+    /// go on (it was aborted already, or the savepoint around the insert
+    /// could not be rolled back).
+    Db { error: DbErr, aborted: bool },
+    /// The caller's transaction was no longer open ([`Within::Transaction`]).
+    NoTransaction,
+}
+
+impl From<DbErr> for InsertError {
+    fn from(error: DbErr) -> Self {
+        let aborted = crate::db::in_aborted_transaction(&error);
+        InsertError::Db { error, aborted }
+    }
 }
 
 /// Where a new row's column gets its value.
@@ -156,25 +181,33 @@ const NEW_ROW: [(Column, Init); 15] = [
     (Column::OrderingKey, Init::OrderingKey),
 ];
 
-pub(super) fn statement(backend: DbBackend, row: &NewRow) -> InsertStatement {
+pub(super) fn statement(backend: DbBackend, row: &NewRow, within: Within) -> InsertStatement {
     // PostgreSQL's `due_at` (migration 16), with the very expression of
     // `next_call_time` ([`Init::Due`]), so the trigger that would copy it
     // is not called.
     let pg = backend == DbBackend::Postgres;
     let mut insert = Query::insert();
-    insert
-        .into_table(notify_msg::Entity)
-        .columns(
-            NEW_ROW
-                .map(|(c, _)| c.into_iden())
-                .into_iter()
-                .chain(pg.then(|| columns::due_at().into_iden())),
-        )
-        .values_panic(
-            values(backend, row)
-                .into_iter()
-                .chain(pg.then(|| row.due.expr(backend))),
-        );
+    insert.into_table(notify_msg::Entity).columns(
+        NEW_ROW
+            .map(|(c, _)| c.into_iden())
+            .into_iter()
+            .chain(pg.then(|| columns::due_at().into_iden())),
+    );
+    let values = values(backend, row)
+        .into_iter()
+        .chain(pg.then(|| row.due.expr(backend)));
+    if backend == DbBackend::MySql && within == Within::Transaction {
+        // `INSERT … SELECT … WHERE @@in_transaction = 1`: no row outside
+        // a transaction. (`select_from` refuses only unequal counts of
+        // columns and values, which are equal by construction.)
+        let mut select = Query::select();
+        select
+            .exprs(values)
+            .and_where(Expr::cust("@@in_transaction = 1"));
+        insert.select_from(select).ok();
+        return insert;
+    }
+    insert.values_panic(values);
     insert
 }
 
@@ -308,57 +341,74 @@ fn dollar_quote(s: &str) -> String {
 /// Inserts `row` inside one of solid-notify's own transactions (no
 /// savepoint: the transaction is rolled back whole on error).
 pub(crate) async fn insert_plain<C: ConnectionTrait>(conn: &C, row: &NewRow) -> Result<i64, DbErr> {
+    match insert_new(conn, row, Within::Any).await {
+        Ok(id) => Ok(id),
+        Err(InsertError::Db { error, .. }) => Err(error),
+        Err(InsertError::NoTransaction) => Err(DbErr::RecordNotInserted),
+    }
+}
+
+/// Inserts `row` without a key check; its id.
+async fn insert_new<C: ConnectionTrait>(
+    conn: &C,
+    row: &NewRow,
+    within: Within,
+) -> Result<i64, InsertError> {
     let backend = conn.get_database_backend();
-    let mut stmt = statement(backend, row);
+    let mut stmt = statement(backend, row, within);
     if backend == DbBackend::Postgres {
         stmt.returning_col(Column::Id);
-        return conn
+        return Ok(conn
             .query_one(&stmt)
             .await?
             .ok_or(DbErr::UnpackInsertId)?
-            .try_get_by_index::<i64>(0);
+            .try_get_by_index::<i64>(0)?);
     }
     let done = conn.execute(&stmt).await?;
-    i64::try_from(done.last_insert_id()).map_err(|_| DbErr::UnpackInsertId)
+    if done.rows_affected() == 0 {
+        return Err(InsertError::NoTransaction);
+    }
+    Ok(i64::try_from(done.last_insert_id()).map_err(|_| DbErr::UnpackInsertId)?)
 }
 
 /// Inserts `row` through `conn` (the caller's transaction, guarded by a
 /// savepoint on PostgreSQL); returns the new notice id, or with an
 /// idempotency key the existing notice's ([`keyed`](super::keyed)).
-pub(crate) async fn insert<C>(conn: &C, row: &NewRow) -> Result<Keyed, InsertError>
+pub(crate) async fn insert<C>(conn: &C, row: &NewRow, within: Within) -> Result<Keyed, InsertError>
 where
     C: ConnectionTrait + TransactionTrait,
 {
-    let plain = |error| InsertError {
-        error,
-        aborted: false,
-    };
     if conn.get_database_backend() != DbBackend::Postgres {
-        return write(conn, row).await.map_err(plain);
+        return write(conn, row, within).await;
     }
-    let savepoint = conn.begin().await.map_err(plain)?;
-    match write(&savepoint, row).await {
+    let savepoint = conn.begin().await?;
+    match write(&savepoint, row, within).await {
         Ok(written) => {
-            savepoint.commit().await.map_err(|error| InsertError {
+            savepoint.commit().await.map_err(|error| InsertError::Db {
                 error,
                 aborted: true,
             })?;
             Ok(written)
         }
-        Err(error) => {
-            let aborted = savepoint.rollback().await.is_err();
-            Err(InsertError { error, aborted })
+        Err(InsertError::Db { error, aborted }) => {
+            let aborted = aborted || savepoint.rollback().await.is_err();
+            Err(InsertError::Db { error, aborted })
         }
+        Err(other) => Err(other),
     }
 }
 
 /// Writes `row`: keyed ([`keyed::insert`](super::keyed::insert)) when it has
 /// an idempotency key, plainly otherwise.
-pub(crate) async fn write<C: ConnectionTrait>(conn: &C, row: &NewRow) -> Result<Keyed, DbErr> {
+pub(crate) async fn write<C: ConnectionTrait>(
+    conn: &C,
+    row: &NewRow,
+    within: Within,
+) -> Result<Keyed, InsertError> {
     if row.idempotency_key.is_some() {
-        return super::keyed::insert(conn, row).await;
+        return super::keyed::insert(conn, row, within).await;
     }
-    insert_plain(conn, row).await.map(Keyed::New)
+    insert_new(conn, row, within).await.map(Keyed::New)
 }
 
 /// PostgreSQL: writes buffered rows (ids handed out beforehand from

@@ -23,7 +23,7 @@ use sea_orm::{
 
 use super::{
     columns::{Column, Table},
-    insert::{NewRow, statement},
+    insert::{InsertError, NewRow, Within, statement},
 };
 
 /// The unique index that decides between producers of one key.
@@ -45,14 +45,16 @@ pub(crate) enum Keyed {
 
 /// Inserts `row`, whose `idempotency_key` is set, unless its definition
 /// already has a notice with that key.
-pub(crate) async fn insert<C: ConnectionTrait>(conn: &C, row: &NewRow) -> Result<Keyed, DbErr> {
+pub(crate) async fn insert<C: ConnectionTrait>(
+    conn: &C,
+    row: &NewRow,
+    within: Within,
+) -> Result<Keyed, InsertError> {
     let Some(key) = row.idempotency_key.as_deref() else {
-        return Err(DbErr::Custom(
-            "a keyed insert needs an idempotency key".into(),
-        ));
+        return Err(DbErr::Custom("a keyed insert needs an idempotency key".into()).into());
     };
     for _ in 0..TRIES {
-        if let Some(id) = insert_unless_taken(conn, row).await? {
+        if let Some(id) = insert_unless_taken(conn, row, within).await? {
             if let Some(existing) = find(conn, Table::History, row.def_id, key).await? {
                 let mut delete = Query::delete();
                 delete
@@ -71,23 +73,27 @@ pub(crate) async fn insert<C: ConnectionTrait>(conn: &C, row: &NewRow) -> Result
     }
     Err(DbErr::Custom(format!(
         "idempotency key `{key}`: the notice it conflicted with vanished {TRIES} times in a row; try again"
-    )))
+    ))
+    .into())
 }
 
 /// Inserts `row`; `None` when the unique key index refused it.
 async fn insert_unless_taken<C: ConnectionTrait>(
     conn: &C,
     row: &NewRow,
-) -> Result<Option<i64>, DbErr> {
+    within: Within,
+) -> Result<Option<i64>, InsertError> {
     let backend = conn.get_database_backend();
-    let mut stmt = statement(backend, row);
+    let mut stmt = statement(backend, row, within);
     if backend == DbBackend::MySql {
         return match conn.execute(&stmt).await {
-            Ok(done) => i64::try_from(done.last_insert_id())
-                .map(Some)
-                .map_err(|_| DbErr::UnpackInsertId),
+            // No transaction to insert into: nothing written.
+            Ok(done) if done.rows_affected() == 0 => Err(InsertError::NoTransaction),
+            Ok(done) => Ok(Some(
+                i64::try_from(done.last_insert_id()).map_err(|_| DbErr::UnpackInsertId)?,
+            )),
             Err(e) if is_key_conflict(&e) => Ok(None),
-            Err(e) => Err(e),
+            Err(e) => Err(e.into()),
         };
     }
     stmt.on_conflict(
@@ -99,7 +105,7 @@ async fn insert_unless_taken<C: ConnectionTrait>(
     if backend == DbBackend::Postgres {
         stmt.returning_col(Column::Id);
         return match conn.query_one(&stmt).await? {
-            Some(found) => found.try_get_by_index::<i64>(0).map(Some),
+            Some(found) => Ok(Some(found.try_get_by_index::<i64>(0)?)),
             None => Ok(None),
         };
     }
@@ -107,9 +113,9 @@ async fn insert_unless_taken<C: ConnectionTrait>(
     if done.rows_affected() == 0 {
         return Ok(None);
     }
-    i64::try_from(done.last_insert_id())
-        .map(Some)
-        .map_err(|_| DbErr::UnpackInsertId)
+    Ok(Some(
+        i64::try_from(done.last_insert_id()).map_err(|_| DbErr::UnpackInsertId)?,
+    ))
 }
 
 /// Whether `e` is the unique key index refusing a second notice of a key.

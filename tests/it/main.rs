@@ -10,6 +10,7 @@ mod proxy;
 
 mod amqp;
 mod browser;
+mod committed;
 mod dashboard;
 mod defs;
 mod due_index;
