@@ -1,7 +1,8 @@
 //! Purge: delete old finished notices from `notify_msg_history` in bounded
 //! batches, archiving each batch first when asked. Final failures and parked
 //! notices stay unless asked for: they are what an operator may still
-//! requeue.
+//! requeue. A notice cancelled while an attempt still held it stays until
+//! that lease ends: the lease holds its ordering key meanwhile.
 
 use std::{path::PathBuf, time::Duration};
 
@@ -83,7 +84,8 @@ pub struct PurgeReport {
     pub archived: u64,
     /// Rows deleted.
     pub deleted: u64,
-    /// Rows archived but not deleted: requeued or changed meanwhile.
+    /// Rows archived but not deleted: requeued or changed meanwhile, or
+    /// cancelled while an attempt held them and that lease has not ended.
     pub skipped: u64,
     /// Whether this was a dry run.
     pub dry_run: bool,
@@ -129,9 +131,13 @@ async fn run(db: &DatabaseConnection, purge: &Purge, report: &mut PurgeReport) -
         Expr::col(Column::CreateTime),
     ])
     .into();
+    // A notice cancelled while an attempt held it keeps that lease in
+    // history until it ends: it is left for a later purge (the delete
+    // checks again).
     let base = sea_orm::sea_query::Condition::all()
         .add(Expr::col(Column::Status).is_in(purge.statuses()))
-        .add(finished.lt(cutoff));
+        .add(finished.lt(cutoff))
+        .add(retention::lease_live(db.get_database_backend()).not());
     let mut archive = match (&purge.archive, purge.dry_run) {
         (Some(path), false) => Some(
             tokio::fs::OpenOptions::new()

@@ -222,7 +222,9 @@ fn next_of_moved(skip: bool) -> String {
 /// **Runs.** With each next notice claimed, `claimed` also claims the
 /// notices of its key right behind it, up to [`RUN`] in all: those that
 /// follow it without a gap among the rows it can see and that, like it,
-/// have status 0, are not leased and are in `$3`'s partitions. They
+/// have status 0, are not leased, are in `$3`'s partitions and, for a
+/// definition with `stop_on_failure`, have no final failure or parked
+/// notice of their key in history between them and the next notice. They
 /// need no turn of their own: while the first is unfinished none of them
 /// is in turn for anyone, and the caller sends each only once the one
 /// before it is recorded ([`attempt::batch`](crate::attempt)). The CTE
@@ -271,15 +273,26 @@ pub(crate) fn next_of_moved_pg(claim: bool) -> String {
         )
     );
     // Behind each next notice taken, by the key's index: the next RUN - 1
-    // rows, cut at the first that may not follow it.
+    // rows, cut at the first that may not follow it. With `stop_on_failure`
+    // that includes every row behind a final failure or parked notice of
+    // the key in history that is younger than the next notice (`f`, one
+    // probe of the history's key index per run): the head's own turn only
+    // sees those older than itself.
     let run = format!(
         "SELECT r.id, h.id AS head, r.pos, r.pos = max(r.pos) OVER (PARTITION BY h.id) AS last \
-         FROM following h CROSS JOIN LATERAL ( \
+         FROM following h LEFT JOIN LATERAL ( \
+             SELECT x.create_time, x.id FROM notify_msg_history x \
+             WHERE x.def_id = h.def_id AND x.ordering_key = h.ordering_key \
+             AND x.status IN (3, 6) AND (x.create_time, x.id) > (h.create_time, h.id) \
+             AND h.def_id IN (SELECT d.id FROM notify_def d WHERE d.stop_on_failure) \
+             ORDER BY x.create_time, x.id LIMIT 1) f ON true \
+         CROSS JOIN LATERAL ( \
              SELECT c.id, c.pos FROM ( \
                  SELECT b.id, row_number() OVER w AS pos, bool_and(b.free) OVER w AS free \
                  FROM (SELECT n.id, n.create_time, \
                          n.status = 0 AND NOT n.leased AND {partition} \
-                         AND n.id NOT IN (SELECT id FROM moved) AS free \
+                         AND n.id NOT IN (SELECT id FROM moved) \
+                         AND (f.id IS NULL OR (n.create_time, n.id) < (f.create_time, f.id)) AS free \
                      FROM notify_msg n \
                      WHERE n.def_id = h.def_id AND n.ordering_key = h.ordering_key \
                      AND (n.create_time, n.id) > (h.create_time, h.id) \

@@ -1064,3 +1064,122 @@ db_test!(
         assert_eq!(seen.lock().unwrap().overlaps, 0);
     }
 );
+
+/// Asserts, for `secs`, that notice `seq` of key `key` is never called.
+async fn never_called(seen: &Shared, key: &str, seq: i64, secs: u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+    while std::time::Instant::now() < deadline {
+        let calls = per_key(seen);
+        assert!(
+            !calls
+                .get(key)
+                .is_some_and(|c| c.iter().any(|(s, _)| *s == seq)),
+            "notice {seq} of key {key} was sent: {calls:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+db_test!(a_run_never_passes_a_final_failure_of_its_key, |db: Arc<
+    TestDb,
+>| async move {
+    // Key k: a < b < c < d. a and b are cancelled, c fails for good and
+    // holds d (stop_on_failure, the default). a and b are requeued: on
+    // PostgreSQL a's success claims b with a run behind it, which must
+    // stop before d.
+    db.def("ordered", "ordered", |s| s.ordering = "per_key".into())
+        .await;
+    let seen: Shared = Arc::default();
+    let handler = recording(seen.clone(), |_, seq| {
+        if seq == 2 {
+            Outcome::permanent("refused")
+        } else {
+            Outcome::success()
+        }
+    });
+    let notifier = db
+        .notifier()
+        .config(long_lease())
+        .handler("ordered", handler)
+        .build()
+        .unwrap();
+    let ids = add_key(&notifier, "k", 4, 1).await;
+    notifier.cancel(ids[0]).await.unwrap();
+    notifier.cancel(ids[1]).await.unwrap();
+    let worker = start(notifier.clone(), fast(WorkerConfig::default()));
+    eventually(10, "c failed for good", || async {
+        let c = db.history_of(ids[2]).await?;
+        (c.status == Status::FinalFailure).then_some(())
+    })
+    .await;
+    notifier.requeue(ids[0]).await.unwrap();
+    notifier.requeue(ids[1]).await.unwrap();
+    eventually(10, "a and b delivered again", || async {
+        let b = db.history_of(ids[1]).await?;
+        (b.status == Status::Succeeded).then_some(())
+    })
+    .await;
+    never_called(&seen, "k", 3, 2).await;
+    let d = db.live().await;
+    assert_eq!(d.len(), 1, "only d in flight: {d:?}");
+    assert!(!d[0].leased, "d is not claimed behind a final failure");
+    // Cancelling c lets d go.
+    notifier.cancel(ids[2]).await.unwrap();
+    eventually(10, "d delivered", || async {
+        (db.counts().await == (0, 4)).then_some(())
+    })
+    .await;
+    worker.stop().await;
+    let order: Vec<(i64, bool)> = per_key(&seen)["k"].clone();
+    assert_eq!(order, [(2, false), (0, true), (1, true), (3, true)]);
+});
+
+db_test!(
+    purge_leaves_a_notice_cancelled_mid_send_until_its_lease_ends,
+    |db: Arc<TestDb>| async move {
+        // Notice 0 of key k is being sent (slowly) when an operator cancels
+        // it; its lease, kept in history, holds the key. A purge meanwhile
+        // must not delete it: notice 1 would go beside the send.
+        db.def("ordered", "ordered", |s| s.ordering = "per_key".into())
+            .await;
+        let seen: Shared = Arc::default();
+        let notifier = succeeding(&db, &seen)();
+        let tx = notifier.begin().await.unwrap();
+        let first = tx.add(ordered_taking("k", 0, 2_000)).await.unwrap();
+        tx.add(ordered_taking("k", 1, 1)).await.unwrap();
+        tx.commit().await.unwrap();
+        let worker = start(notifier.clone(), fast(WorkerConfig::default()));
+        eventually(10, "notice 0 being sent", || async {
+            (seen.lock().unwrap().started.contains(&0)).then_some(())
+        })
+        .await;
+        notifier.cancel(first).await.unwrap();
+        let purge = solid_notify::ops::Purge {
+            include_failures: true,
+            ..solid_notify::ops::Purge::older_than(Duration::from_millis(1))
+        };
+        let report = solid_notify::ops::purge::purge(&db.db, &purge)
+            .await
+            .unwrap();
+        assert_eq!(report.deleted, 0, "{report}");
+        assert!(db.history_of(first).await.is_some(), "kept while leased");
+        eventually(10, "notice 0's send over", || async {
+            (seen.lock().unwrap().calls.iter().any(|(_, s, _)| *s == 0)).then_some(())
+        })
+        .await;
+        eventually(30, "notice 1 delivered once the lease ended", || async {
+            (db.counts().await.0 == 0).then_some(())
+        })
+        .await;
+        worker.stop().await;
+        assert_eq!(
+            seen.lock().unwrap().overlaps,
+            0,
+            "two sends of key k at once"
+        );
+        let report = solid_notify::ops::purge::purge(&db.db, &purge)
+            .await
+            .unwrap();
+        assert_eq!(report.deleted, 2, "{report}");
+    }
+);
