@@ -163,10 +163,9 @@ impl Notifier {
         };
         let status = row.status;
         match verdict {
-            Ok(()) => Ok(if state::confirm::confirm(&inner.store, &row).await? {
-                ConfirmOutcome::Confirmed
-            } else {
-                ConfirmOutcome::NotAwaiting { status }
+            Ok(()) => Ok(match state::confirm::confirm(&inner.store, &row).await? {
+                Ok(()) => ConfirmOutcome::Confirmed,
+                Err(_lost) => ConfirmOutcome::NotAwaiting { status },
             }),
             Err(reason) => {
                 let def = inner.defs.by_id(db, row.def_id).await?;

@@ -231,6 +231,14 @@ struct BulkArgs {
     /// Count and list the first ids; change nothing.
     #[arg(long)]
     dry_run: bool,
+    /// With --dry-run: write the notices counted, each with its version, to
+    /// FILE (JSON), for `--pinned FILE`.
+    #[arg(long, requires = "dry_run", value_name = "FILE")]
+    pin: Option<PathBuf>,
+    /// Act on exactly the notices a `--dry-run --pin FILE` counted, each
+    /// only if it has not changed since (the others are skipped and listed).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["dry_run", "ids", "id"])]
+    pinned: Option<PathBuf>,
     /// Rows per batch.
     #[arg(long, default_value_t = solid_notify::ops::bulk::DEFAULT_BATCH_SIZE)]
     batch_size: u64,
@@ -265,7 +273,6 @@ impl FilterArgs {
             until: range.and_then(|r| r.until).map(When::ago),
             ids: None,
             key: None,
-            max_id: None,
         }
     }
 }
@@ -701,6 +708,9 @@ async fn bulk(
     args: BulkArgs,
     requeue: bool,
 ) -> solid_notify::Result<()> {
+    if let Some(path) = &args.pinned {
+        return bulk_pinned(&db, &args, path, requeue).await;
+    }
     let mut filter = args.filter.filter(Some(&args.range));
     let mut ids = Vec::new();
     if let Some(id) = args.id {
@@ -740,7 +750,7 @@ async fn bulk(
                 "give one notice id, --ids FILE, or at least one filter".into(),
             ));
         }
-        if args.reason.as_deref().is_none_or(|r| r.trim().is_empty()) {
+        if !args.dry_run && args.reason.as_deref().is_none_or(|r| r.trim().is_empty()) {
             return Err(solid_notify::Error::Config(
                 "--reason is required for a bulk action".into(),
             ));
@@ -748,6 +758,26 @@ async fn bulk(
     }
     if args.id.is_some() || args.ids.is_some() {
         filter.ids = Some(ids);
+    }
+    if let Some(path) = &args.pin {
+        let place = if requeue {
+            Place::History
+        } else {
+            Place::InFlight
+        };
+        let notifier = Notifier::builder(db.clone()).build()?;
+        let pinned = notifier.pin(place, &filter, CLI_MAX_PINNED).await?;
+        let text = serde_json::to_string(&pinned)
+            .map_err(|e| solid_notify::Error::Config(format!("{}: {e}", path.display())))?;
+        std::fs::write(path, text)
+            .map_err(|e| solid_notify::Error::Config(format!("{}: {e}", path.display())))?;
+        println!(
+            "{} matched (dry run: nothing changed); pinned in {}: act on exactly them with --pinned {}",
+            pinned.len(),
+            path.display(),
+            path.display()
+        );
+        return Ok(());
     }
     let audit = Audit::new(
         args.actor.unwrap_or_else(default_actor),
@@ -787,6 +817,64 @@ async fn bulk(
         if !report.first_ids.is_empty() {
             let ids: Vec<String> = report.first_ids.iter().map(i64::to_string).collect();
             println!("first ids: {}", ids.join(", "));
+        }
+    }
+    Ok(())
+}
+
+/// Most notices `--dry-run --pin` pins: 10,000,000 (160 MB).
+const CLI_MAX_PINNED: usize = 10_000_000;
+
+/// `requeue|cancel --pinned FILE`: exactly the notices a dry run pinned.
+async fn bulk_pinned(
+    db: &sea_orm::DatabaseConnection,
+    args: &BulkArgs,
+    path: &std::path::Path,
+    requeue: bool,
+) -> solid_notify::Result<()> {
+    use solid_notify::ops::bulk::{Pinned, PinnedAction};
+    let bad =
+        |problem: String| solid_notify::Error::Config(format!("{}: {problem}", path.display()));
+    if args.filter.filter(Some(&args.range)) != NoticeFilter::default() {
+        return Err(solid_notify::Error::Config(
+            "--pinned acts on what its dry run counted: give no filter with it".into(),
+        ));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+    let pinned: Pinned = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    let expected = if requeue {
+        PinnedAction::Requeue
+    } else {
+        PinnedAction::Cancel
+    };
+    if pinned.action != expected {
+        return Err(bad(format!(
+            "it pins a {:?}, not a {expected:?}",
+            pinned.action
+        )));
+    }
+    let reason = args.reason.clone().unwrap_or_default();
+    if reason.trim().is_empty() {
+        return Err(solid_notify::Error::Config(
+            "--reason is required for a bulk action".into(),
+        ));
+    }
+    let audit = Audit::new(args.actor.clone().unwrap_or_else(default_actor), reason);
+    let notifier = Notifier::builder(db.clone()).build()?;
+    let report = notifier
+        .apply_pinned(&pinned, &audit, args.batch_size, false)
+        .await
+        .map_err(|e| {
+            eprintln!("{}", e.done);
+            e.error
+        })?;
+    if args.json {
+        print_json(&serde_json::to_value(&report));
+    } else {
+        println!("{report}");
+        if !report.skipped_ids.is_empty() {
+            let ids: Vec<String> = report.skipped_ids.iter().map(i64::to_string).collect();
+            println!("skipped (changed since the count): {}", ids.join(", "));
         }
     }
     Ok(())

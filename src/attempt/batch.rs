@@ -285,7 +285,14 @@ async fn flush(store: &Store, mut leases: Vec<Lease>, give_up: &CancellationToke
         };
         let claim_next = out.claim_next().map(|c| (c, continuing.as_slice()));
         match succeed_many(store, leases, claim_next).await {
-            Ok((moved, claimed)) => {
+            Ok((written, claimed)) => {
+                let moved: Vec<(i64, bool)> = written
+                    .iter()
+                    .map(|w| match w {
+                        Ok(id) => (*id, true),
+                        Err(lost) => (lost.id, false),
+                    })
+                    .collect();
                 out.hand_next(store, &moved, claimed).await;
                 crate::telemetry::lost_claims(moved.iter().filter(|(_, m)| !*m).count() as u64);
                 for (id, moved) in moved {

@@ -270,7 +270,7 @@ pub(crate) async fn run(
                             })
                             .await
                             {
-                                Ok(Some(next)) => {
+                                Ok(Ok(next)) => {
                                     if let Some(reason) = held_back(notifier, &def, &next, stop) {
                                         drop(permit);
                                         return Ran::Done(
@@ -286,7 +286,7 @@ pub(crate) async fn run(
                                     lease = next;
                                     continue;
                                 }
-                                Ok(None) => {
+                                Ok(Err(_lost)) => {
                                     drop(permit);
                                     return Ran::Done(AttemptResult::LostClaim);
                                 }

@@ -139,11 +139,11 @@ pub(crate) async fn release_for(
     give_up: &CancellationToken,
 ) -> AttemptResult {
     match persist(lease, give_up, |l| l.release_for(wait)).await {
-        Ok(true) => {
+        Ok(Ok(())) => {
             notifier.inner.count_released(1);
             AttemptResult::Released { reason }
         }
-        Ok(false) => AttemptResult::LostClaim,
+        Ok(Err(_lost)) => AttemptResult::LostClaim,
         Err(e) => e.into_result(),
     }
 }
@@ -194,13 +194,13 @@ async fn succeed(
     if let Some(until) = until {
         let note = note.as_deref();
         return match persist(lease, give_up, |l| l.await_confirmation(until, note)).await {
-            Ok(true) => {
+            Ok(Ok(())) => {
                 if let Deadline::After(d) = until {
                     notifier.inner.due_after(d);
                 }
                 AttemptResult::AwaitingConfirm
             }
-            Ok(false) => AttemptResult::LostClaim,
+            Ok(Err(_lost)) => AttemptResult::LostClaim,
             Err(e) => e.into_result(),
         };
     }
@@ -213,8 +213,8 @@ pub(crate) async fn succeed_inline(
     give_up: &CancellationToken,
 ) -> AttemptResult {
     match persist(lease, give_up, |l| l.succeed(note)).await {
-        Ok(true) => AttemptResult::Succeeded,
-        Ok(false) => AttemptResult::LostClaim,
+        Ok(Ok(())) => AttemptResult::Succeeded,
+        Ok(Err(_lost)) => AttemptResult::LostClaim,
         Err(e) => e.into_result(),
     }
 }
@@ -278,14 +278,14 @@ async fn fail(
             alert: alert.clone(),
         };
         match persist(lease, give_up, |l| l.fail_for_good(&fail)).await {
-            Ok(Some(alert_id)) => (
+            Ok(Ok(alert_id)) => (
                 AttemptResult::FinalFailure {
                     attempt,
                     reason: reason.clone(),
                 },
                 alert_id,
             ),
-            Ok(None) => return AttemptResult::LostClaim,
+            Ok(Err(_lost)) => return AttemptResult::LostClaim,
             Err(e) => return e.into_result(),
         }
     } else {
@@ -296,7 +296,7 @@ async fn fail(
             alert: alert.clone(),
         };
         match persist(lease, give_up, |l| l.retry(&retry)).await {
-            Ok(Some(Scheduled { at, alert })) => {
+            Ok(Ok(Scheduled { at, alert })) => {
                 notifier.inner.due_after(delay);
                 event.next_call_time = Some(at);
                 (
@@ -308,7 +308,7 @@ async fn fail(
                     alert,
                 )
             }
-            Ok(None) => return AttemptResult::LostClaim,
+            Ok(Err(_lost)) => return AttemptResult::LostClaim,
             Err(e) => return e.into_result(),
         }
     };

@@ -15,7 +15,10 @@ use super::{
     pages::pause_end,
     view::{self, Failure, NoticeQuery, READ_ONLY},
 };
-use crate::ops::{Audit, BulkAction, Place};
+use crate::ops::{
+    Audit, BulkReport, Interrupted,
+    bulk::{DEFAULT_BATCH_SIZE, DEFAULT_MAX_PINNED},
+};
 
 fn allowed(state: &AppState) -> Result<(), Failure> {
     if state.config.allow_actions {
@@ -124,22 +127,33 @@ async fn one(state: AppState, actor: Actor, id: i64, body: ActionBody, requeue: 
     }
 }
 
-/// The body of `POST /api/bulk`: the listing's query fields (`place`,
-/// required, decides the action: `history` requeues, `in_flight` cancels;
-/// at least one filter, or `"all": true`), a reason, and `dry_run`.
+/// The body of `POST /api/bulk`: either the listing's query fields
+/// (`place`, required, decides the action: `history` requeues, `in_flight`
+/// cancels; at least one filter, or `"all": true`), or the `pin` a dry run
+/// answered; a reason (not needed for a dry run), and `dry_run`.
+///
+/// A dry run counts and pins what the action would change and answers its
+/// report with a `pin` (kept [`PIN_TTL`](super::PIN_TTL)); the call that
+/// gives the pin back changes exactly those notices, each only if it has
+/// not changed since. A call with filters and no dry run pins and acts at
+/// once.
 #[derive(Debug, Deserialize)]
 pub(super) struct BulkBody {
     #[serde(flatten)]
     query: NoticeQuery,
-    #[serde(flatten)]
-    action: ActionBody,
+    #[serde(default)]
+    reason: String,
+    actor: Option<String>,
     #[serde(default)]
     dry_run: bool,
     #[serde(default)]
     all: bool,
+    #[serde(default)]
+    pin: Option<String>,
 }
 
-/// `POST /api/bulk`: answers the [`BulkReport`](crate::ops::BulkReport).
+/// `POST /api/bulk`: answers the [`BulkReport`](crate::ops::BulkReport)
+/// (and a dry run's `pin`).
 pub(super) async fn bulk(
     State(state): State<AppState>,
     Extension(actor): Extension<Actor>,
@@ -147,6 +161,36 @@ pub(super) async fn bulk(
 ) -> Response {
     if let Err(f) = allowed(&state) {
         return f.json();
+    }
+    let audit = || {
+        ActionBody {
+            reason: body.reason.clone(),
+            actor: body.actor.clone(),
+        }
+        .audit(actor.clone())
+    };
+    if let Some(pin) = &body.pin {
+        if body.query.narrows() || body.all || body.dry_run {
+            return Failure::BadRequest(
+                "a `pin` acts on what its dry run counted: give no filter, `all` or `dry_run` with it"
+                    .into(),
+            )
+            .json();
+        }
+        let audit = match audit() {
+            Ok(audit) => audit,
+            Err(f) => return f.json(),
+        };
+        let Some(pinned) = state.pins.take(pin) else {
+            return Failure::Conflict(super::pages::PIN_GONE.into()).json();
+        };
+        return report(
+            state
+                .notifier
+                .apply_pinned(&pinned, &audit, DEFAULT_BATCH_SIZE, false)
+                .await,
+            None,
+        );
     }
     if body
         .query
@@ -165,14 +209,16 @@ pub(super) async fn bulk(
         )
         .json();
     }
+    // A dry run needs no reason; an action does, before anything is read.
+    let audit = match (body.dry_run, audit()) {
+        (true, _) => Audit::new(actor.0.clone(), ""),
+        (false, Ok(audit)) => audit,
+        (false, Err(f)) => return f.json(),
+    };
     let query = NoticeQuery {
         before_id: None,
         limit: None,
-        ..body.query
-    };
-    let audit = match body.action.audit(actor) {
-        Ok(audit) => audit,
-        Err(f) => return f.json(),
+        ..body.query.clone()
     };
     let place = match query.place() {
         Ok(place) => place,
@@ -182,16 +228,47 @@ pub(super) async fn bulk(
         Ok(filter) => filter,
         Err(failure) => return failure.json(),
     };
-    let action = BulkAction {
-        dry_run: body.dry_run,
-        ..BulkAction::new(filter, audit)
+    let pinned = match state.notifier.pin(place, &filter, DEFAULT_MAX_PINNED).await {
+        Ok(pinned) => pinned,
+        Err(e) => return Failure::from(e).json(),
     };
-    let done = match place {
-        Place::History => state.notifier.requeue_where(&action).await,
-        Place::InFlight => state.notifier.cancel_where(&action).await,
-    };
+    if body.dry_run {
+        let done = state
+            .notifier
+            .apply_pinned(&pinned, &audit, DEFAULT_BATCH_SIZE, true)
+            .await;
+        let Some(pin) = state.pins.put(pinned) else {
+            return Failure::Internal("no randomness for a confirmation token".into()).json();
+        };
+        return report(done, Some(pin));
+    }
+    report(
+        state
+            .notifier
+            .apply_pinned(&pinned, &audit, DEFAULT_BATCH_SIZE, false)
+            .await,
+        None,
+    )
+}
+
+/// A bulk action's answer: its report (with a dry run's `pin`), or its
+/// error with what it did before.
+fn report(
+    done: std::result::Result<BulkReport, Interrupted<BulkReport>>,
+    pin: Option<String>,
+) -> Response {
     match done {
-        Ok(report) => Json(report).into_response(),
+        Ok(report) => {
+            let mut answer = serde_json::to_value(&report).unwrap_or_default();
+            if let (Some(pin), Some(fields)) = (pin, answer.as_object_mut()) {
+                fields.insert("pin".into(), pin.into());
+                fields.insert(
+                    "pin_expires_in_secs".into(),
+                    super::PIN_TTL.as_secs().into(),
+                );
+            }
+            Json(answer).into_response()
+        }
         Err(interrupted) => (
             axum::http::StatusCode::INTERNAL_SERVER_ERROR,
             Json(json!({ "error": interrupted.error.to_string(), "done": interrupted.done })),

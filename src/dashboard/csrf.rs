@@ -60,7 +60,8 @@ fn same_origin(headers: &axum::http::HeaderMap) -> bool {
     }
 }
 
-fn fresh() -> Option<String> {
+/// 128 random bits as hex; `None` when the system has no randomness to give.
+pub(super) fn fresh() -> Option<String> {
     let mut bytes = [0u8; 16];
     getrandom::fill(&mut bytes).ok()?;
     Some(hex::encode(bytes))

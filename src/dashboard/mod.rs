@@ -4,7 +4,8 @@
 //!
 //! - Pages (server-rendered HTML, no script needed): overview, notices in
 //!   flight and in history with the CLI's filters, a notice's detail,
-//!   definitions, and bulk requeue/cancel with a confirmation step.
+//!   definitions, and bulk requeue/cancel with a confirmation step that
+//!   acts on exactly the notices it counted ([`PIN_TTL`]).
 //! - JSON under `/api/` from the same handlers' data.
 //! - **Read-only** unless [`DashboardConfig::allow_actions`].
 //! - **Auth**: with [`DashboardConfig::token`] every request needs
@@ -22,6 +23,7 @@ mod auth;
 mod chart;
 mod csrf;
 mod pages;
+mod pins;
 mod view;
 
 use std::{net::SocketAddr, sync::Arc};
@@ -33,6 +35,7 @@ use axum::{
 use tokio_util::sync::CancellationToken;
 
 pub use auth::{LOGIN_WINDOW, MAX_FAILED_LOGINS};
+pub use pins::{MAX_PINNED_TOTAL, MAX_PINS, PIN_TTL};
 
 use crate::{
     Notifier,
@@ -65,6 +68,8 @@ struct AppState {
     notifier: Notifier,
     config: Arc<DashboardConfig>,
     logins: Arc<auth::Limiter>,
+    /// What bulk confirmations counted, until confirmed.
+    pins: Arc<pins::Pins>,
 }
 
 impl AppState {
@@ -96,6 +101,7 @@ pub fn router(notifier: Notifier, config: DashboardConfig) -> Router {
         notifier,
         config: Arc::new(config),
         logins: Arc::new(auth::Limiter::default()),
+        pins: Arc::default(),
     };
     Router::new()
         .route("/", get(pages::overview))

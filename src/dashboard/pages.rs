@@ -21,7 +21,11 @@ use super::{
 use crate::{
     Status,
     entity::notify_def,
-    ops::{Audit, BulkAction, NoticeView, PauseEnd, Place, When, overview::Overview},
+    ops::{
+        Audit, NoticeView, PauseEnd, Place, When,
+        bulk::{DEFAULT_BATCH_SIZE, DEFAULT_MAX_PINNED, Pinned, PinnedAction},
+        overview::Overview,
+    },
 };
 
 const STYLE: &str = include_str!("style.css");
@@ -461,7 +465,7 @@ async fn one(state: AppState, actor: Actor, id: i64, form: ReasonForm, requeue: 
 }
 
 /// `GET /bulk`: what a bulk action on a listing's filters would change,
-/// and the form that does it.
+/// pinned ([`pins`](super::pins)), and the form that does exactly that.
 pub(super) async fn bulk_confirm(
     State(state): State<AppState>,
     Extension(token): Extension<Token>,
@@ -470,44 +474,41 @@ pub(super) async fn bulk_confirm(
     if let Err(f) = allowed(&state) {
         return failure_page(&state, f);
     }
-    let pinned = match view::pinned(state.notifier.db(), &query).await {
+    let pinned = match pin(&state, &query).await {
         Ok(pinned) => pinned,
         Err(failure) => return failure_page(&state, failure),
     };
-    let (place, action) = match bulk_action(&state, &pinned, "dashboard", "(dry run)").await {
-        Ok(found) => found,
-        Err(failure) => return failure_page(&state, failure),
+    let verb = match pinned.action {
+        PinnedAction::Requeue => "Requeue",
+        PinnedAction::Cancel => "Cancel",
     };
-    let dry = BulkAction {
-        dry_run: true,
-        ..action
-    };
-    let report = match run(&state, place, &dry).await {
-        Ok(report) => report,
-        Err(failure) => return failure_page(&state, failure),
-    };
-    let verb = match place {
-        Place::History => "Requeue",
-        Place::InFlight => "Cancel",
-    };
-    let hidden = serde_json::to_value(&pinned).unwrap_or_default();
-    let body = html! {
-        p.count { strong data-matched=(report.matched) { (report.matched) } " notices match." }
-        @if !report.first_ids.is_empty() {
-            p.muted { "First: " @for id in &report.first_ids { a href=(state.link(&format!("/notices/{id}"))) { (id) } " " } }
+    let matched = pinned.len();
+    let first = pinned.first_ids();
+    let pin = if pinned.is_empty() {
+        None
+    } else {
+        match state.pins.put(pinned) {
+            Some(pin) => Some(pin),
+            None => {
+                return failure_page(
+                    &state,
+                    Failure::Internal("no randomness for a confirmation token".into()),
+                );
+            }
         }
-        @if report.matched > 0 {
+    };
+    let body = html! {
+        p.count { strong data-matched=(matched) { (matched) } " notices match." }
+        @if !first.is_empty() {
+            p.muted { "First: " @for id in &first { a href=(state.link(&format!("/notices/{id}"))) { (id) } " " } }
+        }
+        @if let Some(pin) = pin {
             form.action method="post" action=(state.link("/bulk")) {
                 (csrf_field(&token))
-                @if let Some(fields) = hidden.as_object() {
-                    @for (k, v) in fields {
-                        @if let Some(v) = v.as_str().filter(|v| !v.is_empty() && *k != "before_id" && *k != "limit") {
-                            input type="hidden" name=(k) value=(v);
-                        }
-                    }
-                }
+                input type="hidden" name="pin" value=(pin);
+                p.muted { "Acts on exactly these " (matched) " notices, each only if it has not changed since this count; the confirmation lasts " (super::PIN_TTL.as_secs() / 60) " minutes." }
                 label { "Reason (goes into each notice's log) " input type="text" name="reason" required size="50"; }
-                button type="submit" { (verb) " " (report.matched) " notices" }
+                button type="submit" { (verb) " " (matched) " notices" }
             }
         }
         p { a href=(notices_link(&state, &query)) { "Back to the list" } }
@@ -515,45 +516,28 @@ pub(super) async fn bulk_confirm(
     page(&state, &format!("{verb} in bulk"), "", body).into_response()
 }
 
-/// The bulk action a listing's query describes, and where it acts.
-async fn bulk_action(
-    state: &AppState,
-    query: &NoticeQuery,
-    actor: &str,
-    reason: &str,
-) -> Result<(Place, BulkAction), Failure> {
+/// The notices a listing's query matches, pinned for its bulk action.
+async fn pin(state: &AppState, query: &NoticeQuery) -> Result<Pinned, Failure> {
     let place = query.place().map_err(Failure::BadRequest)?;
     let filter = view::resolved_filter(state.notifier.db(), query).await?;
-    Ok((place, BulkAction::new(filter, Audit::new(actor, reason))))
+    state
+        .notifier
+        .pin(place, &filter, DEFAULT_MAX_PINNED)
+        .await
+        .map_err(Failure::from)
 }
 
-async fn run(
-    state: &AppState,
-    place: Place,
-    action: &BulkAction,
-) -> Result<crate::ops::BulkReport, Failure> {
-    let done = match place {
-        Place::History => state.notifier.requeue_where(action).await,
-        Place::InFlight => state.notifier.cancel_where(action).await,
-    };
-    done.map_err(|interrupted| {
-        Failure::Internal(format!(
-            "stopped after {}: {}",
-            interrupted.done, interrupted.error
-        ))
-    })
-}
-
-/// The bulk form: the listing's filters, a reason.
+/// The bulk form: the confirmation's pin, a reason.
 #[derive(Debug, Deserialize)]
 pub(super) struct BulkForm {
     #[serde(default)]
     reason: String,
-    #[serde(flatten)]
-    query: NoticeQuery,
+    #[serde(default)]
+    pin: String,
 }
 
-/// `POST /bulk`: runs the bulk action, then shows its report.
+/// `POST /bulk`: runs the confirmed bulk action on what it pinned, then
+/// shows its report.
 pub(super) async fn bulk_run(
     State(state): State<AppState>,
     Extension(actor): Extension<Actor>,
@@ -563,28 +547,50 @@ pub(super) async fn bulk_run(
         Ok(r) => r,
         Err(f) => return failure_page(&state, f),
     };
-    let query = NoticeQuery {
-        before_id: None,
-        limit: None,
-        ..form.query
+    let Some(pinned) = state.pins.take(&form.pin) else {
+        return failure_page(&state, Failure::Conflict(PIN_GONE.into()));
     };
-    let (place, action) = match bulk_action(&state, &query, &actor.0, &reason).await {
-        Ok(found) => found,
-        Err(failure) => return failure_page(&state, failure),
-    };
-    let report = match run(&state, place, &action).await {
+    let audit = Audit::new(actor.0.clone(), reason.clone());
+    let place = pinned.action.place();
+    let report = match state
+        .notifier
+        .apply_pinned(&pinned, &audit, DEFAULT_BATCH_SIZE, false)
+        .await
+    {
         Ok(report) => report,
-        Err(failure) => return failure_page(&state, failure),
+        Err(interrupted) => {
+            return failure_page(
+                &state,
+                Failure::Internal(format!(
+                    "stopped after {}: {}",
+                    interrupted.done, interrupted.error
+                )),
+            );
+        }
+    };
+    let list = NoticeQuery {
+        place: Some(match place {
+            Place::History => "history".into(),
+            Place::InFlight => "in_flight".into(),
+        }),
+        ..NoticeQuery::default()
     };
     let body = html! {
         p.report data-changed=(report.changed) data-skipped=(report.skipped) {
-            strong { (report.changed) } " changed, " (report.skipped) " skipped (changed meanwhile), of " (report.matched) " matched."
+            strong { (report.changed) } " changed, " (report.skipped) " skipped (changed since the count), of " (report.matched) " counted."
+        }
+        @if !report.skipped_ids.is_empty() {
+            p.muted data-skipped-ids { "Skipped: " @for id in &report.skipped_ids { a href=(state.link(&format!("/notices/{id}"))) { (id) } " " } }
         }
         p.muted { "Each changed notice's log has the line “by " (actor.0) ": " (reason) "”." }
-        p { a href=(notices_link(&state, &query)) { "Back to the list" } }
+        p { a href=(notices_link(&state, &list)) { "Back to the list" } }
     };
     page(&state, "Bulk action done", "", body).into_response()
 }
+
+/// A confirmation whose pin is gone.
+pub(super) const PIN_GONE: &str =
+    "this confirmation was used already or has expired (or the dashboard restarted): count again";
 
 /// `GET /defs`: every definition's policy as stored, its pause and circuit.
 pub(super) async fn defs(

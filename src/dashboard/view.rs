@@ -37,8 +37,6 @@ pub(super) struct NoticeQuery {
     pub key: Option<String>,
     /// Text the param contains (what a search resolved to).
     pub param: Option<String>,
-    /// Only ids up to this one (set by a bulk confirmation).
-    pub max_id: Option<String>,
     pub before_id: Option<String>,
     pub limit: Option<String>,
 }
@@ -97,12 +95,6 @@ impl NoticeQuery {
             until: time(&self.until)?.map(When::ago),
             key: given(&self.key).map(str::to_string),
             param_contains: given(&self.param).map(str::to_string),
-            max_id: given(&self.max_id)
-                .map(|s| {
-                    s.parse()
-                        .map_err(|_| format!("max_id `{s}` is not a number"))
-                })
-                .transpose()?,
             ..NoticeFilter::default()
         })
     }
@@ -260,46 +252,6 @@ pub(super) async fn resolved_filter(
     Ok(NoticeFilter {
         param_contains: Some(text),
         ..filter
-    })
-}
-
-/// `query` pinned for a bulk confirmation: the search resolved to what it
-/// found (id, key or param text), relative times made absolute, and
-/// `max_id` set to the newest notice it matches now, so the action done
-/// after the confirmation acts on what was counted (less whatever changed
-/// meanwhile), never on notices added since.
-pub(super) async fn pinned(
-    db: &sea_orm::DatabaseConnection,
-    query: &NoticeQuery,
-) -> Result<NoticeQuery, Failure> {
-    let place = query.place().map_err(Failure::BadRequest)?;
-    let filter = resolved_filter(db, query).await?;
-    let newest = crate::ops::find::list(
-        db,
-        place,
-        &filter,
-        Page {
-            before_id: None,
-            limit: 1,
-        },
-    )
-    .await?;
-    let at =
-        |t: Option<chrono::NaiveDateTime>| t.map(|t| t.format("%Y-%m-%d %H:%M:%S%.f").to_string());
-    Ok(NoticeQuery {
-        q: filter
-            .ids
-            .as_ref()
-            .and_then(|ids| ids.first())
-            .map(|id| id.to_string()),
-        key: filter.key.clone(),
-        param: filter.param_contains.clone(),
-        since: at(filter.since),
-        until: at(filter.until),
-        max_id: Some(newest.first().map_or(0, |v| v.id).to_string()),
-        before_id: None,
-        limit: None,
-        ..query.clone()
     })
 }
 

@@ -1,8 +1,21 @@
 //! Bulk: requeue or cancel every notice a filter finds, in bounded batches,
 //! each notice guarded by the version read and given an audit line.
+//!
+//! **Pinned actions.** An operator who confirms what a count showed must
+//! get that and nothing more: ids are not in time order across producers
+//! (PostgreSQL hands them out in blocks), and a filter read again later
+//! matches what changed since. [`Notifier::pin`] reads the exact notices a
+//! filter matches, each with its version ([`Pinned`]); [`Notifier::apply_pinned`]
+//! then changes each one only if it is still at that version and in a
+//! state the action takes. One that moved on is skipped and reported
+//! ([`BulkReport::skipped_ids`]), never looked up again by the filter. The
+//! dashboard, the JSON API and the CLI confirm through pins.
 
-use sea_orm::{EntityTrait, ExprTrait, QueryFilter, QueryOrder, QuerySelect, sea_query::Expr};
-use serde::Serialize;
+use sea_orm::{
+    EntityTrait, ExprTrait, QueryFilter, QueryOrder, QuerySelect,
+    sea_query::{Condition, Expr},
+};
+use serde::{Deserialize, Serialize};
 
 use super::{
     Audit, Interrupted,
@@ -31,6 +44,10 @@ pub const MAX_WRITE_LOG_BYTES: usize = 2 * 1024 * 1024;
 
 /// How many ids a report lists.
 pub const SAMPLE_IDS: usize = 10;
+
+/// Default most notices one pin may hold ([`Notifier::pin`]): 100,000
+/// (1.6 MB of ids and versions).
+pub const DEFAULT_MAX_PINNED: usize = 100_000;
 
 /// A bulk requeue or cancel.
 #[derive(Debug, Clone)]
@@ -73,8 +90,79 @@ pub struct BulkReport {
     pub skipped: u64,
     /// The first [`SAMPLE_IDS`] ids found.
     pub first_ids: Vec<i64>,
+    /// The first [`SAMPLE_IDS`] ids skipped (a pinned action's notices that
+    /// moved on since they were counted).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub skipped_ids: Vec<i64>,
     /// Whether this was a dry run.
     pub dry_run: bool,
+}
+
+/// What a pinned bulk action does: it follows from where the notices are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PinnedAction {
+    /// Requeue finished notices (final failures, cancelled, parked).
+    Requeue,
+    /// Cancel notices in flight.
+    Cancel,
+}
+
+impl PinnedAction {
+    /// Where the action's notices are.
+    pub fn place(self) -> Place {
+        match self {
+            PinnedAction::Requeue => Place::History,
+            PinnedAction::Cancel => Place::InFlight,
+        }
+    }
+
+    /// The action on notices in `place`.
+    pub fn at(place: Place) -> Self {
+        match place {
+            Place::History => PinnedAction::Requeue,
+            Place::InFlight => PinnedAction::Cancel,
+        }
+    }
+
+    fn kind(self) -> Kind {
+        match self {
+            PinnedAction::Requeue => Kind::Requeue,
+            PinnedAction::Cancel => Kind::Cancel,
+        }
+    }
+}
+
+/// The notices a bulk action counted, each at the version it was counted
+/// at: all that [`Notifier::apply_pinned`] may change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pinned {
+    /// Requeue or cancel.
+    pub action: PinnedAction,
+    /// `(id, version)` of each notice counted, lowest id first.
+    pub notices: Vec<(i64, i32)>,
+}
+
+impl Pinned {
+    /// How many notices are pinned.
+    pub fn len(&self) -> usize {
+        self.notices.len()
+    }
+
+    /// Whether no notice is pinned.
+    pub fn is_empty(&self) -> bool {
+        self.notices.is_empty()
+    }
+
+    /// The first [`SAMPLE_IDS`] ids.
+    pub fn first_ids(&self) -> Vec<i64> {
+        self.notices
+            .iter()
+            .take(SAMPLE_IDS)
+            .map(|(id, _)| *id)
+            .collect()
+    }
 }
 
 impl std::fmt::Display for BulkReport {
@@ -178,20 +266,9 @@ impl Notifier {
     ) -> Result<()> {
         use notify_msg::Column;
         let db = &self.inner.store.db;
-        let place = match kind {
-            Kind::Requeue => Place::History,
-            Kind::Cancel => Place::InFlight,
-        };
-        let statuses: Vec<i16> = match kind {
-            Kind::Requeue => [Status::FinalFailure, Status::Cancelled, Status::Parked].to_vec(),
-            Kind::Cancel => Status::DUE.to_vec(),
-        }
-        .into_iter()
-        .map(|s| s as i16)
-        .collect();
-        let base = find::condition(db, place, filter)
+        let base = find::condition(db, kind.place(), filter)
             .await?
-            .add(Expr::col(Column::Status).is_in(statuses));
+            .add(kind.takes());
         let verb = kind.verb();
         let batch = action.batch_size.clamp(1, MAX_BATCH_SIZE);
         let note = format!("{verb} by {}", action.audit);
@@ -218,16 +295,141 @@ impl Notifier {
         }
     }
 
-    /// Writes one batch, counting what changed and what was skipped.
+    /// Counts the notices a requeue (`place` history) or a cancel (in
+    /// flight) of `filter` would change, and pins them: each one's id and
+    /// version. [`Error::Config`] when more than `max` match (narrow the
+    /// filter). Reads only.
+    pub async fn pin(&self, place: Place, filter: &NoticeFilter, max: usize) -> Result<Pinned> {
+        use notify_msg::Column;
+        let action = PinnedAction::at(place);
+        if action == PinnedAction::Requeue
+            && let Some(status) = filter.status
+            && !status.is_requeueable()
+        {
+            return Err(Error::WrongState {
+                id: 0,
+                status,
+                problem: "only final failures, cancelled and parked notices can be requeued",
+            });
+        }
+        let db = &self.inner.store.db;
+        let base = find::condition(db, place, filter)
+            .await?
+            .add(action.kind().takes());
+        let mut notices = Vec::new();
+        let mut after = i64::MIN;
+        loop {
+            let cond = base.clone().add(Expr::col(Column::Id).gt(after));
+            let rows: Vec<(i64, i32)> = match place {
+                Place::History => read_pairs::<notify_msg_history::Entity>(db, cond).await?,
+                Place::InFlight => read_pairs::<notify_msg::Entity>(db, cond).await?,
+            };
+            let Some(&(last, _)) = rows.last() else {
+                return Ok(Pinned { action, notices });
+            };
+            after = last;
+            notices.extend(rows);
+            if notices.len() > max {
+                return Err(Error::Config(format!(
+                    "more than {max} notices match: narrow the filter (or act without a \
+                     confirmation: `requeue_where` / `cancel_where`)"
+                )));
+            }
+        }
+    }
+
+    /// Requeues or cancels exactly the notices `pinned` holds, each only if
+    /// it is still at the version pinned and in a state the action takes
+    /// (the others are skipped, and the first of them listed); in batches
+    /// of `batch_size`, each notice given the audit line. A dry run counts
+    /// what would change now. On an error, the batches already written stay
+    /// written and the error carries the report so far.
+    pub async fn apply_pinned(
+        &self,
+        pinned: &Pinned,
+        audit: &Audit,
+        batch_size: u64,
+        dry_run: bool,
+    ) -> std::result::Result<BulkReport, Interrupted<BulkReport>> {
+        let mut report = BulkReport {
+            dry_run,
+            matched: pinned.len() as u64,
+            first_ids: pinned.first_ids(),
+            ..BulkReport::default()
+        };
+        let kind = pinned.action.kind();
+        let note = format!("{} by {audit}", kind.verb());
+        let batch = usize::try_from(batch_size.clamp(1, MAX_BATCH_SIZE)).unwrap_or(1);
+        for chunk in pinned.notices.chunks(batch) {
+            let done = self
+                .apply_chunk(kind, chunk, &note, dry_run, &mut report)
+                .await;
+            if let Err(error) = done {
+                return Err(Interrupted {
+                    done: report,
+                    error,
+                });
+            }
+        }
+        Ok(report)
+    }
+
+    /// One batch of a pinned action: the rows still as pinned, written.
+    async fn apply_chunk(
+        &self,
+        kind: Kind,
+        chunk: &[(i64, i32)],
+        note: &str,
+        dry_run: bool,
+        report: &mut BulkReport,
+    ) -> Result<()> {
+        let db = &self.inner.store.db;
+        let cond = Condition::all()
+            .add(
+                Expr::tuple([
+                    Expr::col(notify_msg::Column::Id),
+                    Expr::col(notify_msg::Column::Version),
+                ])
+                .in_tuples(chunk.iter().copied()),
+            )
+            .add(kind.takes());
+        let limit = chunk.len() as u64;
+        let rows: Vec<Seen> = match kind {
+            Kind::Requeue => read_batch::<notify_msg_history::Entity>(db, cond, limit).await?,
+            Kind::Cancel => read_batch::<notify_msg::Entity>(db, cond, limit).await?,
+        };
+        let done: Vec<i64> = if dry_run {
+            rows.iter().map(|r| r.id).collect()
+        } else {
+            self.apply(kind, &rows, note, report).await?
+        };
+        let done: std::collections::HashSet<i64> = done.into_iter().collect();
+        let gone = chunk.iter().filter(|(id, _)| !done.contains(id));
+        let room = SAMPLE_IDS.saturating_sub(report.skipped_ids.len());
+        report
+            .skipped_ids
+            .extend(gone.clone().take(room).map(|(id, _)| *id));
+        // `apply` counted the rows it read and did not change.
+        let unread = chunk.len() - rows.len();
+        report.skipped += unread as u64;
+        if dry_run {
+            report.skipped += (rows.len() - done.len()) as u64;
+        }
+        Ok(())
+    }
+
+    /// Writes one batch, counting what changed and what was skipped;
+    /// returns the ids changed.
     async fn apply(
         &self,
         kind: Kind,
         rows: &[Seen],
         note: &str,
         report: &mut BulkReport,
-    ) -> Result<()> {
+    ) -> Result<Vec<i64>> {
         let store = &self.inner.store;
         let mut rest = rows;
+        let mut changed = Vec::new();
         while !rest.is_empty() {
             // Each row's log travels with its audit line: bound the bytes.
             let mut take = 0;
@@ -250,8 +452,9 @@ impl Notifier {
             if matches!(kind, Kind::Requeue) && !done.is_empty() {
                 self.wake_workers();
             }
+            changed.extend(done);
         }
-        Ok(())
+        Ok(changed)
     }
 
     /// Requeues exactly the notices an operator looked at (`seen`, as
@@ -332,11 +535,49 @@ async fn read_batch<E: EntityTrait>(
         .collect())
 }
 
+/// The next [`MAX_BATCH_SIZE`] `(id, version)` pairs matching `cond` of
+/// either notice table, lowest id first.
+async fn read_pairs<E: EntityTrait>(
+    db: &sea_orm::DatabaseConnection,
+    cond: Condition,
+) -> Result<Vec<(i64, i32)>> {
+    use notify_msg::Column;
+    Ok(E::find()
+        .select_only()
+        .expr(Expr::col(Column::Id))
+        .expr(Expr::col(Column::Version))
+        .filter(cond)
+        .order_by(Expr::col(Column::Id), sea_orm::Order::Asc)
+        .limit(MAX_BATCH_SIZE)
+        .into_tuple()
+        .all(db)
+        .await?)
+}
+
 impl Kind {
     fn verb(self) -> &'static str {
         match self {
             Kind::Requeue => "requeued",
             Kind::Cancel => "cancelled",
         }
+    }
+
+    fn place(self) -> Place {
+        match self {
+            Kind::Requeue => Place::History,
+            Kind::Cancel => Place::InFlight,
+        }
+    }
+
+    /// The statuses the action takes.
+    fn takes(self) -> Condition {
+        let statuses: Vec<i16> = match self {
+            Kind::Requeue => [Status::FinalFailure, Status::Cancelled, Status::Parked].to_vec(),
+            Kind::Cancel => Status::DUE.to_vec(),
+        }
+        .into_iter()
+        .map(|s| s as i16)
+        .collect();
+        Condition::all().add(Expr::col(notify_msg::Column::Status).is_in(statuses))
     }
 }

@@ -56,9 +56,6 @@ pub struct NoticeFilter {
     pub ids: Option<Vec<i64>>,
     /// Only notices with this idempotency key.
     pub key: Option<String>,
-    /// Only ids up to this one (a bulk action confirmed on a listing acts
-    /// on no notice added after it).
-    pub max_id: Option<i64>,
 }
 
 /// One notice as an operator sees it, wherever it is.
@@ -246,9 +243,6 @@ pub(crate) async fn condition<C: ConnectionTrait>(
     }
     if let Some(key) = &filter.key {
         cond = cond.add(Expr::col(Column::IdempotencyKey).eq(key.as_str()));
-    }
-    if let Some(max) = filter.max_id {
-        cond = cond.add(Expr::col(Column::Id).lte(max));
     }
     Ok(cond)
 }

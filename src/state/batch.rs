@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 use sea_orm::{DbBackend, DbErr, sea_query::Expr};
 
 use super::{
-    Lease, Store, clock,
+    Lease, Lost, Store, Written, clock,
     columns::{self, Column, Set, Table},
     errors_log,
     insert::{self, NewRow},
@@ -105,13 +105,14 @@ fn sort_runs<T>(rows: Vec<ClaimedRow<T>>) -> (Vec<Vec<T>>, Vec<T>) {
 /// PostgreSQL) that next notice is claimed for the caller when it is in
 /// turn ([`columns::ClaimNext`]), with the run behind it, else made due;
 /// but not for the keys of `next`'s ids (leases whose caller holds the
-/// next notices of their key already). Returns each notice id with whether
-/// it moved (`false`: its claim was lost meanwhile), and what was claimed.
+/// next notices of their key already). Returns each notice's outcome, in
+/// the leases' order (its id, or [`Lost`]: its claim was lost meanwhile,
+/// nothing written for it), and what was claimed.
 pub(crate) async fn succeed_many(
     store: &Store,
     leases: Vec<Lease>,
     next: Option<(&ClaimNext, &[i64])>,
-) -> Result<(Vec<(i64, bool)>, Claims), HeldMany> {
+) -> Result<(Vec<Written<i64>>, Claims), HeldMany> {
     if leases.is_empty() {
         return Ok((Vec::new(), Claims::default()));
     }
@@ -173,9 +174,13 @@ pub(crate) async fn succeed_many(
             let results = leases
                 .into_iter()
                 .map(|lease| {
-                    let id = lease.id();
+                    let (id, version) = (lease.id(), lease.version());
                     lease.settle();
-                    (id, moved.contains(&id))
+                    if moved.contains(&id) {
+                        Ok(id)
+                    } else {
+                        Err(Lost { id, version })
+                    }
                 })
                 .collect();
             Ok((results, claimed))

@@ -7,14 +7,15 @@
 use sea_orm::{DbBackend, DbErr, ExprTrait, sea_query::Expr};
 
 use super::{
-    Store,
+    Lost, Store, Written,
     columns::{self, Column, Set, Table},
 };
 use crate::{Status, db, entity::notify_msg};
 
 /// Moves `row`, read awaiting confirmation, to history as succeeded, if it
-/// is still at the version read and still awaiting. `false`: it moved on.
-pub(crate) async fn confirm(store: &Store, row: &notify_msg::Model) -> Result<bool, DbErr> {
+/// is still at the version read and still awaiting ([`Lost`] when it moved
+/// on: nothing written).
+pub(crate) async fn confirm(store: &Store, row: &notify_msg::Model) -> Result<Written<()>, DbErr> {
     let guard = columns::at_version(row.id, row.version)
         .add(Expr::col(Column::Status).eq(Status::AwaitingConfirm as i16));
     let sets: Vec<Set> = vec![
@@ -45,8 +46,12 @@ pub(crate) async fn confirm(store: &Store, row: &notify_msg::Model) -> Result<bo
         Ok(moved)
     })
     .await?;
-    if !moved.is_empty() {
-        store.finished([(row.def_id, &row.ordering_key)]).await;
+    if moved.is_empty() {
+        return Ok(Err(Lost {
+            id: row.id,
+            version: row.version,
+        }));
     }
-    Ok(!moved.is_empty())
+    store.finished([(row.def_id, &row.ordering_key)]).await;
+    Ok(Ok(()))
 }

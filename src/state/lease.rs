@@ -1,11 +1,11 @@
 //! Lease: a claimed row, and the transitions its holder may make.
 //!
 //! Each transition consumes the lease and writes against the claimed
-//! version. `Ok(None)` / `Ok(false)` means the claim was lost meanwhile (an
-//! operator cancelled the notice, or the lease ran out and another sender
-//! took it): nothing was written. `Err(Held)` means the database could not
-//! be reached: nothing was written and the lease comes back to the caller,
-//! who may try again.
+//! version. `Ok(Err(Lost))` means the claim was lost meanwhile (an operator
+//! cancelled or changed the notice, or the lease ran out and another sender
+//! took it): nothing was written, whatever the transition. `Err(Held)` means
+//! the database could not be reached: nothing was written and the lease
+//! comes back to the caller, who may try again.
 
 use std::time::{Duration, Instant};
 
@@ -83,6 +83,22 @@ impl Lease {
         self.tries_log.as_deref().unwrap_or(&self.row.errors)
     }
 }
+
+/// A guarded transition found its row no longer at the claimed version (or
+/// no longer in `notify_msg`): an operator cancelled or changed it, or the
+/// lease ran out and another sender claimed it. Nothing was written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("notice {id}: the claim at version {version} was lost; nothing written")]
+pub(crate) struct Lost {
+    /// The notice.
+    pub id: i64,
+    /// The version the transition expected.
+    pub version: i32,
+}
+
+/// What a guarded transition did once the database answered: written (with
+/// what it gives back), or [`Lost`].
+pub(crate) type Written<T> = Result<T, Lost>;
 
 /// A transition that could not be written; the lease is still held.
 pub(crate) struct Held {
@@ -205,6 +221,24 @@ impl Lease {
         value
     }
 
+    /// The lease as lost: settled, nothing written.
+    fn lost<T>(self) -> Written<T> {
+        let lost = Lost {
+            id: self.id(),
+            version: self.version(),
+        };
+        self.done(Err(lost))
+    }
+
+    /// `value` when `written` (the statement changed the row), else lost.
+    fn written<T>(self, written: bool, value: T) -> Written<T> {
+        if written {
+            self.done(Ok(value))
+        } else {
+            self.lost()
+        }
+    }
+
     /// Marks the lease as transitioned by a batch statement.
     pub(super) fn settle(self) {
         self.done(())
@@ -223,8 +257,8 @@ impl Lease {
 
     /// Makes the row due again after `wait` (by the database's clock; zero:
     /// at once), for any sender, uncharged: an attempt not made here, or a
-    /// try the rate limit did not allow. `false`: lost.
-    pub async fn release_for(self, wait: Duration) -> Result<bool, Held> {
+    /// try the rate limit did not allow.
+    pub async fn release_for(self, wait: Duration) -> Result<Written<()>, Held> {
         let mut sets = vec![
             (Column::Leased, Expr::val(false)),
             (Column::NextCallTime, clock::after(self.backend(), wait)),
@@ -237,7 +271,7 @@ impl Lease {
         match db::on_conflict_retry(|| columns::update(&self.store.db, guard.clone(), sets.clone()))
             .await
         {
-            Ok(n) => Ok(self.done(n == 1)),
+            Ok(n) => Ok(self.written(n == 1, ())),
             Err(e) => Err(self.held(e)),
         }
     }
@@ -245,12 +279,12 @@ impl Lease {
     /// The step this attempt is on succeeded and is not the last: records
     /// it (`step` + 1, `step_result` = `result`, the lines of its failed
     /// tries, its `note` appended to the description) and renews the lease for the next step, which this attempt
-    /// runs next. `Ok(None)`: lost.
+    /// runs next.
     pub async fn advance(
         self,
         result: Option<String>,
         note: Option<&str>,
-    ) -> Result<Option<Lease>, Held> {
+    ) -> Result<Written<Lease>, Held> {
         let description = note.map(|note| self.with_note(note));
         let mut sets = vec![
             (Column::Step, Expr::col(Column::Step).add(1)),
@@ -288,16 +322,16 @@ impl Lease {
                     row.last_call_time = Some(NaiveDateTime::MIN);
                 }
                 let next = Lease::new(self.store.clone(), row, started);
-                Ok(self.done(Some(next)))
+                Ok(self.done(Ok(next)))
             }
-            Ok(_) => Ok(self.done(None)),
+            Ok(_) => Ok(self.lost()),
             Err(e) => Err(self.held(e)),
         }
     }
 
     /// Records a failed attempt to be retried after `retry.delay` (status 2),
-    /// with its alert notice in the same transaction. `None`: lost.
-    pub async fn retry(self, retry: &Retry) -> Result<Option<Scheduled>, Held> {
+    /// with its alert notice in the same transaction.
+    pub async fn retry(self, retry: &Retry) -> Result<Written<Scheduled>, Held> {
         let backend = self.backend();
         let mut sets = self.outcome_sets(false);
         sets.extend([
@@ -331,28 +365,29 @@ impl Lease {
         })
         .await;
         match written {
-            Ok(scheduled) => Ok(self.done(scheduled)),
+            Ok(Some(scheduled)) => Ok(self.done(Ok(scheduled))),
+            Ok(None) => Ok(self.lost()),
             Err(e) => Err(self.held(e)),
         }
     }
 
     /// Moves the row to history as succeeded, appending `note` to its
-    /// description. `false`: lost.
-    pub async fn succeed(self, note: Option<&str>) -> Result<bool, Held> {
+    /// description.
+    pub async fn succeed(self, note: Option<&str>) -> Result<Written<()>, Held> {
         let mut sets = self.outcome_sets(true);
         sets.push((Column::Status, Expr::val(Status::Succeeded as i16)));
         if let Some(note) = note {
             sets.push((Column::Description, Expr::val(self.with_note(note))));
         }
         match self.finish(sets, None).await {
-            Ok(moved) => Ok(self.done(moved.map(|_| ()).is_some())),
+            Ok(moved) => Ok(self.written(moved.is_some(), ())),
             Err(e) => Err(self.held(e)),
         }
     }
 
     /// Moves the row to history as a final failure, with its alert notice in
-    /// the same transaction. `None`: lost; otherwise the alert's id, if any.
-    pub async fn fail_for_good(self, fail: &Final) -> Result<Option<Option<i64>>, Held> {
+    /// the same transaction: the alert's id, if any.
+    pub async fn fail_for_good(self, fail: &Final) -> Result<Written<Option<i64>>, Held> {
         let mut sets = self.outcome_sets(false);
         sets.extend([
             (Column::Status, Expr::val(Status::FinalFailure as i16)),
@@ -360,18 +395,19 @@ impl Lease {
             (Column::RetryTimes, Expr::val(fail.retry_times)),
         ]);
         match self.finish(sets, fail.alert.as_ref()).await {
-            Ok(moved) => Ok(self.done(moved)),
+            Ok(Some(alert)) => Ok(self.done(Ok(alert))),
+            Ok(None) => Ok(self.lost()),
             Err(e) => Err(self.held(e)),
         }
     }
 
     /// Leaves the sent notice awaiting confirmation (status 4) until the
-    /// deadline, appending `note` to its description. `false`: lost.
+    /// deadline, appending `note` to its description.
     pub async fn await_confirmation(
         self,
         until: Deadline,
         note: Option<&str>,
-    ) -> Result<bool, Held> {
+    ) -> Result<Written<()>, Held> {
         let backend = self.backend();
         let deadline = match until {
             Deadline::After(d) => clock::after(backend, d),
@@ -389,7 +425,7 @@ impl Lease {
         match db::on_conflict_retry(|| columns::update(&self.store.db, guard.clone(), sets.clone()))
             .await
         {
-            Ok(n) => Ok(self.done(n == 1)),
+            Ok(n) => Ok(self.written(n == 1, ())),
             Err(e) => Err(self.held(e)),
         }
     }

@@ -41,6 +41,8 @@ pub mod claim;
 pub mod clock;
 mod columns;
 pub mod confirm;
+#[cfg(test)]
+mod conformance;
 pub mod errors_log;
 pub mod heartbeat;
 pub mod ids;
@@ -58,7 +60,7 @@ use std::{sync::Arc, time::Duration};
 use sea_orm::{DatabaseConnection, DbBackend};
 
 pub use claim::{DefSelect, DueFilter};
-pub(crate) use lease::{Deadline, Final, Held, Lease, Retry, Scheduled};
+pub(crate) use lease::{Deadline, Final, Held, Lease, Lost, Retry, Scheduled, Written};
 
 /// Where notices are stored, and how long a claim holds one.
 #[derive(Clone)]

@@ -80,7 +80,7 @@ pub async fn serve(db: &TestDb, config: DashboardConfig) -> (String, Cancellatio
     (format!("http://{bound}"), stop)
 }
 
-fn client() -> reqwest::Client {
+pub fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .redirect(Policy::none())
         .timeout(Duration::from_secs(20))
@@ -89,7 +89,7 @@ fn client() -> reqwest::Client {
 }
 
 /// The `sn_csrf` cookie a response sets.
-fn csrf_cookie(response: &reqwest::Response) -> String {
+pub fn csrf_cookie(response: &reqwest::Response) -> String {
     response
         .headers()
         .get_all(header::SET_COOKIE)

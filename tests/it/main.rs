@@ -22,6 +22,7 @@ mod inputs;
 mod mail;
 mod ops;
 mod ordered;
+mod pins;
 mod producer;
 mod rate;
 mod retry;

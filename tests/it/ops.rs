@@ -531,7 +531,7 @@ db_test!(
     }
 );
 
-fn tempdir() -> std::path::PathBuf {
+pub fn tempdir() -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!(
         "sn-ops-{}-{}",
         std::process::id(),
@@ -541,7 +541,7 @@ fn tempdir() -> std::path::PathBuf {
     dir
 }
 
-fn cli(db: &TestDb, args: &[&str]) -> (bool, String, String) {
+pub fn cli(db: &TestDb, args: &[&str]) -> (bool, String, String) {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_solid-notify"))
         .args(args)
         .env("DATABASE_URL", &db.url)

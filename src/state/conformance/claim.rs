@@ -1,0 +1,125 @@
+//! Claim: a due row is taken once, at a new version, with a lease; a stale
+//! read, a live lease, a reservation of another notice or a notice out of
+//! its key's turn is not taken, and nothing is written.
+
+use super::{Fixture, LEASE, conformance};
+use crate::state::{
+    claim::{self, DueFilter},
+    clock::Due,
+    insert,
+};
+
+conformance!(claims_a_due_row_once, |f: Fixture| async move {
+    let id = f.notice().await;
+    let taken = claim::claim_due(&f.store, &DueFilter::default(), 10, false)
+        .await
+        .unwrap();
+    assert_eq!(taken.leases.len(), 1);
+    let lease = &taken.leases[0];
+    assert_eq!((lease.id(), lease.version()), (id, 1));
+    let row = f.live(id).await.unwrap();
+    assert!(row.leased);
+    assert_eq!(row.version, 1);
+    let again = claim::claim_due(&f.store, &DueFilter::default(), 10, false)
+        .await
+        .unwrap();
+    assert!(again.leases.is_empty(), "a leased row was claimed twice");
+    f
+});
+
+conformance!(does_not_claim_from_a_stale_read, |f: Fixture| async move {
+    let id = f.notice().await;
+    let read = f.live(id).await.unwrap();
+    let _first = f.claim(id).await;
+    let before = f.live(id).await.unwrap();
+    assert!(claim::claim_one(&f.store, &read).await.unwrap().is_none());
+    f.unchanged(id, &before).await;
+    f
+});
+
+conformance!(does_not_claim_under_a_live_lease, |f: Fixture| async move {
+    let id = f.notice().await;
+    let _first = f.claim(id).await;
+    let current = f.live(id).await.unwrap();
+    assert!(
+        claim::claim_one(&f.store, &current)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    f.unchanged(id, &current).await;
+    f
+});
+
+conformance!(claims_a_row_whose_lease_ran_out, |f: Fixture| async move {
+    let id = f.notice().await;
+    let (stale, current) = f.stale_and_current(id).await;
+    assert_eq!((stale.version(), current.version()), (1, 2));
+    assert_eq!(f.live(id).await.unwrap().version, 2);
+    stale.forget();
+    current.forget();
+    f
+});
+
+conformance!(
+    takes_only_its_own_notices_reservation,
+    |f: Fixture| async move {
+        let row = f.row(None, Due::Reserved(LEASE));
+        let id = insert::insert_plain(&f.store.db, &row).await.unwrap();
+        let before = f.live(id).await.unwrap();
+        let started = std::time::Instant::now();
+        // The same id, another notice's content: an id a rolled-back
+        // insert left behind and another notice took.
+        let other = crate::entity::notify_msg::Model {
+            param: "{\"n\":-1}".into(),
+            ..before.clone()
+        };
+        assert!(
+            claim::claim_reserved(&f.store, &other, started)
+                .await
+                .unwrap()
+                .is_none()
+        );
+        f.unchanged(id, &before).await;
+        let lease = claim::claim_reserved(&f.store, &before, started)
+            .await
+            .unwrap()
+            .expect("its own reservation");
+        assert_eq!(lease.version(), 1);
+        assert!(
+            claim::claim_reserved(&f.store, &before, started)
+                .await
+                .unwrap()
+                .is_none(),
+            "a reservation was claimed twice"
+        );
+        lease.forget();
+        f
+    }
+);
+
+conformance!(
+    does_not_claim_a_notice_out_of_its_keys_turn,
+    |f: Fixture| async move {
+        f.exec("UPDATE notify_def SET ordering = 'per_key'").await;
+        let first = f.keyed("k").await;
+        let second = f.keyed("k").await;
+        let before = f.live(second).await.unwrap();
+        assert!(
+            claim::claim_in_turn(&f.store, second)
+                .await
+                .unwrap()
+                .is_none()
+        );
+        f.unchanged(second, &before).await;
+        let lease = claim::claim_in_turn(&f.store, first)
+            .await
+            .unwrap()
+            .expect("the oldest of its key");
+        // While it is held, the next one is still not in turn.
+        let held = f.live(second).await.unwrap();
+        assert!(claim::claim_one(&f.store, &held).await.unwrap().is_none());
+        lease.forget();
+        f
+    }
+);
