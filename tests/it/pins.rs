@@ -219,23 +219,28 @@ db_test!(
     |db: Arc<TestDb>| async move {
         let notifier = shipping(&db).await;
         let fail = json!({"fate": "fail"});
-        let counted = add(&notifier, &[fail.clone(), fail.clone(), fail.clone()]).await;
+        let ids = add(&notifier, &[fail.clone(), fail.clone(), fail.clone(), fail]).await;
+        // The oldest is set aside (cancelled) before anything is sent; the
+        // other three fail for good and are counted.
+        notifier.cancel(ids[0]).await.unwrap();
         db.attempt_due(&notifier).await;
         let (base, stop) = serve(&db, actions()).await;
-        let confirmation = confirm(&base, "place=history&def=ship&status=final_failure").await;
+        let confirmation =
+            confirm(&base, "place=history&def=ship&status=final_failure").await;
         assert_eq!(confirmation.matched, 3);
-        // A fourth fails for good after the count.
-        let later = add(&notifier, &[fail]).await[0];
+        // After the count the oldest is replayed and fails for good too:
+        // a final failure now, with an id below every counted one.
+        notifier.requeue(ids[0]).await.unwrap();
         db.attempt_due(&notifier).await;
         assert_eq!(
-            db.history_of(later).await.unwrap().status,
+            db.history_of(ids[0]).await.unwrap().status,
             Status::FinalFailure
         );
         assert_eq!(submit(&base, &confirmation).await, Ok((3, 0)));
         let live: Vec<i64> = db.live().await.iter().map(|r| r.id).collect();
-        assert_eq!(live, counted, "exactly the three counted are requeued");
+        assert_eq!(live, ids[1..], "exactly the three counted are requeued");
         assert_eq!(
-            db.history_of(later).await.unwrap().status,
+            db.history_of(ids[0]).await.unwrap().status,
             Status::FinalFailure
         );
         stop.cancel();
