@@ -15,13 +15,21 @@
 //! "per_key"`, 40 keys), whose keys move on through the batches' claims of
 //! each next notice on PostgreSQL.
 //!
+//! Meanwhile a producer in this process adds notices through
+//! `Notifier::begin` with after-commit attempts, inside nested transactions
+//! and SQL savepoints of which it rolls back a random share. A notice
+//! rolled back (or whose transaction did not commit) must be neither
+//! stored nor received; one committed must be delivered like the others.
+//!
 //! `lost`: notices never answered 2xx or not in history as succeeded;
 //! `overlaps`: two requests for one notice running at the same time;
 //! `out_of_order`: a request for an ordered notice that started before
 //! every request for the notice before it in its key had ended;
 //! `duplicates`: successful requests beyond one per notice (expected after a
-//! SIGKILL: at-least-once). Exits with 1 when `lost`, `overlaps` or
-//! `out_of_order` is above 0.
+//! SIGKILL: at-least-once); `rolled_back_stored` and `rolled_back_received`:
+//! the producer's rolled-back notices found in a table or at the receiver.
+//! Exits with 1 when `lost`, `overlaps`, `out_of_order` or either
+//! `rolled_back` count is above 0.
 //!
 //! ```sh
 //! cargo build --bin solid-notify && cargo run --example chaos -- --secs 30
@@ -40,9 +48,15 @@ use std::{
 };
 
 use receiver::{Receiver, Reply};
-use sea_orm::{ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement};
+use sea_orm::{
+    ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement, TransactionSession,
+    TransactionTrait,
+};
 use serde_json::json;
-use solid_notify::def::{Channel, DefSpec, store};
+use solid_notify::{
+    Error, Notifier,
+    def::{Channel, DefSpec, store},
+};
 use tokio::process::{Child, Command};
 
 type BoxResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
@@ -191,6 +205,12 @@ async fn chaos(s: &Settings, admin: &DatabaseConnection, url: &str, name: &str) 
     for _ in 0..s.workers {
         workers.push(spawn_worker(&bin, url)?);
     }
+    let producer_db = Database::connect(url).await?;
+    let producer = Notifier::builder(producer_db).build()?;
+    let produced = tokio::spawn(produce(
+        producer.clone(),
+        Instant::now() + Duration::from_secs(s.secs),
+    ));
     // Every third notice is ordered, keyed by `g % 40`, written in `g`'s
     // order (so in each key's order).
     let insert = |n: usize| {
@@ -236,9 +256,16 @@ async fn chaos(s: &Settings, admin: &DatabaseConnection, url: &str, name: &str) 
         }
         tokio::time::sleep_until((started + Duration::from_secs(second + 1)).into()).await;
     }
+    let produced = produced.await??;
+    producer.shutdown(Duration::from_secs(10)).await.ok();
     eprintln!(
-        "chaos: {inserted} notices, {} workers, {kills} SIGKILLs, {terminations} sessions terminated in {}s; draining",
-        s.workers, s.secs
+        "chaos: {inserted} notices, {} workers, {kills} SIGKILLs, {terminations} sessions terminated in {}s; \
+         the producer kept {} notices and rolled back {} ({} commits of unknown outcome); draining",
+        s.workers,
+        s.secs,
+        produced.kept.len(),
+        produced.rolled_back.len(),
+        produced.unknown.len()
     );
     let deadline = Instant::now() + Duration::from_secs(120);
     let db = Database::connect(url).await?;
@@ -266,14 +293,130 @@ async fn chaos(s: &Settings, admin: &DatabaseConnection, url: &str, name: &str) 
         "SELECT COUNT(*) FROM notify_msg_history WHERE status = 1",
     )
     .await?;
-    let delivered = receiver.delivered().len() as i64;
-    let lost = (s.notices as i64 - succeeded.min(delivered)).max(0);
+    let delivered_ids = receiver.delivered();
+    let delivered = delivered_ids.len() as i64;
+    // Committed: the plain-SQL notices, the producer's kept ones, and those
+    // of its commits of unknown outcome that are in a table.
+    let unknown_committed = stored(&db, &produced.unknown).await? as usize;
+    let expected = (s.notices + produced.kept.len() + unknown_committed) as i64;
+    let lost = (expected - succeeded.min(delivered)).max(0);
     let overlaps = receiver.overlaps().len();
     let duplicates = receiver.duplicates();
     let out_of_order = out_of_order(&db, &receiver).await?;
-    println!("lost={lost} overlaps={overlaps} out_of_order={out_of_order} duplicates={duplicates}");
+    let rolled_back_stored = stored(&db, &produced.rolled_back).await?;
+    let received: std::collections::HashSet<i64> =
+        receiver.seen().iter().map(|seen| seen.id).collect();
+    let rolled_back_received = produced
+        .rolled_back
+        .iter()
+        .filter(|id| received.contains(id))
+        .count();
+    println!(
+        "lost={lost} overlaps={overlaps} out_of_order={out_of_order} duplicates={duplicates} \
+         rolled_back_stored={rolled_back_stored} rolled_back_received={rolled_back_received}"
+    );
     db.close().await?;
-    Ok(lost == 0 && overlaps == 0 && out_of_order == 0)
+    Ok(lost == 0
+        && overlaps == 0
+        && out_of_order == 0
+        && rolled_back_stored == 0
+        && rolled_back_received == 0)
+}
+
+/// What the producer added: notices committed, notices rolled back (with
+/// their savepoint, or with their whole transaction), and notices of
+/// commits whose outcome it could not know.
+#[derive(Default)]
+struct Produced {
+    kept: Vec<i64>,
+    rolled_back: Vec<i64>,
+    unknown: Vec<i64>,
+}
+
+/// Adds notices until `until`, in transactions that open nested
+/// transactions and SQL savepoints and roll a random share of them back.
+/// The chaos terminates its sessions too: a transaction that fails is
+/// rolled back whole.
+async fn produce(notifier: Notifier, until: Instant) -> BoxResult<Produced> {
+    let mut produced = Produced::default();
+    let mut n = 0u64;
+    while Instant::now() < until {
+        n += 1;
+        let mut kept = Vec::new();
+        let mut dropped = Vec::new();
+        let param = |part: &str| json!({ "producer": n, "part": part });
+        let built: Result<_, Error> = async {
+            let tx = notifier.begin().await?;
+            kept.push(tx.add_notice("chaos", &param("outer"), "producer").await?);
+            let roll_back = fastrand::u8(0..10) < 4;
+            match fastrand::u8(0..3) {
+                0 => {
+                    let nested = tx.begin().await?;
+                    let id = nested.add_notice("chaos", &param("nested"), "producer").await?;
+                    if roll_back {
+                        dropped.push(id);
+                        nested.rollback().await?;
+                    } else {
+                        kept.push(id);
+                        TransactionSession::commit(nested).await?;
+                    }
+                }
+                1 => {
+                    tx.execute_unprepared("SAVEPOINT chaos").await?;
+                    let id = tx.add_notice("chaos", &param("savepoint"), "producer").await?;
+                    if roll_back {
+                        dropped.push(id);
+                        tx.execute_unprepared("ROLLBACK TO SAVEPOINT chaos").await?;
+                    } else {
+                        kept.push(id);
+                        tx.execute_unprepared("RELEASE SAVEPOINT chaos").await?;
+                    }
+                }
+                _ => {}
+            }
+            kept.push(tx.add_notice("chaos", &param("after"), "producer").await?);
+            Ok(tx)
+        }
+        .await;
+        let committed = match built {
+            Ok(tx) => tx.commit().await.map(drop),
+            Err(e) => Err(e),
+        };
+        match committed {
+            Ok(()) => {
+                produced.kept.extend(kept);
+                produced.rolled_back.extend(dropped);
+            }
+            Err(Error::CommitOutcomeUnknown(_)) => {
+                produced.unknown.extend(kept);
+                produced.rolled_back.extend(dropped);
+            }
+            // Nothing of it committed.
+            Err(_) => {
+                produced.rolled_back.extend(kept);
+                produced.rolled_back.extend(dropped);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(produced)
+}
+
+/// How many of `ids` are in `notify_msg` or `notify_msg_history`.
+async fn stored(db: &DatabaseConnection, ids: &[i64]) -> BoxResult<i64> {
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    let list: Vec<String> = ids.iter().map(i64::to_string).collect();
+    let list = list.join(",");
+    scalar(
+        db,
+        &format!(
+            "SELECT (SELECT COUNT(*) FROM notify_msg WHERE id IN ({list})) + \
+             (SELECT COUNT(*) FROM notify_msg_history WHERE id IN ({list}))"
+        ),
+    )
+    .await
 }
 
 /// Keys of the ordered definition.
