@@ -352,7 +352,9 @@ async fn produce(notifier: Notifier, until: Instant) -> BoxResult<Produced> {
             match fastrand::u8(0..3) {
                 0 => {
                     let nested = tx.begin().await?;
-                    let id = nested.add_notice("chaos", &param("nested"), "producer").await?;
+                    let id = nested
+                        .add_notice("chaos", &param("nested"), "producer")
+                        .await?;
                     if roll_back {
                         dropped.push(id);
                         nested.rollback().await?;
@@ -363,7 +365,9 @@ async fn produce(notifier: Notifier, until: Instant) -> BoxResult<Produced> {
                 }
                 1 => {
                     tx.execute_unprepared("SAVEPOINT chaos").await?;
-                    let id = tx.add_notice("chaos", &param("savepoint"), "producer").await?;
+                    let id = tx
+                        .add_notice("chaos", &param("savepoint"), "producer")
+                        .await?;
                     if roll_back {
                         dropped.push(id);
                         tx.execute_unprepared("ROLLBACK TO SAVEPOINT chaos").await?;

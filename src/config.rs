@@ -16,6 +16,8 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 pub const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default [`Config::max_background_attempts`]: 256.
 pub const DEFAULT_MAX_BACKGROUND_ATTEMPTS: usize = 256;
+/// Default [`Config::db_timeout`]: 10 seconds.
+pub const DEFAULT_DB_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How a notifier claims, runs and caches.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,6 +64,18 @@ pub struct Config {
     /// RabbitMQ for the `amqp` channel and the confirmation queue. Default
     /// [`AmqpConfig::default`]: `$SOLID_NOTIFY_AMQP_URL` (unset: disabled).
     pub amqp: AmqpConfig,
+    /// The longest any one database call of the library may take (a claim,
+    /// a record, a release, a heartbeat, a wake-up check, the producer's
+    /// insert and commit; a transaction's statements each, and its commit):
+    /// past it the call counts as a lost connection. Claims and records are
+    /// then retried as after any database error (never abandoning work
+    /// delivered: its lease brings it back); a producer's commit answers
+    /// [`Error::CommitOutcomeUnknown`](crate::Error::CommitOutcomeUnknown).
+    /// It bounds what a network partition can hold, where the socket stays
+    /// open and TCP would wait for hours. Statements of the caller's own,
+    /// sent through a [`NoticeTx`](crate::NoticeTx), are not bounded.
+    /// Default [`DEFAULT_DB_TIMEOUT`].
+    pub db_timeout: Duration,
 }
 
 impl Default for Config {
@@ -77,6 +91,7 @@ impl Default for Config {
             secrets: HashMap::new(),
             amqp: AmqpConfig::default(),
             max_param_bytes: DEFAULT_MAX_PARAM_BYTES,
+            db_timeout: DEFAULT_DB_TIMEOUT,
         }
     }
 }
@@ -102,6 +117,9 @@ impl Config {
         }
         if self.max_param_bytes == 0 {
             return Err(Error::Config("max_param_bytes must be at least 1".into()));
+        }
+        if self.db_timeout.is_zero() {
+            return Err(Error::Config("db_timeout must not be zero".into()));
         }
         if self.max_background_attempts == 0 && self.immediate_attempt {
             return Err(Error::Config(

@@ -114,7 +114,7 @@ impl Notifier {
     /// Whether notice `id` is held by a live claim (by the database's clock).
     async fn claim_is_live(&self, id: i64) -> Result<bool> {
         let db = &self.inner.store.db;
-        let now = crate::state::clock::now(db.get_database_backend());
+        let now = crate::state::clock::now(self.inner.store.backend());
         Ok(notify_msg::Entity::find_by_id(id)
             .filter(notify_msg::Column::Leased.eq(true))
             .filter(Expr::col(notify_msg::Column::NextCallTime).gt(now))

@@ -4,14 +4,25 @@
 //! Errors fall in three kinds: a *conflict* (deadlock, serialization failure,
 //! SQLite busy) is retried at once; a *transient* fault (a lost or refused
 //! connection, a terminated backend, a server shutting down, an exhausted
-//! pool) is retried with backoff for as long as the caller allows; anything
-//! else is a bug or bad data and is not retried.
+//! pool, a call past its bound) is retried with backoff for as long as the
+//! caller allows; anything else is a bug or bad data and is not retried.
+//!
+//! **Every call is bounded.** The library reaches its tables through a
+//! [`Db`]: each statement (and each `BEGIN`, `COMMIT` and `ROLLBACK` of its
+//! transactions) that takes longer than
+//! [`Config::db_timeout`](crate::Config::db_timeout) is abandoned and fails
+//! as a lost connection ([`timed_out`]). A network partition keeps sockets
+//! open, and a statement sent into one would otherwise wait for TCP to give
+//! up, hours later; a statement abandoned this way may still run once the
+//! network is back, which the version guards make harmless.
 
-use std::{future::Future, time::Duration};
+use std::{future::Future, pin::Pin, time::Duration};
 
+use async_trait::async_trait;
 use sea_orm::{
-    DatabaseConnection, DatabaseTransaction, DbBackend, DbErr, IsolationLevel, RuntimeErr,
-    SqliteTransactionMode, TransactionOptions, TransactionTrait,
+    AccessMode, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr,
+    ExecResult, IsolationLevel, QueryResult, RuntimeErr, SqliteTransactionMode, Statement,
+    TransactionError, TransactionOptions, TransactionSession, TransactionTrait,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -182,6 +193,199 @@ impl Backoff {
     }
 }
 
+/// The error of a call that did not answer within `bound`: a lost
+/// connection (transient; its outcome unknown).
+pub(crate) fn timed_out(bound: Duration) -> DbErr {
+    DbErr::Conn(RuntimeErr::Internal(format!(
+        "the database did not answer within {bound:?} (Config::db_timeout); the call was abandoned"
+    )))
+}
+
+/// Runs `call`, abandoning it after `bound` ([`timed_out`]).
+pub(crate) async fn bounded<T>(
+    bound: Duration,
+    call: impl Future<Output = Result<T, DbErr>>,
+) -> Result<T, DbErr> {
+    tokio::time::timeout(bound, call)
+        .await
+        .unwrap_or_else(|_| Err(timed_out(bound)))
+}
+
+/// The pool as the library uses it: every call bounded (see the module
+/// docs). Cheap to clone.
+#[derive(Clone)]
+pub(crate) struct Db {
+    pool: DatabaseConnection,
+    bound: Duration,
+}
+
+impl Db {
+    pub fn new(pool: DatabaseConnection, bound: Duration) -> Self {
+        Db { pool, bound }
+    }
+
+    /// The pool itself, for calls that bound themselves (the raw sqlx pool
+    /// of PostgreSQL, the listener).
+    pub fn pool(&self) -> &DatabaseConnection {
+        &self.pool
+    }
+
+    /// The bound of each call.
+    pub fn bound(&self) -> Duration {
+        self.bound
+    }
+}
+
+impl std::fmt::Debug for Db {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Db")
+            .field("backend", &self.pool.get_database_backend())
+            .field("bound", &self.bound)
+            .finish()
+    }
+}
+
+/// A transaction of a [`Db`]: every statement, and its end, bounded.
+pub(crate) struct Txn {
+    txn: DatabaseTransaction,
+    bound: Duration,
+}
+
+impl Txn {
+    /// Commits (bounded: past it the outcome is unknown).
+    pub async fn commit(self) -> Result<(), DbErr> {
+        bounded(self.bound, self.txn.commit()).await
+    }
+
+    /// Rolls back (bounded; a transaction dropped unfinished is rolled back
+    /// by the pool too).
+    pub async fn rollback(self) -> Result<(), DbErr> {
+        bounded(self.bound, self.txn.rollback()).await
+    }
+}
+
+/// Implements [`ConnectionTrait`] for a wrapper whose field `$inner` does
+/// the work, each call bounded by its `bound`.
+macro_rules! bounded_connection {
+    ($type:ty, $inner:ident) => {
+        #[async_trait]
+        impl ConnectionTrait for $type {
+            fn get_database_backend(&self) -> DbBackend {
+                self.$inner.get_database_backend()
+            }
+
+            async fn execute_raw(&self, stmt: Statement) -> Result<ExecResult, DbErr> {
+                bounded(self.bound, self.$inner.execute_raw(stmt)).await
+            }
+
+            async fn execute_unprepared(&self, sql: &str) -> Result<ExecResult, DbErr> {
+                bounded(self.bound, self.$inner.execute_unprepared(sql)).await
+            }
+
+            async fn query_one_raw(&self, stmt: Statement) -> Result<Option<QueryResult>, DbErr> {
+                bounded(self.bound, self.$inner.query_one_raw(stmt)).await
+            }
+
+            async fn query_all_raw(&self, stmt: Statement) -> Result<Vec<QueryResult>, DbErr> {
+                bounded(self.bound, self.$inner.query_all_raw(stmt)).await
+            }
+
+            fn support_returning(&self) -> bool {
+                self.$inner.support_returning()
+            }
+        }
+
+        #[async_trait]
+        impl TransactionTrait for $type {
+            type Transaction = Txn;
+
+            async fn begin(&self) -> Result<Txn, DbErr> {
+                let txn = bounded(self.bound, self.$inner.begin()).await?;
+                Ok(Txn {
+                    txn,
+                    bound: self.bound,
+                })
+            }
+
+            async fn begin_with_config(
+                &self,
+                isolation_level: Option<IsolationLevel>,
+                access_mode: Option<AccessMode>,
+            ) -> Result<Txn, DbErr> {
+                let begun = self.$inner.begin_with_config(isolation_level, access_mode);
+                let txn = bounded(self.bound, begun).await?;
+                Ok(Txn {
+                    txn,
+                    bound: self.bound,
+                })
+            }
+
+            async fn begin_with_options(&self, options: TransactionOptions) -> Result<Txn, DbErr> {
+                let txn = bounded(self.bound, self.$inner.begin_with_options(options)).await?;
+                Ok(Txn {
+                    txn,
+                    bound: self.bound,
+                })
+            }
+
+            async fn transaction<F, T, E>(&self, callback: F) -> Result<T, TransactionError<E>>
+            where
+                F: for<'c> FnOnce(
+                        &'c Txn,
+                    )
+                        -> Pin<Box<dyn Future<Output = Result<T, E>> + Send + 'c>>
+                    + Send,
+                T: Send,
+                E: std::fmt::Display + std::fmt::Debug + Send,
+            {
+                let txn = self.begin().await.map_err(TransactionError::Connection)?;
+                match callback(&txn).await {
+                    Ok(value) => {
+                        txn.commit().await.map_err(TransactionError::Connection)?;
+                        Ok(value)
+                    }
+                    Err(e) => {
+                        txn.rollback().await.map_err(TransactionError::Connection)?;
+                        Err(TransactionError::Transaction(e))
+                    }
+                }
+            }
+
+            async fn transaction_with_config<F, T, E>(
+                &self,
+                callback: F,
+                _isolation_level: Option<IsolationLevel>,
+                _access_mode: Option<AccessMode>,
+            ) -> Result<T, TransactionError<E>>
+            where
+                F: for<'c> FnOnce(
+                        &'c Txn,
+                    )
+                        -> Pin<Box<dyn Future<Output = Result<T, E>> + Send + 'c>>
+                    + Send,
+                T: Send,
+                E: std::fmt::Display + std::fmt::Debug + Send,
+            {
+                self.transaction(callback).await
+            }
+        }
+    };
+}
+
+bounded_connection!(Db, pool);
+bounded_connection!(Txn, txn);
+
+#[async_trait]
+impl TransactionSession for Txn {
+    async fn commit(self) -> Result<(), DbErr> {
+        Txn::commit(self).await
+    }
+
+    async fn rollback(self) -> Result<(), DbErr> {
+        Txn::rollback(self).await
+    }
+}
+
 /// Begins one of solid-notify's own short transactions: on MySQL/MariaDB at
 /// READ COMMITTED, which takes no gap locks and so does not deadlock with
 /// concurrent claims; on SQLite as `BEGIN IMMEDIATE`, so that a transaction
@@ -189,7 +393,10 @@ impl Backoff {
 /// instead of failing as "database is locked" when another writer got in
 /// between. Business transactions ([`Notifier::begin`](crate::Notifier::begin))
 /// keep the database's default isolation.
-pub(crate) async fn begin(db: &DatabaseConnection) -> Result<DatabaseTransaction, DbErr> {
+pub(crate) async fn begin<C>(db: &C) -> Result<C::Transaction, DbErr>
+where
+    C: ConnectionTrait + TransactionTrait,
+{
     let options = match db.get_database_backend() {
         DbBackend::MySql => TransactionOptions {
             isolation_level: Some(IsolationLevel::ReadCommitted),

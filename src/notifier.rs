@@ -110,7 +110,7 @@ impl Notifier {
 
     /// The database pool.
     pub fn db(&self) -> &DatabaseConnection {
-        &self.inner.store.db
+        self.inner.store.db.pool()
     }
 
     /// The settings in force.
@@ -260,7 +260,7 @@ impl NotifierBuilder {
         self.config.validate()?;
         Ok(Notifier {
             inner: Arc::new(Inner {
-                store: Store::new(self.db, self.config.lease),
+                store: Store::new(self.db, self.config.lease, self.config.db_timeout),
                 defs: DefCache::new(self.config.def_cache_ttl),
                 background: Arc::new(Semaphore::new(self.config.max_background_attempts.max(1))),
                 balancer: Balancer::new(self.config.load_balance),

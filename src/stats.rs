@@ -33,6 +33,9 @@ pub struct WorkerStats {
     flushes: AtomicU64,
     flushed: AtomicU64,
     wakeups: AtomicU64,
+    given_up: AtomicU64,
+    /// Successes handed to a batch and not written yet.
+    unrecorded: AtomicU64,
     recent_sweeps: Mutex<VecDeque<DateTime<Utc>>>,
 }
 
@@ -68,6 +71,12 @@ pub struct StatsSnapshot {
     /// Sweeps started early because the worker was woken (notices made due,
     /// or the earliest known due time came), not by its schedule.
     pub wakeups: u64,
+    /// Outcomes not written because the worker stopped while the database
+    /// could not take them (their notices are due again when their leases
+    /// end: a delivered success is then sent again).
+    pub given_up: u64,
+    /// Delivered successes waiting in a batch to be written, now.
+    pub unrecorded: u64,
 }
 
 impl StatsSnapshot {
@@ -95,6 +104,8 @@ impl WorkerStats {
             flushes: self.flushes.load(Relaxed),
             flushed: self.flushed.load(Relaxed),
             wakeups: self.wakeups.load(Relaxed),
+            given_up: self.given_up.load(Relaxed),
+            unrecorded: self.unrecorded.load(Relaxed),
         }
     }
 
@@ -133,6 +144,25 @@ impl WorkerStats {
 
     pub(crate) fn add_error(&self) {
         self.errors.fetch_add(1, Relaxed);
+    }
+
+    /// `n` outcomes given up at shutdown (also counted by the metric).
+    pub(crate) fn add_given_up(&self, n: u64) {
+        self.given_up.fetch_add(n, Relaxed);
+        crate::telemetry::outcomes_given_up(n);
+    }
+
+    /// A success handed to a batch ...
+    pub(crate) fn success_handed(&self) {
+        self.unrecorded.fetch_add(1, Relaxed);
+    }
+
+    /// ... and settled (written, lost or given up).
+    pub(crate) fn success_settled(&self) {
+        // Never below zero, whatever the order of the two.
+        let _ = self
+            .unrecorded
+            .fetch_update(Relaxed, Relaxed, |n| Some(n.saturating_sub(1)));
     }
 
     pub(crate) fn count(&self, result: &AttemptResult) {

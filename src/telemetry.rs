@@ -17,6 +17,7 @@
 //! | `solid_notify_claims_total` | counter: rows claimed | |
 //! | `solid_notify_lost_claims_total` | counter: attempts whose claim another sender or an operator took | |
 //! | `solid_notify_sweep_duration_seconds` | histogram: one sweep | |
+//! | `solid_notify_outcomes_given_up_total` | counter: outcomes (a delivered success among them) not recorded because the process stopped while the database could not take them; each notice is due again when its lease ends | |
 //!
 //! `def` labels are definition names from `notify_def` (rows of a deleted
 //! definition count under `_unknown`), never notice data; `outcome` is one
@@ -143,6 +144,14 @@ pub(crate) fn lost_claims(n: u64) {
     }
 }
 
+/// Records `n` outcomes given up at shutdown (not written: their notices
+/// are due again when their leases end).
+pub(crate) fn outcomes_given_up(n: u64) {
+    if n > 0 {
+        counter!("solid_notify_outcomes_given_up_total").increment(n);
+    }
+}
+
 /// Records one sweep's duration.
 pub(crate) fn sweep_finished(took: Duration) {
     histogram!("solid_notify_sweep_duration_seconds").record(took.as_secs_f64());
@@ -151,6 +160,10 @@ pub(crate) fn sweep_finished(took: Duration) {
 fn describe() {
     use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     describe_gauge!("solid_notify_notices", "Notices in flight");
+    describe_counter!(
+        "solid_notify_outcomes_given_up_total",
+        "Outcomes not recorded because the process stopped while the database could not take them"
+    );
     describe_gauge!(
         "solid_notify_oldest_due_seconds",
         Unit::Seconds,

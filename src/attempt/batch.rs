@@ -50,14 +50,17 @@ pub const MAX_BATCH: usize = 500;
 pub(crate) struct BatchHandle {
     sender: mpsc::UnboundedSender<Lease>,
     pending: Arc<AtomicUsize>,
+    stats: Arc<WorkerStats>,
 }
 
 impl BatchHandle {
     /// Hands `lease` over; gives it back if the batch has stopped.
     pub fn hand_over(&self, lease: Lease) -> Option<Lease> {
         self.pending.fetch_add(1, Ordering::Relaxed);
+        self.stats.success_handed();
         let refused = self.sender.send(lease).err()?;
         self.pending.fetch_sub(1, Ordering::Relaxed);
+        self.stats.success_settled();
         Some(refused.0)
     }
 }
@@ -98,7 +101,7 @@ impl SuccessBatch {
         let pending = Arc::new(AtomicUsize::new(0));
         let flushed = Arc::new(tokio::sync::Notify::new());
         let out = Out {
-            stats,
+            stats: stats.clone(),
             reports,
             pending: pending.clone(),
             flushed: flushed.clone(),
@@ -106,7 +109,11 @@ impl SuccessBatch {
         };
         let task = tokio::spawn(run(store, receiver, give_up, out));
         SuccessBatch {
-            handle: BatchHandle { sender, pending },
+            handle: BatchHandle {
+                sender,
+                pending,
+                stats,
+            },
             task,
             flushed,
         }
@@ -206,6 +213,7 @@ impl Out {
 
     fn report(&self, notice_id: i64, result: AttemptResult) {
         self.stats.count(&result);
+        self.stats.success_settled();
         // Release: a sweep that reads nothing pending (Acquire) also sees
         // the next notices handed over before.
         self.pending.fetch_sub(1, Ordering::Release);
@@ -312,6 +320,7 @@ async fn flush(store: &Store, mut leases: Vec<Lease>, give_up: &CancellationToke
                 tracing::warn!(error = %error, n = held.len(), "cannot record successes yet; retrying");
                 if !backoff.wait(give_up).await {
                     let error = format!("{error}; left to its lease");
+                    out.stats.add_given_up(held.len() as u64);
                     let ids: Vec<i64> = held.iter().map(Lease::id).collect();
                     out.release_behind(store, &ids).await;
                     for lease in held {

@@ -89,6 +89,7 @@ where
                 tracing::warn!(notice_id = id, error = %error, "cannot record an outcome yet; retrying");
                 if !backoff.wait(give_up).await {
                     held.forget();
+                    crate::telemetry::outcomes_given_up(1);
                     return Err(Unwritten::GaveUp(error.to_string()));
                 }
                 lease = held;

@@ -12,7 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use sea_orm::{ConnectionTrait, DatabaseConnection, EntityTrait};
+use sea_orm::{ConnectionTrait, EntityTrait};
 
 use super::{Def, store::validate_row};
 use crate::{
@@ -72,7 +72,10 @@ impl DefCache {
     /// The reserved alert definition. When its row is invalid the built-in
     /// policy stands in (logged at `error`); when the row is missing it is
     /// created again with the built-in policy.
-    pub async fn alert_def(&self, db: &DatabaseConnection) -> Result<Arc<Def>> {
+    pub async fn alert_def<C>(&self, db: &C) -> Result<Arc<Def>>
+    where
+        C: ConnectionTrait + sea_orm::TransactionTrait,
+    {
         match self.by_name(db, ALERT_DEF).await {
             Err(Error::UnknownDef(_)) => {
                 tracing::error!(

@@ -509,7 +509,7 @@ impl Notifier {
 /// The next `limit` rows matching `cond` of either notice table (their
 /// columns are the same), lowest id first: what a guarded write needs.
 async fn read_batch<E: EntityTrait>(
-    db: &sea_orm::DatabaseConnection,
+    db: &impl sea_orm::ConnectionTrait,
     cond: sea_orm::sea_query::Condition,
     limit: u64,
 ) -> Result<Vec<Seen>> {
@@ -538,7 +538,7 @@ async fn read_batch<E: EntityTrait>(
 /// The next [`MAX_BATCH_SIZE`] `(id, version)` pairs matching `cond` of
 /// either notice table, lowest id first.
 async fn read_pairs<E: EntityTrait>(
-    db: &sea_orm::DatabaseConnection,
+    db: &impl sea_orm::ConnectionTrait,
     cond: Condition,
 ) -> Result<Vec<(i64, i32)>> {
     use notify_msg::Column;

@@ -174,7 +174,11 @@ impl Notifier {
         } else {
             Within::Transaction
         };
-        let (row, def) = self.prepare(conn, notice).await.map_err(|e| match e {
+        let bound = self.inner.config.db_timeout;
+        let prepared = tokio::time::timeout(bound, self.prepare(conn, notice))
+            .await
+            .unwrap_or_else(|_| Err(Error::Db(crate::db::timed_out(bound))));
+        let (row, def) = prepared.map_err(|e| match e {
             // The definition's lookup, through the caller's transaction.
             Error::Db(e) if crate::db::in_aborted_transaction(&e) => {
                 Error::TransactionAborted(e.to_string())
@@ -182,8 +186,15 @@ impl Notifier {
             other => other,
         })?;
         let written = std::time::Instant::now();
-        let inserted = insert::insert(conn, &row, within)
+        let inserted = tokio::time::timeout(bound, insert::insert(conn, &row, within))
             .await
+            .unwrap_or_else(|_| {
+                // Abandoned mid-statement: whether it ran is unknown.
+                Err(InsertError::Db {
+                    error: crate::db::timed_out(bound),
+                    aborted: false,
+                })
+            })
             .map_err(insert_error)?;
         Ok(pending(inserted, row, def, written))
     }
@@ -276,10 +287,10 @@ impl Notifier {
     pub async fn begin(&self) -> Result<NoticeTx> {
         let db = &self.inner.store.db;
         if db.get_database_backend() == DbBackend::Postgres {
-            let pg = pg::PgTx::new(db.get_postgres_connection_pool()).await?;
+            let pg = pg::PgTx::new(db.pool().get_postgres_connection_pool(), db.bound()).await?;
             return Ok(NoticeTx::top_pg(self.clone(), pg));
         }
-        let txn = crate::db::begin_business(db).await?;
+        let txn = crate::db::bounded(db.bound(), crate::db::begin_business(db.pool())).await?;
         Ok(NoticeTx::top_sea(self.clone(), txn))
     }
 

@@ -70,6 +70,26 @@ struct Link {
     broken: Option<String>,
     /// A statement is under way (still set if its future was dropped).
     in_flight: bool,
+    /// The bound of the library's own statements
+    /// ([`Config::db_timeout`](crate::Config::db_timeout)): `BEGIN`, the
+    /// notices' inserts, the checks, the `COMMIT` and `ROLLBACK`, and the
+    /// savepoints of nested transactions. The caller's statements are not
+    /// bounded. One past its bound leaves the statement in flight: the
+    /// transaction can then only be rolled back, and its connection is
+    /// closed rather than pooled.
+    bound: std::time::Duration,
+}
+
+/// `call`, abandoned after `bound` (the error of
+/// [`timed_out`](crate::db::timed_out)).
+async fn within<T>(
+    bound: std::time::Duration,
+    call: impl std::future::Future<Output = std::result::Result<T, sqlx::Error>>,
+) -> std::result::Result<T, DbErr> {
+    match tokio::time::timeout(bound, call).await {
+        Ok(done) => done.map_err(exec_err),
+        Err(_) => Err(crate::db::timed_out(bound)),
+    }
 }
 
 /// See the module docs.
@@ -113,11 +133,11 @@ impl Link {
             // Begun from here on: a BEGIN whose outcome is unknown leaves a
             // transaction that can only be rolled back.
             self.begun = true;
-            let began = self.conn.as_mut().ok_or_else(ended)?.execute("BEGIN").await;
-            if let Err(e) = began {
-                self.in_flight = false;
+            let bound = self.bound;
+            let conn = self.conn.as_mut().ok_or_else(ended)?;
+            if let Err(e) = within(bound, conn.execute("BEGIN")).await {
                 self.broken = Some(format!("BEGIN failed: {e}"));
-                return Err(exec_err(e));
+                return Err(e);
             }
         }
         self.conn.as_mut().ok_or_else(ended)
@@ -136,15 +156,18 @@ impl Link {
         let Some(why) = self.failed.clone() else {
             return Ok(());
         };
-        let asked: std::result::Result<bool, sqlx::Error> = match self.ready(false).await {
+        let bound = self.bound;
+        let asked: std::result::Result<bool, DbErr> = match self.ready(false).await {
             Ok(conn) => {
-                sqlx::query_scalar("SELECT now() <> statement_timestamp()")
-                    .fetch_one(&mut **conn)
-                    .await
+                let asked = sqlx::query_scalar("SELECT now() <> statement_timestamp()")
+                    .fetch_one(&mut **conn);
+                within(bound, asked).await
             }
             Err(e) => return Err(format!("{why}; then: {e}")),
         };
-        self.in_flight = false;
+        if asked.is_ok() {
+            self.in_flight = false;
+        }
         let broken = match asked {
             Ok(true) => {
                 self.failed = None;
@@ -179,12 +202,16 @@ enum Stage {
 }
 
 impl PgTx {
-    /// Takes a connection from `pool`; nothing is sent yet.
-    pub async fn new(pool: &PgPool) -> std::result::Result<PgTx, DbErr> {
-        let conn = pool
-            .acquire()
-            .await
-            .map_err(|e| DbErr::Conn(RuntimeErr::SqlxError(Arc::new(e))))?;
+    /// Takes a connection from `pool` (waiting at most `bound`, the bound of
+    /// its own statements); nothing is sent yet.
+    pub async fn new(
+        pool: &PgPool,
+        bound: std::time::Duration,
+    ) -> std::result::Result<PgTx, DbErr> {
+        let conn = match tokio::time::timeout(bound, pool.acquire()).await {
+            Ok(conn) => conn.map_err(|e| DbErr::Conn(RuntimeErr::SqlxError(Arc::new(e))))?,
+            Err(_) => return Err(crate::db::timed_out(bound)),
+        };
         Ok(PgTx {
             link: Mutex::new(Link {
                 conn: Some(conn),
@@ -192,6 +219,7 @@ impl PgTx {
                 failed: None,
                 broken: None,
                 in_flight: false,
+                bound,
             }),
             undo: std::sync::Mutex::new(Vec::new()),
         })
@@ -208,11 +236,16 @@ impl PgTx {
                 break;
             }
             let sql = format!("ROLLBACK TO SAVEPOINT {savepoint}; RELEASE SAVEPOINT {savepoint}");
+            let bound = link.bound;
             let done = match link.ready(false).await {
-                Ok(conn) => conn.execute(sqlx::AssertSqlSafe(sql)).await.map(drop),
+                Ok(conn) => within(bound, conn.execute(sqlx::AssertSqlSafe(sql)))
+                    .await
+                    .map(drop),
                 Err(_) => break,
             };
-            link.in_flight = false;
+            if done.is_ok() {
+                link.in_flight = false;
+            }
             if let Err(e) = done {
                 link.broken = Some(format!(
                     "rolling back a nested transaction dropped unfinished failed: {e}"
@@ -262,48 +295,51 @@ impl PgTx {
             return Ok(());
         }
         let mut link = self.lock().await;
+        let bound = link.bound;
         let conn = link
             .ready(true)
             .await
             .map_err(|e| Error::TransactionAborted(e.to_string()))?;
-        let written = match insert::pg_insert_literal(rows) {
-            Some(insert) => conn
-                .execute(sqlx::AssertSqlSafe(format!(
-                    "SAVEPOINT {ADD_SAVEPOINT}; {insert}; RELEASE SAVEPOINT {ADD_SAVEPOINT}"
-                )))
-                .await
-                .map(drop),
-            None => {
-                let savepoint = format!("SAVEPOINT {ADD_SAVEPOINT}");
-                match conn.execute(sqlx::AssertSqlSafe(savepoint)).await {
-                    Ok(_) => match insert::pg_insert_rows(conn, rows).await {
-                        Ok(()) => conn
-                            .execute(sqlx::AssertSqlSafe(format!(
-                                "RELEASE SAVEPOINT {ADD_SAVEPOINT}"
-                            )))
-                            .await
-                            .map(drop),
-                        Err(e) => Err(e),
-                    },
-                    Err(e) => Err(e),
+        let writing = async {
+            match insert::pg_insert_literal(rows) {
+                Some(insert) => conn
+                    .execute(sqlx::AssertSqlSafe(format!(
+                        "SAVEPOINT {ADD_SAVEPOINT}; {insert}; RELEASE SAVEPOINT {ADD_SAVEPOINT}"
+                    )))
+                    .await
+                    .map(drop),
+                None => {
+                    let savepoint = format!("SAVEPOINT {ADD_SAVEPOINT}");
+                    conn.execute(sqlx::AssertSqlSafe(savepoint)).await?;
+                    insert::pg_insert_rows(conn, rows).await?;
+                    conn.execute(sqlx::AssertSqlSafe(format!(
+                        "RELEASE SAVEPOINT {ADD_SAVEPOINT}"
+                    )))
+                    .await
+                    .map(drop)
                 }
             }
         };
-        let Err(e) = written else {
+        let Err(e) = within(bound, writing).await else {
             link.in_flight = false;
             return Ok(());
         };
-        let e = exec_err(e);
         if crate::db::connection_lost(&e) {
+            // Lost, or past its bound (still in flight): the rows' fate is
+            // unknown, and only a rollback is left.
             link.broken = Some(format!("the connection was lost writing notices: {e}"));
             return Err(Error::TransactionAborted(e.to_string()));
         }
-        let undone = conn
-            .execute(sqlx::AssertSqlSafe(format!(
-                "ROLLBACK TO SAVEPOINT {ADD_SAVEPOINT}; RELEASE SAVEPOINT {ADD_SAVEPOINT}"
-            )))
-            .await;
-        link.in_flight = false;
+        let conn = link
+            .conn
+            .as_mut()
+            .ok_or_else(|| Error::TransactionAborted(ended().to_string()))?;
+        let undo =
+            format!("ROLLBACK TO SAVEPOINT {ADD_SAVEPOINT}; RELEASE SAVEPOINT {ADD_SAVEPOINT}");
+        let undone = within(bound, conn.execute(sqlx::AssertSqlSafe(undo))).await;
+        if undone.is_ok() {
+            link.in_flight = false;
+        }
         match undone {
             Ok(_) => Err(Error::Db(e)),
             Err(undo) => {
@@ -323,6 +359,21 @@ impl PgTx {
             .await
             .map(ExecResult::from)
             .map_err(exec_err);
+        link.note(done)
+    }
+
+    /// One of the library's own statements (a nested transaction's
+    /// savepoint), bounded.
+    pub async fn execute_own(&self, sql: &str) -> std::result::Result<ExecResult, DbErr> {
+        let mut link = self.lock().await;
+        let bound = link.bound;
+        let conn = link.ready(true).await?;
+        let done = within(bound, conn.execute(sqlx::AssertSqlSafe(sql.to_owned())))
+            .await
+            .map(ExecResult::from);
+        if matches!(done, Err(DbErr::Conn(_))) {
+            return done;
+        }
         link.note(done)
     }
 
@@ -371,8 +422,14 @@ impl PgTx {
             return Ok(id);
         }
         let mut link = self.lock().await;
+        let bound = link.bound;
         let conn = link.ready(false).await?;
-        let fetched = link_fetch(conn, blocks).await.map_err(query_err);
+        let fetched = within(bound, link_fetch(conn, blocks)).await;
+        if let Err(e @ DbErr::Conn(_)) = fetched {
+            // Past its bound: left in flight (the transaction can only be
+            // rolled back).
+            return Err(e);
+        }
         link.note(fetched)?;
         blocks
             .take()
@@ -388,7 +445,8 @@ impl PgTx {
     ///   had aborted the transaction, one was cancelled mid-way, or the
     ///   notices could not be written).
     /// - [`Error::CommitOutcomeUnknown`]: the connection was lost while
-    ///   committing.
+    ///   committing, or the `COMMIT` did not answer within its bound
+    ///   ([`Config::db_timeout`](crate::Config::db_timeout)).
     pub async fn commit(&self, rows: &[(i64, NewRow)]) -> Result<()> {
         let mut link = self.lock().await;
         if let Some(why) = link.broken.clone() {
@@ -407,6 +465,7 @@ impl PgTx {
             link.conn = None;
             return Ok(());
         }
+        let bound = link.bound;
         let conn = link
             .ready(false)
             .await
@@ -416,20 +475,22 @@ impl PgTx {
             // One round trip: the notices and the COMMIT in one
             // simple-protocol message (the server skips the COMMIT when the
             // insert fails).
-            conn.execute(sqlx::AssertSqlSafe(format!("{insert}; COMMIT")))
-                .await
-                .map(drop)
-                .map_err(|e| (e, Stage::Either))
+            within(
+                bound,
+                conn.execute(sqlx::AssertSqlSafe(format!("{insert}; COMMIT"))),
+            )
+            .await
+            .map(drop)
+            .map_err(|e| (e, Stage::Either))
         } else {
             let inserted = if rows.is_empty() {
                 Ok(())
             } else {
-                insert::pg_insert_rows(conn, rows).await
+                within(bound, insert::pg_insert_rows(conn, rows)).await
             };
             match inserted {
                 Err(e) => Err((e, Stage::Insert)),
-                Ok(()) if begun => conn
-                    .execute("COMMIT")
+                Ok(()) if begun => within(bound, conn.execute("COMMIT"))
                     .await
                     .map(drop)
                     .map_err(|e| (e, Stage::Commit)),
@@ -447,7 +508,6 @@ impl PgTx {
             }
             Err(failed) => failed,
         };
-        let e = exec_err(e);
         if crate::db::connection_lost(&e) && (stage != Stage::Insert || !begun) {
             // Still marked in flight: the connection is closed, not pooled.
             return Err(Error::CommitOutcomeUnknown(e.to_string()));
@@ -480,8 +540,12 @@ impl PgTx {
             link.conn = None;
             return Ok(());
         }
+        let bound = link.bound;
+        // Past its bound the statement stays in flight: the connection is
+        // closed when the transaction is dropped, which rolls it back.
+        link.in_flight = true;
         let conn = link.conn.as_mut().ok_or_else(ended)?;
-        let done = conn.execute("ROLLBACK").await.map(drop).map_err(exec_err);
+        let done = within(bound, conn.execute("ROLLBACK")).await.map(drop);
         if done.is_ok() {
             link.begun = false;
             link.in_flight = false;

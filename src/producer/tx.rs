@@ -17,7 +17,7 @@ use std::{
         Arc, Mutex,
         atomic::{AtomicBool, AtomicU32, Ordering},
     },
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use async_trait::async_trait;
@@ -223,8 +223,9 @@ impl NoticeTx {
                 if let Some(why) = lock(&self.shared.aborted).clone() {
                     return Err(Error::TransactionAborted(why));
                 }
+                let bound = self.notifier.inner.config.db_timeout;
                 if self.shared.failed.swap(false, Ordering::SeqCst)
-                    && let Some(why) = probe(txn).await
+                    && let Ok(Some(why)) = tokio::time::timeout(bound, probe(txn)).await
                 {
                     *lock(&self.shared.aborted) = Some(why.clone());
                     return Err(Error::TransactionAborted(why));
@@ -327,10 +328,13 @@ impl NoticeTx {
         let n = self.shared.nested.fetch_add(1, Ordering::SeqCst) + 1;
         let savepoint = format!("solid_notify_sp{n}");
         let (kind, guard) = match &self.kind {
-            Kind::Sea(txn) => (Kind::Sea(self.watch(txn.begin().await)?), None),
+            Kind::Sea(txn) => {
+                let bound = self.notifier.inner.config.db_timeout;
+                let nested = crate::db::bounded(bound, txn.begin()).await;
+                (Kind::Sea(self.watch(nested)?), None)
+            }
             Kind::Pg(pg) => {
-                pg.execute_unprepared(&format!("SAVEPOINT {savepoint}"))
-                    .await?;
+                pg.execute_own(&format!("SAVEPOINT {savepoint}")).await?;
                 let guard = SavepointGuard {
                     pg: pg.clone(),
                     savepoint: savepoint.clone(),
@@ -390,7 +394,7 @@ impl NoticeTx {
         }
         match (kind, level) {
             (Kind::Pg(pg), Level::Nested { savepoint, .. }) => {
-                pg.execute_unprepared(&format!(
+                pg.execute_own(&format!(
                     "ROLLBACK TO SAVEPOINT {savepoint}; RELEASE SAVEPOINT {savepoint}"
                 ))
                 .await?;
@@ -406,19 +410,20 @@ impl NoticeTx {
     async fn release(self) -> Result<Vec<i64>> {
         let NoticeTx {
             kind,
+            notifier,
             pending,
             shared,
             level,
             guard,
-            ..
         } = self;
         let Level::Nested { parent, savepoint } = level else {
             return Ok(Vec::new());
         };
+        let bound = notifier.inner.config.db_timeout;
         let released = match kind {
-            Kind::Sea(txn) => txn.commit().await,
+            Kind::Sea(txn) => crate::db::bounded(bound, txn.commit()).await,
             Kind::Pg(pg) => pg
-                .execute_unprepared(&format!("RELEASE SAVEPOINT {savepoint}"))
+                .execute_own(&format!("RELEASE SAVEPOINT {savepoint}"))
                 .await
                 .map(drop),
         };
@@ -447,8 +452,9 @@ impl NoticeTx {
             ..
         } = self;
         let mut pending = std::mem::take(&mut *lock(&pending));
+        let bound = notifier.inner.config.db_timeout;
         let committed = match kind {
-            Kind::Sea(txn) => commit_sea(txn, &shared).await,
+            Kind::Sea(txn) => commit_sea(txn, &shared, bound).await,
             Kind::Pg(pg) => {
                 let rows: Vec<_> = pending
                     .iter()
@@ -502,19 +508,22 @@ impl NoticeTx {
     }
 }
 
-/// Commits a sea-orm transaction: never `Ok` for one the database aborted.
-async fn commit_sea(txn: DatabaseTransaction, shared: &Shared) -> Result<()> {
+/// Commits a sea-orm transaction: never `Ok` for one the database aborted;
+/// [`Error::CommitOutcomeUnknown`] past `bound`.
+async fn commit_sea(txn: DatabaseTransaction, shared: &Shared, bound: Duration) -> Result<()> {
     let aborted = lock(&shared.aborted).clone();
     let aborted = match aborted {
         Some(why) => Some(why),
-        None if shared.failed.load(Ordering::SeqCst) => probe(&txn).await,
+        None if shared.failed.load(Ordering::SeqCst) => tokio::time::timeout(bound, probe(&txn))
+            .await
+            .unwrap_or(None),
         None => None,
     };
     if let Some(why) = aborted {
-        txn.rollback().await.ok();
+        tokio::time::timeout(bound, txn.rollback()).await.ok();
         return Err(Error::TransactionAborted(why));
     }
-    txn.commit().await.map_err(|e| {
+    crate::db::bounded(bound, txn.commit()).await.map_err(|e| {
         if crate::db::connection_lost(&e) {
             Error::CommitOutcomeUnknown(e.to_string())
         } else {

@@ -269,7 +269,7 @@ pub(crate) struct ClaimedNext {
 /// caller holds their next notices already). Returns the ids moved, and the
 /// rows claimed.
 pub(crate) async fn succeed_pairs_pg(
-    db: &sea_orm::DatabaseConnection,
+    db: &crate::db::Db,
     pairs: &[(i64, i32)],
     next: Option<(&ClaimNext, std::time::Duration, &[i64])>,
 ) -> Result<(Vec<i64>, Vec<ClaimedNext>), DbErr> {
@@ -323,9 +323,13 @@ pub(crate) async fn succeed_pairs_pg(
         let moved = sea_orm::sqlx::query_scalar(sea_orm::sqlx::AssertSqlSafe(sql.as_str()))
             .bind(ids)
             .bind(versions)
-            .fetch_all(db.get_postgres_connection_pool())
-            .await
-            .map_err(|e| DbErr::Query(sea_orm::RuntimeErr::SqlxError(std::sync::Arc::new(e))))?;
+            .fetch_all(db.pool().get_postgres_connection_pool());
+        let moved = crate::db::bounded(db.bound(), async {
+            moved
+                .await
+                .map_err(|e| DbErr::Query(sea_orm::RuntimeErr::SqlxError(std::sync::Arc::new(e))))
+        })
+        .await?;
         return Ok((moved, Vec::new()));
     };
     let values = [

@@ -65,7 +65,8 @@ pub(crate) use lease::{Deadline, Final, Held, Lease, Lost, Retry, Scheduled, Wri
 /// Where notices are stored, and how long a claim holds one.
 #[derive(Clone)]
 pub(crate) struct Store {
-    pub db: DatabaseConnection,
+    /// The pool, every call bounded ([`crate::db::Db`]).
+    pub db: crate::db::Db,
     pub lease: Duration,
     /// Bumped whenever notices become due through this store's notifier;
     /// workers built on it watch it (in-process wake-ups).
@@ -73,9 +74,10 @@ pub(crate) struct Store {
 }
 
 impl Store {
-    pub fn new(db: DatabaseConnection, lease: Duration) -> Self {
+    /// A store on `db` whose calls each take at most `bound`.
+    pub fn new(db: DatabaseConnection, lease: Duration, bound: Duration) -> Self {
         Store {
-            db,
+            db: crate::db::Db::new(db, bound),
             lease,
             wakes: Arc::new(tokio::sync::watch::channel(0).0),
         }
@@ -140,7 +142,7 @@ impl Store {
     }
 
     pub fn backend(&self) -> DbBackend {
-        self.db.get_database_backend()
+        self.db.pool().get_database_backend()
     }
 }
 

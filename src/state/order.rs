@@ -65,7 +65,7 @@
 use std::time::Duration;
 
 use sea_orm::{
-    ConnectionTrait, DatabaseConnection, DbBackend, DbErr, Statement, Value,
+    ConnectionTrait, DbBackend, DbErr, Statement, Value,
     sea_query::{Condition, Expr, ExprTrait},
 };
 
@@ -329,7 +329,10 @@ pub(crate) fn next_of_moved_pg(claim: bool) -> String {
 /// is sooner (a cancel that keeps its lease in history). Returns how many
 /// were made due. Changes no version: it only moves a waiting notice's
 /// next check forward, which never lets anything be sent out of turn.
-pub(crate) async fn promote(db: &DatabaseConnection, keys: &[(i64, String)]) -> Result<u64, DbErr> {
+pub(crate) async fn promote<C: ConnectionTrait>(
+    db: &C,
+    keys: &[(i64, String)],
+) -> Result<u64, DbErr> {
     let mut keys = keys.to_vec();
     keys.sort();
     keys.dedup();

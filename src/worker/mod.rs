@@ -476,7 +476,7 @@ async fn heartbeat(
             failed: count(s.retried + s.final_failures),
             beat_secs: every.as_secs_f64(),
         };
-        if let Err(e) = crate::state::heartbeat::beat(notifier.db(), &beat).await {
+        if let Err(e) = crate::state::heartbeat::beat(&notifier.inner.store.db, &beat).await {
             tracing::warn!(error = %e, "cannot write the worker heartbeat");
         }
     }

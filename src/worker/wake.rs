@@ -29,6 +29,12 @@ pub const WAKE_CHANNEL: &str = migration::WAKE_CHANNEL;
 /// Pause before listening again after the listener failed to connect.
 const RECONNECT_PAUSE: Duration = Duration::from_millis(500);
 
+/// How long the listener may hear nothing before it checks that its
+/// connection still answers (within [`Config::db_timeout`](crate::Config::db_timeout)):
+/// 30 seconds. A connection cut off by a network partition stays open and
+/// silent; one that does not answer is dropped and listening starts again.
+pub const LISTEN_CHECK_EVERY: Duration = Duration::from_secs(30);
+
 /// Listens for `NOTIFY solid_notify` until `stop` and wakes the notifier's
 /// workers on each notification and after each reconnection. Does nothing on
 /// other backends.
@@ -38,11 +44,18 @@ pub(crate) async fn listen(notifier: Notifier, stop: CancellationToken) {
         return;
     }
     let pool = db.get_postgres_connection_pool().clone();
+    let bound = notifier.config().db_timeout;
     while !stop.is_cancelled() {
         let connected = async {
             let mut listener = sea_orm::sqlx::postgres::PgListener::connect_with(&pool).await?;
             listener.listen(WAKE_CHANNEL).await?;
             Ok::<_, sea_orm::sqlx::Error>(listener)
+        };
+        let connected = async {
+            match tokio::time::timeout(bound, connected).await {
+                Ok(connected) => connected.map_err(|e| e.to_string()),
+                Err(_) => Err(format!("no answer within {bound:?}")),
+            }
         };
         let mut listener = tokio::select! {
             connected = connected => match connected {
@@ -62,6 +75,18 @@ pub(crate) async fn listen(notifier: Notifier, stop: CancellationToken) {
         loop {
             let next = tokio::select! {
                 next = listener.try_recv() => next,
+                _ = tokio::time::sleep(LISTEN_CHECK_EVERY) => {
+                    // Quiet for a while: does the connection still answer?
+                    let check = sea_orm::sqlx::query("SELECT 1").execute(&mut listener);
+                    match tokio::time::timeout(bound, check).await {
+                        Ok(Ok(_)) => continue,
+                        Ok(Err(e)) => tracing::warn!(error = %e, "wake-up listener failed its check; listening again"),
+                        Err(_) => tracing::warn!("wake-up listener's connection did not answer within {bound:?}; listening again"),
+                    }
+                    // Notifications may have been missed meanwhile.
+                    notifier.wake_workers();
+                    break;
+                }
                 _ = stop.cancelled() => return,
             };
             match next {

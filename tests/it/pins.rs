@@ -225,8 +225,7 @@ db_test!(
         notifier.cancel(ids[0]).await.unwrap();
         db.attempt_due(&notifier).await;
         let (base, stop) = serve(&db, actions()).await;
-        let confirmation =
-            confirm(&base, "place=history&def=ship&status=final_failure").await;
+        let confirmation = confirm(&base, "place=history&def=ship&status=final_failure").await;
         assert_eq!(confirmation.matched, 3);
         // After the count the oldest is replayed and fails for good too:
         // a final failure now, with an id below every counted one.

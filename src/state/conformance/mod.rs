@@ -138,7 +138,7 @@ impl Fixture {
         );
         crate::def::store::sync(&db, &[spec]).await.unwrap();
         let mut fixture = Fixture {
-            store: Store::new(db, LEASE),
+            store: Store::new(db, LEASE, crate::config::DEFAULT_DB_TIMEOUT),
             def_id: 0,
             backend,
             name,
@@ -155,7 +155,7 @@ impl Fixture {
     }
 
     async fn cleanup(self) {
-        self.store.db.close().await.ok();
+        self.store.db.pool().clone().close().await.ok();
         match (self.backend, self.admin) {
             (Backend::Sqlite, _) => {
                 let path = std::env::temp_dir().join(format!("{}.db", self.name));
