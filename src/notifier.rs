@@ -57,6 +57,9 @@ pub(crate) struct Inner {
     pub stop: Stop,
     /// Notice ids taken from the sequence, not handed out yet (PostgreSQL).
     pub ids: crate::state::ids::IdBlocks,
+    /// On the MySQL backend: whether the server is MariaDB (which has
+    /// `@@in_transaction`), once known.
+    pub mariadb: std::sync::OnceLock<bool>,
     /// Circuit breakers as this process sees them.
     pub circuits: crate::circuit::Circuits,
     /// Ordering keys to check again after commits whose attempt did not
@@ -270,6 +273,7 @@ impl NotifierBuilder {
                 circuits: crate::circuit::Circuits::default(),
                 rechecks: Default::default(),
                 ids: Default::default(),
+                mariadb: std::sync::OnceLock::new(),
                 released: AtomicU64::new(0),
                 due_hint: tokio::sync::watch::channel(None).0,
                 handlers: self.handlers,

@@ -335,25 +335,25 @@ fn recheck_turns(notifier: &Notifier, pending: &[&PendingNotice]) {
 /// Makes reserved rows due at once (retrying while the database is away,
 /// until shutdown gives up: then they are due when the reservation ends).
 fn release_reservations(notifier: &Notifier, pending: Vec<PendingNotice>) {
-    let pairs: Vec<(i64, i32)> = pending
+    let rows: Vec<(i64, i64, String)> = pending
         .iter()
         .filter(|p| p.reserved())
-        .map(|p| (p.id, 0))
+        .map(|p| (p.id, p.row.def_id, p.row.param.clone()))
         .collect();
-    if pairs.is_empty() {
+    if rows.is_empty() {
         return;
     }
     let inner = notifier.inner.clone();
     notifier.inner.tasks.spawn(async move {
         let store = inner.store.clone();
         let released = record::retry_db(&inner.stop.give_up, || async {
-            Ok(claim::release_reserved(&store, &pairs).await?)
+            Ok(claim::release_reserved(&store, &rows).await?)
         })
         .await;
         match released {
             Ok(n) => inner.count_released(n),
             Err(e) => {
-                tracing::warn!(error = %e, n = pairs.len(), "cannot release reserved notices; due when their reservation ends");
+                tracing::warn!(error = %e, n = rows.len(), "cannot release reserved notices; due when their reservation ends");
             }
         }
     });

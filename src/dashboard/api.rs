@@ -16,7 +16,7 @@ use super::{
     view::{self, Failure, NoticeQuery, READ_ONLY},
 };
 use crate::ops::{
-    Audit, BulkReport, Interrupted,
+    Audit, BulkAction, BulkReport, Interrupted, Place,
     bulk::{DEFAULT_BATCH_SIZE, DEFAULT_MAX_PINNED},
 };
 
@@ -135,8 +135,8 @@ async fn one(state: AppState, actor: Actor, id: i64, body: ActionBody, requeue: 
 /// A dry run counts and pins what the action would change and answers its
 /// report with a `pin` (kept [`PIN_TTL`](super::PIN_TTL)); the call that
 /// gives the pin back changes exactly those notices, each only if it has
-/// not changed since. A call with filters and no dry run pins and acts at
-/// once.
+/// not changed since. A call with filters and no dry run acts at once, in
+/// batches, each changed as it was read (its report counts what it read).
 #[derive(Debug, Deserialize)]
 pub(super) struct BulkBody {
     #[serde(flatten)]
@@ -181,7 +181,7 @@ pub(super) async fn bulk(
             Ok(audit) => audit,
             Err(f) => return f.json(),
         };
-        let Some(pinned) = state.pins.take(pin) else {
+        let Some(pinned) = state.pins.take(pin, &actor.0) else {
             return Failure::Conflict(super::pages::PIN_GONE.into()).json();
         };
         return report(
@@ -228,27 +228,27 @@ pub(super) async fn bulk(
         Ok(filter) => filter,
         Err(failure) => return failure.json(),
     };
+    if !body.dry_run {
+        // Counted as it goes: each batch is changed as it was read.
+        let action = BulkAction::new(filter, audit);
+        let done = match place {
+            Place::History => state.notifier.requeue_where(&action).await,
+            Place::InFlight => state.notifier.cancel_where(&action).await,
+        };
+        return report(done, None);
+    }
     let pinned = match state.notifier.pin(place, &filter, DEFAULT_MAX_PINNED).await {
         Ok(pinned) => pinned,
         Err(e) => return Failure::from(e).json(),
     };
-    if body.dry_run {
-        let done = state
-            .notifier
-            .apply_pinned(&pinned, &audit, DEFAULT_BATCH_SIZE, true)
-            .await;
-        let Some(pin) = state.pins.put(pinned) else {
-            return Failure::Internal("no randomness for a confirmation token".into()).json();
-        };
-        return report(done, Some(pin));
-    }
-    report(
-        state
-            .notifier
-            .apply_pinned(&pinned, &audit, DEFAULT_BATCH_SIZE, false)
-            .await,
-        None,
-    )
+    let done = state
+        .notifier
+        .apply_pinned(&pinned, &audit, DEFAULT_BATCH_SIZE, true)
+        .await;
+    let Some(pin) = state.pins.put(pinned, &actor.0) else {
+        return Failure::Internal("no randomness for a confirmation token".into()).json();
+    };
+    report(done, Some(pin))
 }
 
 /// A bulk action's answer: its report (with a dry run's `pin`), or its

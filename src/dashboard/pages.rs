@@ -469,6 +469,7 @@ async fn one(state: AppState, actor: Actor, id: i64, form: ReasonForm, requeue: 
 pub(super) async fn bulk_confirm(
     State(state): State<AppState>,
     Extension(token): Extension<Token>,
+    Extension(actor): Extension<Actor>,
     Query(query): Query<NoticeQuery>,
 ) -> Response {
     if let Err(f) = allowed(&state) {
@@ -487,7 +488,7 @@ pub(super) async fn bulk_confirm(
     let pin = if pinned.is_empty() {
         None
     } else {
-        match state.pins.put(pinned) {
+        match state.pins.put(pinned, &actor.0) {
             Some(pin) => Some(pin),
             None => {
                 return failure_page(
@@ -547,7 +548,7 @@ pub(super) async fn bulk_run(
         Ok(r) => r,
         Err(f) => return failure_page(&state, f),
     };
-    let Some(pinned) = state.pins.take(&form.pin) else {
+    let Some(pinned) = state.pins.take(&form.pin, &actor.0) else {
         return failure_page(&state, Failure::Conflict(PIN_GONE.into()));
     };
     let audit = Audit::new(actor.0.clone(), reason.clone());

@@ -2,7 +2,8 @@
 //! dashboard's memory under a random token until the operator confirms, so
 //! that the action changes exactly what was shown, or fewer.
 //!
-//! A pin is used once, and lives at most [`PIN_TTL`]. At most [`MAX_PINS`]
+//! A pin is used once, by the user who counted it, and lives at most
+//! [`PIN_TTL`]. At most [`MAX_PINS`]
 //! are kept, holding at most [`MAX_PINNED_TOTAL`] notices in all; a new pin
 //! drops the oldest ones beyond those bounds. A confirmation whose pin is
 //! gone (used, expired, dropped, or the dashboard restarted) is refused:
@@ -29,6 +30,8 @@ pub const MAX_PINNED_TOTAL: usize = 1_000_000;
 struct Entry {
     pinned: Pinned,
     created: Instant,
+    /// Who counted: only they may confirm.
+    actor: String,
 }
 
 /// The live pins, by token.
@@ -38,9 +41,9 @@ pub(super) struct Pins {
 }
 
 impl Pins {
-    /// Keeps `pinned`; its token, or `None` when no random token could be
-    /// made.
-    pub fn put(&self, pinned: Pinned) -> Option<String> {
+    /// Keeps `pinned`, counted by `actor`; its token, or `None` when no
+    /// random token could be made.
+    pub fn put(&self, pinned: Pinned, actor: &str) -> Option<String> {
         let token = super::csrf::fresh()?;
         let mut entries = self.lock();
         entries.retain(|_, e| e.created.elapsed() < PIN_TTL);
@@ -64,14 +67,20 @@ impl Pins {
             Entry {
                 pinned,
                 created: Instant::now(),
+                actor: actor.to_string(),
             },
         );
         Some(token)
     }
 
-    /// Takes the pin of `token` (once), if it is still live.
-    pub fn take(&self, token: &str) -> Option<Pinned> {
-        let entry = self.lock().remove(token)?;
+    /// Takes the pin of `token` (once), if it is still live and `actor`
+    /// counted it.
+    pub fn take(&self, token: &str, actor: &str) -> Option<Pinned> {
+        let mut entries = self.lock();
+        if entries.get(token).is_none_or(|e| e.actor != actor) {
+            return None;
+        }
+        let entry = entries.remove(token)?;
         (entry.created.elapsed() < PIN_TTL).then_some(entry.pinned)
     }
 

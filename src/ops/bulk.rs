@@ -200,11 +200,7 @@ impl Notifier {
         if let Some(status) = action.filter.status
             && !status.is_requeueable()
         {
-            return Err(Interrupted::before(Error::WrongState {
-                id: 0,
-                status,
-                problem: "only final failures, cancelled and parked notices can be requeued",
-            }));
+            return Err(Interrupted::before(not_requeueable(status)));
         }
         self.bulk(Kind::Requeue, action).await
     }
@@ -306,11 +302,7 @@ impl Notifier {
             && let Some(status) = filter.status
             && !status.is_requeueable()
         {
-            return Err(Error::WrongState {
-                id: 0,
-                status,
-                problem: "only final failures, cancelled and parked notices can be requeued",
-            });
+            return Err(not_requeueable(status));
         }
         let db = &self.inner.store.db;
         let base = find::condition(db, place, filter)
@@ -331,8 +323,7 @@ impl Notifier {
             notices.extend(rows);
             if notices.len() > max {
                 return Err(Error::Config(format!(
-                    "more than {max} notices match: narrow the filter (or act without a \
-                     confirmation: `requeue_where` / `cancel_where`)"
+                    "more than {max} notices match: narrow the filter"
                 )));
             }
         }
@@ -533,6 +524,13 @@ async fn read_batch<E: EntityTrait>(
             errors,
         })
         .collect())
+}
+
+/// A requeue filtered on a status that cannot be requeued.
+fn not_requeueable(status: Status) -> Error {
+    Error::Config(format!(
+        "status {status}: only final failures, cancelled and parked notices can be requeued"
+    ))
 }
 
 /// The next [`MAX_BATCH_SIZE`] `(id, version)` pairs matching `cond` of

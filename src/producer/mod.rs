@@ -169,7 +169,9 @@ impl Notifier {
     where
         C: ConnectionTrait + TransactionTrait + 'static,
     {
-        let within = if TypeId::of::<C>() == TypeId::of::<DatabaseConnection>() {
+        let within = if TypeId::of::<C>() == TypeId::of::<DatabaseConnection>()
+            || !self.checks_transaction(conn).await
+        {
             Within::Any
         } else {
             Within::Transaction
@@ -197,6 +199,33 @@ impl Notifier {
             })
             .map_err(insert_error)?;
         Ok(pending(inserted, row, def, written))
+    }
+
+    /// Whether an insert through `conn` can check that a transaction is
+    /// open ([`Within::Transaction`]): everywhere but on MySQL proper, which
+    /// lacks MariaDB's `@@in_transaction` (asked once, through `conn`).
+    async fn checks_transaction<C: ConnectionTrait>(&self, conn: &C) -> bool {
+        if conn.get_database_backend() != DbBackend::MySql {
+            return true;
+        }
+        if let Some(known) = self.inner.mariadb.get() {
+            return *known;
+        }
+        let bound = self.inner.config.db_timeout;
+        let asked = conn.query_one_raw(sea_orm::Statement::from_string(
+            DbBackend::MySql,
+            "SELECT VERSION()",
+        ));
+        match tokio::time::timeout(bound, asked).await {
+            Ok(Ok(Some(row))) => {
+                let mariadb = row
+                    .try_get_by_index::<String>(0)
+                    .is_ok_and(|v| v.contains("MariaDB"));
+                *self.inner.mariadb.get_or_init(|| mariadb)
+            }
+            // Unknown for now: no check (asked again next time).
+            _ => false,
+        }
     }
 
     /// Checks a notice and builds its row; no SQL but the definition lookup
@@ -313,8 +342,8 @@ fn insert_error(e: InsertError) -> Error {
         } => Error::TransactionAborted(error.to_string()),
         InsertError::Db { error, .. } => Error::Db(error),
         InsertError::NoTransaction => Error::TransactionAborted(
-            "the database had rolled the transaction back before this add (no transaction \
-             was open); nothing was written"
+            "no transaction was open any more (the server rolled it back, or a statement \
+             ended it); nothing was written"
                 .into(),
         ),
     }

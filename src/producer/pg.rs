@@ -56,6 +56,15 @@ use crate::{
 /// The savepoint around one write of notices ([`PgTx::write_now`]).
 const ADD_SAVEPOINT: &str = "solid_notify_add";
 
+/// Whether a transaction is open and alive, asked of PostgreSQL: a
+/// savepoint is accepted only inside a transaction block that has not
+/// been aborted (outside one it is refused, 25P01; in an aborted one,
+/// 25P02), and released at once.
+pub(crate) const PROBE: [&str; 2] = [
+    "SAVEPOINT solid_notify_probe",
+    "RELEASE SAVEPOINT solid_notify_probe",
+];
+
 struct Link {
     conn: Option<PoolConnection<Postgres>>,
     /// `BEGIN` was sent (or may have been) and the transaction has not ended.
@@ -98,6 +107,9 @@ pub(crate) struct PgTx {
     /// Savepoints of nested transactions dropped unfinished: rolled back to
     /// (newest first) before the next statement.
     undo: std::sync::Mutex<Vec<String>>,
+    /// The savepoints of nested transactions that exist, oldest first: one
+    /// released or rolled back to ends every one opened after it too.
+    live: std::sync::Mutex<Vec<String>>,
 }
 
 fn exec_err(e: sqlx::Error) -> DbErr {
@@ -145,10 +157,8 @@ impl Link {
 
     /// `Err` with the reason when the transaction can only be rolled back:
     /// known broken, or, after a failed statement (or one of the caller's
-    /// that may have rolled it back), found so by asking the server once.
-    /// `now()` is the transaction's start, so it differs from the
-    /// statement's time exactly while a transaction the caller began is
-    /// open; an aborted one refuses the question.
+    /// that may have rolled it back), found so by asking the server once
+    /// ([`PROBE`]).
     async fn ask(&mut self) -> std::result::Result<(), String> {
         if let Some(why) = &self.broken {
             return Err(why.clone());
@@ -157,24 +167,27 @@ impl Link {
             return Ok(());
         };
         let bound = self.bound;
-        let asked: std::result::Result<bool, DbErr> = match self.ready(false).await {
+        let asked = match self.ready(false).await {
             Ok(conn) => {
-                let asked = sqlx::query_scalar("SELECT now() <> statement_timestamp()")
-                    .fetch_one(&mut **conn);
+                let asked = async {
+                    conn.execute(PROBE[0]).await?;
+                    conn.execute(PROBE[1]).await
+                };
                 within(bound, asked).await
             }
             Err(e) => return Err(format!("{why}; then: {e}")),
         };
-        if asked.is_ok() {
-            self.in_flight = false;
-        }
         let broken = match asked {
-            Ok(true) => {
+            Ok(_) => {
+                self.in_flight = false;
                 self.failed = None;
                 return Ok(());
             }
-            Ok(false) => format!("{why} (no transaction is open any more: it was rolled back)"),
-            Err(e) => format!("{why} (the transaction is aborted: {e})"),
+            Err(e @ DbErr::Conn(_)) => format!("{why}; then: {e}"),
+            Err(e) => {
+                self.in_flight = false;
+                format!("{why} (no open transaction takes a savepoint: {e})")
+            }
         };
         self.broken = Some(broken.clone());
         Err(broken)
@@ -222,6 +235,7 @@ impl PgTx {
                 bound,
             }),
             undo: std::sync::Mutex::new(Vec::new()),
+            live: std::sync::Mutex::new(Vec::new()),
         })
     }
 
@@ -235,6 +249,11 @@ impl PgTx {
             if !link.begun || link.broken.is_some() {
                 break;
             }
+            // Ended already with one opened before it.
+            if !lock_undo(&self.live).contains(&savepoint) {
+                continue;
+            }
+            self.ended(&savepoint);
             let sql = format!("ROLLBACK TO SAVEPOINT {savepoint}; RELEASE SAVEPOINT {savepoint}");
             let bound = link.bound;
             let done = match link.ready(false).await {
@@ -261,9 +280,48 @@ impl PgTx {
     }
 
     /// A nested transaction was dropped unfinished: its savepoint is rolled
-    /// back to before the next statement, as sea-orm does for its own.
+    /// back to before the next statement, as sea-orm does for its own
+    /// (unless it has ended already, with one opened before it).
     pub fn undo_later(&self, savepoint: String) {
-        lock_undo(&self.undo).push(savepoint);
+        if lock_undo(&self.live).contains(&savepoint) {
+            lock_undo(&self.undo).push(savepoint);
+        }
+    }
+
+    /// Opens a nested transaction's savepoint.
+    pub async fn open_savepoint(&self, savepoint: &str) -> std::result::Result<(), DbErr> {
+        self.execute_own(&format!("SAVEPOINT {savepoint}")).await?;
+        lock_undo(&self.live).push(savepoint.to_string());
+        Ok(())
+    }
+
+    /// Ends a nested transaction's savepoint: released, or rolled back to
+    /// (`rollback`) and released. Nothing to do when it ended already,
+    /// with one opened before it.
+    pub async fn end_savepoint(
+        &self,
+        savepoint: &str,
+        rollback: bool,
+    ) -> std::result::Result<(), DbErr> {
+        if !lock_undo(&self.live).iter().any(|s| s == savepoint) {
+            return Ok(());
+        }
+        let sql = if rollback {
+            format!("ROLLBACK TO SAVEPOINT {savepoint}; RELEASE SAVEPOINT {savepoint}")
+        } else {
+            format!("RELEASE SAVEPOINT {savepoint}")
+        };
+        self.execute_own(&sql).await?;
+        self.ended(savepoint);
+        Ok(())
+    }
+
+    /// `savepoint` and every one opened after it no longer exist.
+    fn ended(&self, savepoint: &str) {
+        let mut live = lock_undo(&self.live);
+        if let Some(at) = live.iter().position(|s| s == savepoint) {
+            live.truncate(at);
+        }
     }
 
     /// Whether the transaction can go on: `Err` with the reason when it

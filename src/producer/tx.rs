@@ -94,6 +94,13 @@ struct Shared {
     aborted: Mutex<Option<String>>,
     /// Savepoints opened by nested transactions so far.
     nested: AtomicU32,
+    /// Held by each of the caller's statements, and by each add and nested
+    /// transaction for its whole sequence of statements (a savepoint, an
+    /// insert, its release): nothing of the caller's runs in the middle of
+    /// one (a statement sent there would be taken back by the add's
+    /// rollback to its savepoint), nor of another add on the same
+    /// transaction.
+    busy: tokio::sync::Mutex<()>,
 }
 
 /// Rolls back to a nested transaction's savepoint when dropped armed.
@@ -172,6 +179,7 @@ impl NoticeTx {
     /// SQLite's back) it fails with [`Error::TransactionAborted`] and writes
     /// nothing.
     pub async fn add(&self, notice: NewNotice) -> Result<i64> {
+        let _busy = self.shared.busy.lock().await;
         self.alive().await?;
         let pending = match &self.kind {
             Kind::Sea(txn) => match self.notifier.add(txn, notice).await {
@@ -294,13 +302,32 @@ impl NoticeTx {
         Ok(())
     }
 
-    /// Before a statement of the caller's: one that may open a savepoint or
-    /// roll work back ends the cheaper path ([`control`]).
-    async fn before(&self, sql: &str) -> std::result::Result<(), DbErr> {
-        if control::may_take_back(sql) {
-            self.enter_savepoints().await.map_err(db_err)?;
+    /// Before a statement of the caller's: one that may open a savepoint,
+    /// roll work back or end the transaction ends the cheaper path
+    /// ([`control`]). Should writing the buffered notices fail, the
+    /// transaction can only be rolled back (its commit will say so), and
+    /// the caller's statement still runs: it may be that rollback.
+    async fn before(&self, sql: &str) {
+        if (control::may_take_back(sql) || control::may_commit(sql))
+            && let Err(e) = self.enter_savepoints().await
+        {
+            tracing::warn!(error = %e, "the notices buffered before a savepoint could not be written; the transaction can only be rolled back");
         }
-        Ok(())
+    }
+
+    /// Runs a statement of the caller's (`sql` is its text): one at a time
+    /// with the library's own sequences of statements ([`Shared::busy`]),
+    /// with [`before`](Self::before) and [`after`](Self::after) around it.
+    async fn callers<T>(
+        &self,
+        sql: &str,
+        run: impl Future<Output = std::result::Result<T, DbErr>>,
+    ) -> std::result::Result<T, DbErr> {
+        let _busy = self.shared.busy.lock().await;
+        self.before(sql).await;
+        let done = run.await;
+        self.after(sql).await;
+        done
     }
 
     /// After a statement of the caller's: one that may have rolled the
@@ -323,6 +350,7 @@ impl NoticeTx {
 
     /// A transaction nested in this one: a savepoint.
     async fn nested(&self) -> Result<NoticeTx> {
+        let _busy = self.shared.busy.lock().await;
         self.alive().await?;
         self.enter_savepoints().await?;
         let n = self.shared.nested.fetch_add(1, Ordering::SeqCst) + 1;
@@ -334,7 +362,7 @@ impl NoticeTx {
                 (Kind::Sea(self.watch(nested)?), None)
             }
             Kind::Pg(pg) => {
-                pg.execute_own(&format!("SAVEPOINT {savepoint}")).await?;
+                pg.open_savepoint(&savepoint).await?;
                 let guard = SavepointGuard {
                     pg: pg.clone(),
                     savepoint: savepoint.clone(),
@@ -387,17 +415,19 @@ impl NoticeTx {
     /// transaction rolls back to its savepoint; the one around it goes on.
     pub async fn rollback(self) -> Result<()> {
         let NoticeTx {
-            kind, level, guard, ..
+            kind,
+            level,
+            guard,
+            shared,
+            ..
         } = self;
         if let Some(guard) = guard {
             guard.disarm();
         }
+        let _busy = shared.busy.lock().await;
         match (kind, level) {
             (Kind::Pg(pg), Level::Nested { savepoint, .. }) => {
-                pg.execute_own(&format!(
-                    "ROLLBACK TO SAVEPOINT {savepoint}; RELEASE SAVEPOINT {savepoint}"
-                ))
-                .await?;
+                pg.end_savepoint(&savepoint, true).await?;
                 Ok(())
             }
             (Kind::Pg(pg), _) => Ok(pg.rollback().await?),
@@ -420,12 +450,10 @@ impl NoticeTx {
             return Ok(Vec::new());
         };
         let bound = notifier.inner.config.db_timeout;
+        let _busy = shared.busy.lock().await;
         let released = match kind {
             Kind::Sea(txn) => crate::db::bounded(bound, txn.commit()).await,
-            Kind::Pg(pg) => pg
-                .execute_own(&format!("RELEASE SAVEPOINT {savepoint}"))
-                .await
-                .map(drop),
+            Kind::Pg(pg) => pg.end_savepoint(&savepoint, false).await,
         };
         if let Err(e) = released {
             // Left to the transaction around it: its savepoint stays, and a
@@ -453,7 +481,26 @@ impl NoticeTx {
         } = self;
         let mut pending = std::mem::take(&mut *lock(&pending));
         let bound = notifier.inner.config.db_timeout;
+        let savepoints = shared.savepoints.load(Ordering::SeqCst);
         let committed = match kind {
+            Kind::Sea(txn) if savepoints && txn.get_database_backend() == DbBackend::Sqlite => {
+                // Before the commit, under the write lock: a notice a
+                // savepoint took back must not be claimed after it, as
+                // SQLite gives its id to the next row inserted (in this
+                // transaction or, once committed, in another).
+                match crate::db::bounded(bound, still_written(&txn, pending)).await {
+                    Ok(kept) => {
+                        pending = kept;
+                        commit_sea(txn, &shared, bound).await
+                    }
+                    Err(e) => {
+                        tokio::time::timeout(bound, txn.rollback()).await.ok();
+                        return Err(Error::TransactionAborted(format!(
+                            "checking its notices before the commit failed: {e}"
+                        )));
+                    }
+                }
+            }
             Kind::Sea(txn) => commit_sea(txn, &shared, bound).await,
             Kind::Pg(pg) => {
                 let rows: Vec<_> = pending
@@ -477,21 +524,7 @@ impl NoticeTx {
             return Err(e);
         }
         // Where a savepoint may have taken a row back, each attempt claims
-        // its row first: only a committed row can be claimed. A row taken
-        // back can have left its id to a notice added later in the
-        // transaction (SQLite reuses the largest rowid): two notices of one
-        // id mean the earlier one is gone.
-        let savepoints = shared.savepoints.load(Ordering::SeqCst);
-        if savepoints {
-            let mut seen = std::collections::HashSet::new();
-            let mut newest_first: Vec<PendingNotice> = pending
-                .into_iter()
-                .rev()
-                .filter(|p| !p.is_new() || seen.insert(p.id()))
-                .collect();
-            newest_first.reverse();
-            pending = newest_first;
-        }
+        // its row first: only a committed row can be claimed.
         let top = matches!(level, Level::Top);
         pending = pending
             .into_iter()
@@ -506,6 +539,53 @@ impl NoticeTx {
             .collect();
         Ok((notifier, pending))
     }
+}
+
+/// SQLite, inside the transaction: the pending notices whose row is still
+/// there as written (same id, definition and param). Of two notices of one
+/// id (a row taken back by a savepoint left its id to a later one), the one
+/// whose row it is; were both alike, one.
+async fn still_written(
+    txn: &DatabaseTransaction,
+    pending: Vec<PendingNotice>,
+) -> std::result::Result<Vec<PendingNotice>, DbErr> {
+    use sea_orm::{EntityTrait, ExprTrait, QueryFilter, QuerySelect, sea_query::Expr};
+    let ids: Vec<i64> = pending
+        .iter()
+        .filter(|p| p.is_new())
+        .map(PendingNotice::id)
+        .collect();
+    let mut rows: std::collections::HashMap<i64, (i64, String)> = Default::default();
+    for chunk in ids.chunks(500) {
+        let found: Vec<(i64, i64, String)> = crate::entity::notify_msg::Entity::find()
+            .select_only()
+            .columns([
+                crate::entity::notify_msg::Column::Id,
+                crate::entity::notify_msg::Column::DefId,
+                crate::entity::notify_msg::Column::Param,
+            ])
+            .filter(Expr::col(crate::entity::notify_msg::Column::Id).is_in(chunk.iter().copied()))
+            .into_tuple()
+            .all(txn)
+            .await?;
+        rows.extend(found.into_iter().map(|(id, def, param)| (id, (def, param))));
+    }
+    let mut taken = std::collections::HashSet::new();
+    let mut kept: Vec<PendingNotice> = pending
+        .into_iter()
+        .rev()
+        .filter(|p| {
+            if !p.is_new() {
+                return true;
+            }
+            let matches = rows
+                .get(&p.id())
+                .is_some_and(|(def, param)| *def == p.row.def_id && *param == p.row.param);
+            matches && taken.insert(p.id())
+        })
+        .collect();
+    kept.reverse();
+    Ok(kept)
 }
 
 /// Commits a sea-orm transaction: never `Ok` for one the database aborted;
@@ -536,9 +616,9 @@ async fn commit_sea(txn: DatabaseTransaction, shared: &Shared, bound: Duration) 
 
 /// After a failed statement (or one of the caller's that may have rolled
 /// the transaction back): whether the database has aborted the
-/// transaction, or none is open any more, and why. PostgreSQL refuses any
-/// statement in an aborted transaction, and `now()`, the transaction's
-/// start, equals the statement's time only outside one; MariaDB reports no
+/// transaction, or none is open any more, and why. PostgreSQL takes a
+/// savepoint only in an open transaction that is not aborted
+/// ([`PROBE`](super::pg::PROBE)); MariaDB reports no
 /// transaction after rolling one back on a deadlock (where
 /// `@@in_transaction` does not exist, MySQL 8, the deadlock itself was
 /// noted); SQLite, which rolls a transaction back on some errors (a full
@@ -546,9 +626,22 @@ async fn commit_sea(txn: DatabaseTransaction, shared: &Shared, bound: Duration) 
 /// transaction so begun is rolled back at once).
 async fn probe(txn: &DatabaseTransaction) -> Option<String> {
     let backend = txn.get_database_backend();
+    if backend == DbBackend::Postgres {
+        return match txn.execute_unprepared(super::pg::PROBE[0]).await {
+            Ok(_) => txn
+                .execute_unprepared(super::pg::PROBE[1])
+                .await
+                .err()
+                .map(|e| e.to_string()),
+            Err(e) => Some(format!(
+                "no open transaction takes a savepoint (it was aborted or rolled back): {e}"
+            )),
+        };
+    }
     let sql = match backend {
-        DbBackend::Postgres => "SELECT now() <> statement_timestamp()",
-        DbBackend::MySql => "SELECT @@in_transaction",
+        // MariaDB's variable is unsigned; MySQL 8 has none (an error: no
+        // answer, as where the deadlock itself was noted).
+        DbBackend::MySql => "SELECT CAST(@@in_transaction AS SIGNED)",
         _ => "BEGIN",
     };
     let asked = txn
@@ -556,11 +649,6 @@ async fn probe(txn: &DatabaseTransaction) -> Option<String> {
         .await;
     let gone = || Some("no transaction is open any more: it was rolled back".to_string());
     match (backend, asked) {
-        (DbBackend::Postgres, Err(e)) => Some(format!("the transaction is aborted: {e}")),
-        (DbBackend::Postgres, Ok(Some(row))) => match row.try_get_by_index::<bool>(0) {
-            Ok(false) => gone(),
-            _ => None,
-        },
         (DbBackend::MySql, Ok(Some(row))) => match row.try_get_by_index::<i64>(0) {
             Ok(0) => Some("the server rolled the transaction back".into()),
             _ => None,
@@ -663,17 +751,11 @@ impl ConnectionTrait for NoticeTx {
 
     async fn execute_raw(&self, stmt: Statement) -> std::result::Result<ExecResult, DbErr> {
         let sql = stmt.sql.clone();
-        self.before(&sql).await?;
-        let done = Quiet(self).execute_raw(stmt).await;
-        self.after(&sql).await;
-        done
+        self.callers(&sql, Quiet(self).execute_raw(stmt)).await
     }
 
     async fn execute_unprepared(&self, sql: &str) -> std::result::Result<ExecResult, DbErr> {
-        self.before(sql).await?;
-        let done = Quiet(self).execute_unprepared(sql).await;
-        self.after(sql).await;
-        done
+        self.callers(sql, Quiet(self).execute_unprepared(sql)).await
     }
 
     async fn query_one_raw(
@@ -681,18 +763,12 @@ impl ConnectionTrait for NoticeTx {
         stmt: Statement,
     ) -> std::result::Result<Option<QueryResult>, DbErr> {
         let sql = stmt.sql.clone();
-        self.before(&sql).await?;
-        let done = Quiet(self).query_one_raw(stmt).await;
-        self.after(&sql).await;
-        done
+        self.callers(&sql, Quiet(self).query_one_raw(stmt)).await
     }
 
     async fn query_all_raw(&self, stmt: Statement) -> std::result::Result<Vec<QueryResult>, DbErr> {
         let sql = stmt.sql.clone();
-        self.before(&sql).await?;
-        let done = Quiet(self).query_all_raw(stmt).await;
-        self.after(&sql).await;
-        done
+        self.callers(&sql, Quiet(self).query_all_raw(stmt)).await
     }
 
     fn support_returning(&self) -> bool {

@@ -653,10 +653,11 @@ pub(crate) async fn still_held(store: &Store, lease: &Lease) -> Result<bool, DbE
 /// took it).
 ///
 /// The row must also be the one written: same definition, same param. An
-/// id is not enough, as a rolled-back insert's id can be given to another
-/// notice (SQLite takes the largest rowid plus one; MariaDB's counter
-/// restarts from the largest id after a restart), whose reservation this
-/// attempt must not take.
+/// id alone is not enough where a rolled-back insert's id can be given to
+/// another notice (SQLite takes the largest rowid plus one). A producer on
+/// SQLite whose savepoints took rows back also drops them from what it
+/// claims before its commit (under the write lock), which covers another
+/// notice alike in definition and param.
 pub(crate) async fn claim_reserved(
     store: &Store,
     row: &notify_msg::Model,
@@ -684,15 +685,27 @@ pub(crate) async fn claim_reserved(
 
 /// Claims rows reserved for after-commit attempts that will not run here
 /// (no slot, shutting down, not deliverable in this process) and makes them
-/// due at once for any worker. Returns how many were released.
-pub(crate) async fn release_reserved(store: &Store, pairs: &[(i64, i32)]) -> Result<u64, DbErr> {
-    if pairs.is_empty() {
+/// due at once for any worker. Each is given as written (`id`, `def_id`,
+/// `param`): as for [`claim_reserved`], another notice that took a
+/// rolled-back row's id is left alone. Returns how many were released.
+pub(crate) async fn release_reserved(
+    store: &Store,
+    rows: &[(i64, i64, String)],
+) -> Result<u64, DbErr> {
+    if rows.is_empty() {
         return Ok(0);
     }
     let sets = vec![
         (Column::Leased, Expr::val(false)),
         (Column::NextCallTime, clock::now(store.backend())),
     ];
-    db::on_conflict_retry(|| columns::update(&store.db, columns::at_versions(pairs), sets.clone()))
-        .await
+    let mut guard = Condition::any();
+    for (id, def_id, param) in rows {
+        guard = guard.add(
+            columns::at_version(*id, 0)
+                .add(Expr::col(Column::DefId).eq(*def_id))
+                .add(Expr::col(Column::Param).eq(param.as_str())),
+        );
+    }
+    db::on_conflict_retry(|| columns::update(&store.db, guard.clone(), sets.clone())).await
 }

@@ -11,7 +11,9 @@
 //! MySQL/MariaDB and SQLite roll back a failed statement on their own. A
 //! [`Notifier::begin`] transaction on PostgreSQL buffers its notices and
 //! writes them with the `COMMIT`: a database error there fails the commit
-//! (`Error::TransactionAborted`), and nothing is committed.
+//! (`Error::TransactionAborted`), and nothing is committed. (It writes them
+//! at once instead when they have a key, or once a savepoint may exist:
+//! see [`producer`](crate::producer).)
 //!
 //! [`Notifier::wrap`]: crate::Notifier::wrap
 //! [`Notifier::begin`]: crate::Notifier::begin

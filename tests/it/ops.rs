@@ -272,10 +272,13 @@ db_test!(
             },
             Audit::new("x", "y"),
         );
-        assert!(matches!(
-            notifier.requeue_where(&wrong).await.map_err(|e| e.error),
-            Err(solid_notify::Error::WrongState { .. })
-        ));
+        // A filter that can match nothing requeueable: a client error
+        // naming the status (never "notice 0 is succeeded").
+        let refused = notifier.requeue_where(&wrong).await.map_err(|e| e.error);
+        assert!(
+            matches!(&refused, Err(solid_notify::Error::Config(m)) if m.contains("succeeded")),
+            "{refused:?}"
+        );
         let unknown = BulkAction::new(filter_def("nope"), Audit::new("x", "y"));
         assert!(matches!(
             notifier.cancel_where(&unknown).await.map_err(|e| e.error),

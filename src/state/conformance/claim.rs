@@ -81,6 +81,24 @@ conformance!(
                 .is_none()
         );
         f.unchanged(id, &before).await;
+        // The same id and param, another definition.
+        let other_def = crate::entity::notify_msg::Model {
+            def_id: before.def_id + 1,
+            ..before.clone()
+        };
+        assert!(
+            claim::claim_reserved(&f.store, &other_def, started)
+                .await
+                .unwrap()
+                .is_none()
+        );
+        // Nor is it released for another notice.
+        let released =
+            claim::release_reserved(&f.store, &[(id, before.def_id, "{\"n\":-1}".to_string())])
+                .await
+                .unwrap();
+        assert_eq!(released, 0);
+        f.unchanged(id, &before).await;
         let lease = claim::claim_reserved(&f.store, &before, started)
             .await
             .unwrap()

@@ -25,6 +25,7 @@ mod confirm;
 mod fail;
 mod park;
 mod promote;
+mod purge;
 mod release;
 mod requeue;
 mod retry;
