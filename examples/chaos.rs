@@ -4,8 +4,12 @@
 //! database and an HTTP receiver on 127.0.0.1 that fails 30% of first
 //! attempts and answers in 0–200 ms. Notices are inserted with plain SQL
 //! while, every few seconds, one worker is killed with SIGKILL (and started
-//! again) and now and then every database session is terminated. Then the
-//! chaos stops, the workers drain what is left, and the run prints
+//! again) and now and then every database session is terminated; the first
+//! worker reaches the database through a proxy that freezes now and then
+//! for 8 s (a network partition: sockets open, nothing forwarded), longer
+//! than the lease, so its late writes arrive after other workers took its
+//! notices. Then the chaos stops, the workers drain what is left, and the
+//! run prints
 //!
 //! ```text
 //! lost=0 overlaps=0 out_of_order=0 duplicates=N
@@ -40,6 +44,9 @@
 
 #[path = "../tests/common/receiver.rs"]
 mod receiver;
+
+#[path = "../tests/common/proxy.rs"]
+mod proxy;
 
 use std::{
     path::PathBuf,
@@ -104,6 +111,11 @@ async fn scalar(db: &DatabaseConnection, sql: &str) -> BoxResult<i64> {
     Ok(row.try_get_by_index::<i64>(0)?)
 }
 
+/// The port of a database URL.
+fn pg_port(url: &str) -> BoxResult<u16> {
+    Ok(url::Url::parse(url)?.port().unwrap_or(5432))
+}
+
 fn worker_bin() -> BoxResult<PathBuf> {
     if let Ok(bin) = std::env::var("SN_BIN") {
         return Ok(bin.into());
@@ -144,6 +156,8 @@ fn spawn_worker(bin: &PathBuf, url: &str) -> BoxResult<Child> {
             "100",
             "--shutdown-timeout",
             "2s",
+            "--db-timeout",
+            "3s",
         ])
         .env("RUST_LOG", "error")
         .kill_on_drop(true)
@@ -201,9 +215,24 @@ async fn chaos(s: &Settings, admin: &DatabaseConnection, url: &str, name: &str) 
     store::sync(&db, &[spec, ordered]).await?;
 
     let bin = worker_bin()?;
+    // The first worker's way to the database: a proxy that freezes.
+    let server: std::net::SocketAddr = ([127, 0, 0, 1], pg_port(url)?).into();
+    let partition = proxy::Proxy::start(server).await;
+    let frozen_url = url.replacen(
+        &format!(":{}/", server.port()),
+        &format!(":{}/", partition.port),
+        1,
+    );
+    let url_of = |worker: usize| {
+        if worker == 0 {
+            frozen_url.clone()
+        } else {
+            url.to_string()
+        }
+    };
     let mut workers = Vec::new();
-    for _ in 0..s.workers {
-        workers.push(spawn_worker(&bin, url)?);
+    for worker in 0..s.workers {
+        workers.push(spawn_worker(&bin, &url_of(worker))?);
     }
     let producer_db = Database::connect(url).await?;
     let producer = Notifier::builder(producer_db).build()?;
@@ -226,7 +255,7 @@ async fn chaos(s: &Settings, admin: &DatabaseConnection, url: &str, name: &str) 
     let chunks = (s.secs as usize).max(1);
     let per_chunk = s.notices / chunks;
     let mut inserted = 0;
-    let (mut kills, mut terminations) = (0, 0);
+    let (mut kills, mut terminations, mut freezes) = (0, 0, 0);
     for second in 0..s.secs {
         let n = if second as usize + 1 == chunks {
             s.notices - inserted
@@ -241,8 +270,17 @@ async fn chaos(s: &Settings, admin: &DatabaseConnection, url: &str, name: &str) 
             let victim = fastrand::usize(..workers.len());
             workers[victim].start_kill()?; // SIGKILL
             workers[victim].wait().await?;
-            workers[victim] = spawn_worker(&bin, url)?;
+            workers[victim] = spawn_worker(&bin, &url_of(victim))?;
             kills += 1;
+        }
+        // The first worker's partition: 8 s frozen out of every 12.
+        match second % 12 {
+            1 => {
+                partition.freeze();
+                freezes += 1;
+            }
+            9 => partition.thaw(),
+            _ => {}
         }
         if second % 5 == 4 {
             terminations += scalar(
@@ -256,11 +294,13 @@ async fn chaos(s: &Settings, admin: &DatabaseConnection, url: &str, name: &str) 
         }
         tokio::time::sleep_until((started + Duration::from_secs(second + 1)).into()).await;
     }
+    partition.thaw();
     let produced = produced.await??;
     producer.shutdown(Duration::from_secs(10)).await.ok();
     eprintln!(
-        "chaos: {inserted} notices, {} workers, {kills} SIGKILLs, {terminations} sessions terminated in {}s; \
-         the producer kept {} notices and rolled back {} ({} commits of unknown outcome); draining",
+        "chaos: {inserted} notices, {} workers, {kills} SIGKILLs, {terminations} sessions terminated, \
+         {freezes} freezes in {}s; the producer kept {} notices and rolled back {} ({} commits of \
+         unknown outcome); draining",
         s.workers,
         s.secs,
         produced.kept.len(),

@@ -281,7 +281,7 @@ impl FilterArgs {
 #[derive(clap::Args)]
 struct WorkerArgs {
     /// TOML file with a `[worker]` table (WorkerConfig keys) and a `[notifier]`
-    /// table (`lease`, `attempt_timeout`, `def_cache_ttl`).
+    /// table (`lease`, `attempt_timeout`, `def_cache_ttl`, `db_timeout`).
     #[arg(long, env = "SOLID_NOTIFY_CONFIG")]
     config: Option<PathBuf>,
     /// fixed-rate (sweep at every cron tick) or fixed-delay (pause after each sweep).
@@ -320,6 +320,10 @@ struct WorkerArgs {
     /// How long in-flight deliveries may finish at shutdown (default 30s).
     #[arg(long, env = "SOLID_NOTIFY_SHUTDOWN_TIMEOUT", value_parser = humantime::parse_duration)]
     shutdown_timeout: Option<Duration>,
+    /// Longest any one database call may take (default 10s): past it the
+    /// call counts as a lost connection.
+    #[arg(long, env = "SOLID_NOTIFY_DB_TIMEOUT", value_parser = humantime::parse_duration)]
+    db_timeout: Option<Duration>,
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464;
     /// port 0 picks a free port, printed on stderr). Default: off.
     #[arg(long, env = "SOLID_NOTIFY_METRICS_ADDR")]
@@ -348,6 +352,8 @@ struct NotifierFile {
     attempt_timeout: Option<Duration>,
     #[serde(with = "humantime_serde")]
     def_cache_ttl: Option<Duration>,
+    #[serde(with = "humantime_serde")]
+    db_timeout: Option<Duration>,
 }
 
 fn parse_mode(text: &str) -> Result<Mode, String> {
@@ -382,6 +388,8 @@ impl WorkerArgs {
         set!(n.lease, file.notifier.lease);
         set!(n.attempt_timeout, file.notifier.attempt_timeout);
         set!(n.def_cache_ttl, file.notifier.def_cache_ttl);
+        set!(n.db_timeout, file.notifier.db_timeout);
+        set!(n.db_timeout, self.db_timeout);
         set!(n.lease, self.lease);
         set!(n.attempt_timeout, self.attempt_timeout);
         set!(w.mode, self.mode);
@@ -681,16 +689,28 @@ async fn run_worker(db: sea_orm::DatabaseConnection, args: WorkerArgs) -> solid_
         tracing::info!("stopping: finishing in-flight deliveries");
         stop.cancel();
     });
-    worker.run(shutdown).await;
-    notifier_for_shutdown.shutdown(worker_timeout).await?;
+    // Once stopping, the notifier's own tasks (releases, alert hooks) get
+    // the same deadline as the worker's sweeps, at the same time: the
+    // process exits within shutdown_timeout + RELEASE_GRACE +
+    // HARD_STOP_MARGIN whatever the database does.
+    let notifier_stopped = {
+        let shutdown = shutdown.clone();
+        async move {
+            shutdown.cancelled().await;
+            notifier_for_shutdown.shutdown(worker_timeout).await
+        }
+    };
+    let ((), stopped) = tokio::join!(worker.run(shutdown), notifier_stopped);
+    stopped?;
     let stats = worker.stats().snapshot();
     eprintln!(
-        "worker stopped: {} claimed, {} succeeded, {} failed, {} lost claims, {} released",
+        "worker stopped: {} claimed, {} succeeded, {} failed, {} lost claims, {} released, {} outcomes given up",
         stats.claimed,
         stats.succeeded,
         stats.failed(),
         stats.lost_claims,
-        stats.released
+        stats.released,
+        stats.given_up
     );
     Ok(())
 }

@@ -28,8 +28,16 @@ use crate::{
 };
 
 /// After a shutdown's timeout aborts running deliveries, how long releasing
-/// their rows may take before the rest is left to the leases: 5 seconds.
-pub const RELEASE_GRACE: Duration = Duration::from_secs(5);
+/// their rows (and recording the outcomes delivered) may take before the
+/// rest is given up, left to the leases: 3 seconds.
+pub const RELEASE_GRACE: Duration = Duration::from_secs(3);
+
+/// After [`RELEASE_GRACE`], how long a shutdown waits for what is still
+/// running (a call waiting for the database) before it returns anyway: 1
+/// second. A shutdown therefore returns within its timeout plus 4 seconds,
+/// whatever the database does; what it leaves behind is due again when its
+/// lease ends (a delivered success is then sent again: at-least-once).
+pub const HARD_STOP_MARGIN: Duration = Duration::from_secs(1);
 
 /// The outbox: add notices in transactions, attempt and record them.
 ///
@@ -134,10 +142,14 @@ impl Notifier {
     /// Stops this notifier's attempts for shutdown: no new after-commit
     /// attempt starts (their notices are due at once for a sweeper), running
     /// ones (background and awaited alike) may finish within `timeout`;
-    /// then their deliveries are abandoned and their rows released, which
-    /// may take up to [`RELEASE_GRACE`] more; what the database would not
-    /// take by then is left to its lease. Returns how many rows were released
-    /// meanwhile. Call it before the process exits.
+    /// then their deliveries are abandoned and their rows released, and the
+    /// outcomes delivered recorded, for up to [`RELEASE_GRACE`] more; what
+    /// the database would not take by then is given up, left to its lease
+    /// (counted in `solid_notify_outcomes_given_up_total`). Returns within
+    /// `timeout` + [`RELEASE_GRACE`] + [`HARD_STOP_MARGIN`], whatever the
+    /// database does (each of its calls is bounded too:
+    /// [`Config::db_timeout`]), with how many rows were released meanwhile.
+    /// Call it before the process exits.
     pub async fn shutdown(&self, timeout: Duration) -> Result<u64> {
         let inner = &self.inner;
         let before = inner.released.load(Ordering::Relaxed);
@@ -152,7 +164,15 @@ impl Notifier {
                 .is_err()
             {
                 inner.stop.give_up.cancel();
-                inner.tasks.wait().await;
+                if tokio::time::timeout(HARD_STOP_MARGIN, inner.tasks.wait())
+                    .await
+                    .is_err()
+                {
+                    tracing::warn!(
+                        tasks = inner.tasks.len(),
+                        "shutdown: attempts still waiting for the database are left behind; their notices are due again when their leases end"
+                    );
+                }
             }
         }
         Ok(inner.released.load(Ordering::Relaxed) - before)

@@ -30,6 +30,7 @@ pub use config::{
 use crate::{
     Notifier,
     error::{Error, Result},
+    notifier::{HARD_STOP_MARGIN, RELEASE_GRACE},
     state::{DefSelect, DueFilter},
     sweep::SweepLimits,
 };
@@ -52,15 +53,50 @@ pub const WARM_CONNECTIONS: u32 = 6;
 /// [`pool_options`]: 30 seconds.
 pub const POOL_PING_IF_IDLE_FOR: Duration = Duration::from_secs(30);
 
+/// How long a connection given back to the pool of [`pool_options`] may
+/// take to answer a ping before it is closed instead: 5 seconds.
+pub const RELEASE_PING_BOUND: Duration = Duration::from_secs(5);
+
 /// Connection options of a worker's pool, as `solid-notify worker` opens
-/// it: sea-orm's defaults, except that a connection is pinged before use
-/// only after it was idle for [`POOL_PING_IF_IDLE_FOR`]. (sea-orm pings
-/// every connection it hands out: a round trip in front of each claim and
-/// each write. A connection that died meanwhile fails its statement, which
-/// the worker retries like any lost connection.)
+/// it (recommended for any pool given to a [`Notifier`]): sea-orm's
+/// defaults, except that
+///
+/// - a connection is pinged before use only after it was idle for
+///   [`POOL_PING_IF_IDLE_FOR`]. (sea-orm pings every connection it hands
+///   out: a round trip in front of each claim and each write. A connection
+///   that died meanwhile fails its statement, which the worker retries like
+///   any lost connection.)
+/// - waiting for a connection, or opening one, takes at most
+///   [`DEFAULT_DB_TIMEOUT`](crate::config::DEFAULT_DB_TIMEOUT).
+/// - a connection given back is closed unless it answers a ping within
+///   [`RELEASE_PING_BOUND`] (PostgreSQL, MySQL/MariaDB). sqlx pings each
+///   connection given back, without a bound: one cut off by a network
+///   partition, whose statement the library abandoned, would otherwise hold
+///   its place in the pool until TCP gives up (minutes to hours), and a
+///   pool of such connections none; closed, it is replaced by a new one
+///   once the network is back.
 pub fn pool_options(url: impl Into<String>) -> sea_orm::ConnectOptions {
+    use sea_orm::sqlx;
+    fn alive<'c, C: sqlx::Connection>(
+        conn: &'c mut C,
+        _: sqlx::pool::PoolConnectionMetadata,
+    ) -> futures::future::BoxFuture<'c, std::result::Result<bool, sqlx::Error>> {
+        Box::pin(async move {
+            match tokio::time::timeout(RELEASE_PING_BOUND, conn.ping()).await {
+                Ok(Ok(())) => Ok(true),
+                Ok(Err(e)) => Err(e),
+                // An error, not `false`: closed without a goodbye, which
+                // could hang too.
+                Err(_) => Err(sqlx::Error::PoolTimedOut),
+            }
+        })
+    }
     let mut options = sea_orm::ConnectOptions::new(url.into());
-    options.test_before_acquire_if_idle_for(POOL_PING_IF_IDLE_FOR);
+    options
+        .test_before_acquire_if_idle_for(POOL_PING_IF_IDLE_FOR)
+        .acquire_timeout(crate::config::DEFAULT_DB_TIMEOUT)
+        .map_sqlx_postgres_pool_opts(|o| o.after_release(alive::<sqlx::PgConnection>))
+        .map_sqlx_mysql_pool_opts(|o| o.after_release(alive::<sqlx::MySqlConnection>));
     options
 }
 
@@ -103,6 +139,14 @@ fn describe_url(url: &str) -> String {
         Err(_) => "(unparsable database URL)".into(),
     }
 }
+
+/// After a sweep that failed (the database away), the next one runs this
+/// soon, the wait doubling after each failure in a row up to
+/// [`SWEEP_RETRY_MAX`], and never later than the schedule's next tick:
+/// 500 ms.
+pub const SWEEP_RETRY_FIRST: Duration = Duration::from_millis(500);
+/// Longest wait after failed sweeps: 30 seconds.
+pub const SWEEP_RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// How often a worker asks the database what is due next when its sweeps
 /// scheduled nothing for later: every 250 ms at most.
@@ -148,6 +192,15 @@ impl Worker {
     /// finished or released. Database errors are logged and retried at the next
     /// tick; they never end the loop. `shutdown` itself is only watched,
     /// never cancelled here.
+    ///
+    /// Once `shutdown` is cancelled it returns within `shutdown_timeout` +
+    /// [`RELEASE_GRACE`] + [`HARD_STOP_MARGIN`], whatever the database does:
+    /// deliveries still running at `shutdown_timeout` are abandoned; rows
+    /// are released and delivered successes recorded for up to
+    /// `RELEASE_GRACE` more; what is still waiting for the database then is
+    /// given up (a count at `warn`, and `solid_notify_outcomes_given_up_total`)
+    /// and left to its lease: a success delivered but not recorded is sent
+    /// again, never lost.
     pub async fn run(&self, shutdown: CancellationToken) {
         let listening = shutdown.child_token();
         let confirmations =
@@ -169,10 +222,38 @@ impl Worker {
                 listening.clone(),
             ))
         });
-        self.sweep_loop(&shutdown).await;
+        let hard_stop = async {
+            shutdown.cancelled().await;
+            let grace = self.config.shutdown_timeout + RELEASE_GRACE + HARD_STOP_MARGIN;
+            tokio::time::sleep(grace).await;
+        };
+        let finished = tokio::select! {
+            () = self.sweep_loop(&shutdown) => true,
+            () = hard_stop => false,
+        };
         listening.cancel();
-        for task in [confirmations, wakes, heartbeat].into_iter().flatten() {
-            task.await.ok();
+        if !finished {
+            // The sweep is dropped with what it held: deliveries abandoned,
+            // leases left to run out (their drop releases them in the
+            // background if the database answers).
+            let unrecorded = self.stats.snapshot().unrecorded;
+            self.stats.add_given_up(unrecorded);
+            tracing::warn!(
+                unrecorded,
+                "shutdown: the database did not take the last outcomes in time; their notices are due again when their leases end (delivered successes are sent again)"
+            );
+        }
+        // Listeners stop between calls; one waiting for the database is
+        // left behind (aborted) after HARD_STOP_MARGIN.
+        let mut tasks: Vec<_> = [confirmations, wakes, heartbeat]
+            .into_iter()
+            .flatten()
+            .collect();
+        let all = futures::future::join_all(tasks.iter_mut());
+        if tokio::time::timeout(HARD_STOP_MARGIN, all).await.is_err() {
+            for task in &tasks {
+                task.abort();
+            }
         }
     }
 
@@ -188,6 +269,9 @@ impl Worker {
         let mut next_due: Option<Instant> = self.config.wake.then(Instant::now);
         let mut next_due_asked: Option<Instant> = None;
         let mut first = true;
+        // After a failed sweep: the next one within this, doubling from
+        // SWEEP_RETRY_FIRST (never later than the schedule's tick).
+        let mut retry: Option<Duration> = None;
         loop {
             let tick = match self.config.mode {
                 Mode::FixedRate => {
@@ -201,6 +285,10 @@ impl Worker {
                 Mode::FixedDelay => Instant::now() + self.config.delay,
             };
             first = false;
+            let tick = match retry {
+                Some(after) => tick.min(Instant::now() + after),
+                None => tick,
+            };
             match self
                 .wait(tick, next_due, &mut wakes, &mut hints, shutdown)
                 .await
@@ -214,8 +302,14 @@ impl Worker {
             }
             let before = self.stats.snapshot();
             let swept_at = Instant::now();
-            self.sweep_with(shutdown, self.config.wake.then_some(&mut wakes))
+            let swept = self
+                .sweep_with(shutdown, self.config.wake.then_some(&mut wakes))
                 .await;
+            retry = match (swept, retry) {
+                (true, _) => None,
+                (false, None) => Some(SWEEP_RETRY_FIRST),
+                (false, Some(after)) => Some((after * 2).min(SWEEP_RETRY_MAX)),
+            };
             self.notifier.clear_due_hint(swept_at);
             if shutdown.is_cancelled() {
                 return;
@@ -332,11 +426,12 @@ impl Worker {
         self.sweep_with(shutdown, None).await;
     }
 
+    /// One sweep; `false` when it failed (logged and counted).
     async fn sweep_with(
         &self,
         shutdown: &CancellationToken,
         wakes: Option<&mut tokio::sync::watch::Receiver<u64>>,
-    ) {
+    ) -> bool {
         self.park_check().await;
         self.stats.sweep_started();
         let span = tracing::info_span!(
@@ -371,10 +466,12 @@ impl Worker {
         match result {
             Ok(summary) => {
                 span.record("claimed", summary.claimed);
+                true
             }
             Err(e) => {
                 self.stats.add_error();
-                tracing::warn!(parent: &span, error = %e, "sweep failed; retrying at the next tick");
+                tracing::warn!(parent: &span, error = %e, "sweep failed; retrying soon");
+                false
             }
         }
     }

@@ -6,6 +6,7 @@ mod support;
 #[path = "../common/receiver.rs"]
 mod receiver;
 
+#[path = "../common/proxy.rs"]
 mod proxy;
 
 mod amqp;

@@ -12,6 +12,7 @@ mod database;
 mod overflow;
 mod overlap;
 mod park;
+mod partition;
 mod producer;
 mod small;
 
