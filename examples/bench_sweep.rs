@@ -6,6 +6,9 @@
 //! one worker on a 10,000 and a 100,000 backlog, then two workers on
 //! 100,000. Each run is a separate process so its peak RSS is its own.
 //! Prints msgs/s, µs per notice, the ratio to the baseline, and peak RSS.
+//! `SN_BENCH_DEFS=N` spreads a PostgreSQL backlog over N definitions (up to
+//! 10,000 of them busy). `SN_BENCH_PAYLOAD=BYTES` pads each PostgreSQL notice's param with that
+//! many bytes of random hex (e.g. 100, 10000, 1048576).
 //!
 //! Run: `cargo run --release --example bench_sweep` (PostgreSQL);
 //! `-- --all` adds one worker on 100,000 on MariaDB and on SQLite;
@@ -195,6 +198,22 @@ fn pairs_of_drains(exe: &std::path::Path, pairs: usize) -> BoxResult<()> {
     Ok(())
 }
 
+/// `SN_BENCH_PAYLOAD=BYTES` (PostgreSQL, unordered): SQL appended to each
+/// param's text that pads it to about that many bytes of random hex.
+fn payload_pad() -> String {
+    match std::env::var("SN_BENCH_PAYLOAD")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        Some(bytes) if bytes > 16 => format!(
+            ",\"pad\":\"' || (SELECT string_agg(md5(random()::text || k), '') \
+             FROM generate_series(1, {}) k WHERE g > 0) || '\"",
+            bytes.div_ceil(32)
+        ),
+        _ => String::new(),
+    }
+}
+
 /// One measured drain in this process; prints `rate=… rss_kb=…`.
 async fn run(backend: &str, mode: &str, backlog: u64) -> BoxResult<()> {
     let ordered = mode == "ordered1" || mode == "stuck1";
@@ -206,10 +225,18 @@ async fn run(backend: &str, mode: &str, backlog: u64) -> BoxResult<()> {
              'k' || (g % 1000) \
              FROM generate_series(1, {backlog}) g, notify_def d WHERE d.name = 'bench' ORDER BY g"
         ),
-        "postgres" => format!(
+        "postgres" if bench_defs() > 1 => format!(
             "INSERT INTO notify_msg (def_id, param, next_call_time) \
              SELECT d.id, '{{\"i\":' || g || '}}', (now() at time zone 'utc') - interval '1 minute' \
-             FROM generate_series(1, {backlog}) g, notify_def d WHERE d.name = 'bench'"
+             FROM generate_series(1, {backlog}) g JOIN notify_def d ON d.name = \
+             CASE WHEN g % {k} = 0 THEN 'bench' ELSE 'bench_' || (g % {k}) END",
+            k = bench_defs().min(10_000)
+        ),
+        "postgres" => format!(
+            "INSERT INTO notify_msg (def_id, param, next_call_time) \
+             SELECT d.id, '{{\"i\":' || g || '{}}}', (now() at time zone 'utc') - interval '1 minute' \
+             FROM generate_series(1, {backlog}) g, notify_def d WHERE d.name = 'bench'",
+            payload_pad()
         ),
         "mysql" => format!(
             "INSERT INTO notify_msg (def_id, param, next_call_time) \
@@ -341,7 +368,31 @@ async fn fresh_db(backend: &str, ordered: bool) -> BoxResult<DatabaseConnection>
         spec.ordering = "per_key".into();
     }
     store::sync(&db, &[spec]).await?;
+    let defs = bench_defs();
+    if backend == "postgres" && defs > 1 {
+        // Copies of `bench` (same handler), as `bench_1` … `bench_{N-1}`.
+        db.execute_unprepared(&format!(
+            "DO $$ DECLARE cols text; BEGIN \
+             SELECT string_agg(quote_ident(column_name), ', ') INTO cols \
+             FROM information_schema.columns WHERE table_name = 'notify_def' \
+             AND column_name NOT IN ('id', 'name'); \
+             EXECUTE format('INSERT INTO notify_def (name, %s) SELECT ''bench_'' || g, %s \
+             FROM notify_def, generate_series(1, {}) g WHERE name = ''bench''', cols, cols); \
+             END $$",
+            defs - 1
+        ))
+        .await?;
+    }
     Ok(db)
+}
+
+/// `SN_BENCH_DEFS=N` (PostgreSQL, unordered): N definitions, the backlog
+/// spread over up to 10,000 of them (default 1).
+fn bench_defs() -> u64 {
+    std::env::var("SN_BENCH_DEFS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
 }
 
 async fn drop_db(backend: &str) -> BoxResult<()> {

@@ -38,7 +38,8 @@
 //! ```sh
 //! cargo build --bin solid-notify && cargo run --example chaos -- --secs 30
 //! ```
-//! Settings: `--workers 3 --notices 3000 --secs 30`, PostgreSQL from
+//! Settings: `--workers 3 --notices 3000 --secs 30 --param-bytes 0` (padding
+//! added to each notice's param, for large payloads), PostgreSQL from
 //! `SN_CHAOS_PG_URL` (default `postgres://postgres@127.0.0.1:5432`), the
 //! worker binary from `SN_BIN` (default: next to this example's directory).
 
@@ -72,6 +73,8 @@ struct Settings {
     workers: usize,
     notices: usize,
     secs: u64,
+    /// Bytes of padding in each inserted notice's param (0: none).
+    param_bytes: u64,
 }
 
 fn settings() -> Settings {
@@ -79,6 +82,7 @@ fn settings() -> Settings {
         workers: 3,
         notices: 3000,
         secs: 30,
+        param_bytes: 0,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     for pair in args.chunks(2) {
@@ -87,6 +91,7 @@ fn settings() -> Settings {
             "--workers" => s.workers = value.max(1) as usize,
             "--notices" => s.notices = value.max(1) as usize,
             "--secs" => s.secs = value.max(1),
+            "--param-bytes" => s.param_bytes = value,
             other => eprintln!("ignoring unknown argument {other}"),
         }
     }
@@ -242,10 +247,18 @@ async fn chaos(s: &Settings, admin: &DatabaseConnection, url: &str, name: &str) 
     ));
     // Every third notice is ordered, keyed by `g % 40`, written in `g`'s
     // order (so in each key's order).
+    // `--param-bytes`: each param padded with that many bytes of hex.
+    let pad = match s.param_bytes {
+        0 => String::new(),
+        n => format!(
+            " || ',\"pad\":\"' || repeat(md5(g::text), {}) || '\"'",
+            n.div_ceil(32)
+        ),
+    };
     let insert = |n: usize| {
         format!(
             "INSERT INTO notify_msg (def_id, param, description, ordering_key) \
-             SELECT d.id, '{{\"i\":' || g || '}}', 'chaos', \
+             SELECT d.id, '{{\"i\":' || g{pad} || '}}', 'chaos', \
              CASE WHEN g % 3 = 0 THEN 'k' || (g % {KEYS}) END \
              FROM generate_series(1, {n}) g JOIN notify_def d \
              ON d.name = CASE WHEN g % 3 = 0 THEN 'chaos_ordered' ELSE 'chaos' END ORDER BY g"

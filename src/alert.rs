@@ -221,6 +221,24 @@ impl AlertMail {
         }
     }
 
+    /// The alert that the worker `worker` (host:pid) failed `n` sweeps in a
+    /// row, the last with `error`.
+    pub fn sweeps_failing(to: Vec<String>, worker: &str, n: u64, error: &str) -> AlertMail {
+        // The database's message, cut short (it names tables, not secrets).
+        let error: String = error.chars().take(300).collect();
+        AlertMail {
+            to,
+            subject: format!("[solid-notify] worker {worker}: {n} sweeps failed in a row"),
+            body: format!(
+                "The worker {worker} could not claim due notices {n} times in a row. The last \
+                 error was:\n\n  {error}\n\n\
+                 Its notices wait in flight; nothing is lost. It keeps trying. Look at the \
+                 worker's log and at the metric solid_notify_sweeps_failing_in_a_row; a revoked \
+                 privilege, a full disk or a schema that is not migrated are the usual causes.\n"
+            ),
+        }
+    }
+
     /// The alert about notices parked because their definition `def_id` is
     /// unknown or invalid.
     pub fn parked(to: Vec<String>, def_id: i64, reason: &str, ids: &[i64]) -> AlertMail {

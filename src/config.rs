@@ -73,8 +73,12 @@ pub struct Config {
     /// [`Error::CommitOutcomeUnknown`](crate::Error::CommitOutcomeUnknown).
     /// It bounds what a network partition can hold, where the socket stays
     /// open and TCP would wait for hours. Statements of the caller's own,
-    /// sent through a [`NoticeTx`](crate::NoticeTx), are not bounded.
-    /// Default [`DEFAULT_DB_TIMEOUT`].
+    /// sent through a [`NoticeTx`](crate::NoticeTx), are not bounded, nor
+    /// are operator calls and migrations. Keep it well above the slowest
+    /// statement a healthy database takes (a claim of a whole batch), and
+    /// above SQLite's `busy_timeout` (5 s by default): an abandoned claim
+    /// still leases its rows, to nobody, for a whole lease. Default
+    /// [`DEFAULT_DB_TIMEOUT`].
     pub db_timeout: Duration,
 }
 

@@ -7,14 +7,19 @@
 //! pool, a call past its bound) is retried with backoff for as long as the
 //! caller allows; anything else is a bug or bad data and is not retried.
 //!
-//! **Every call is bounded.** The library reaches its tables through a
-//! [`Db`]: each statement (and each `BEGIN`, `COMMIT` and `ROLLBACK` of its
-//! transactions) that takes longer than
+//! **Every call of the attempt path is bounded.** Claims, records,
+//! releases, heartbeats and the producer's own statements reach the tables
+//! through a [`Db`]: each statement (and each `BEGIN`, `COMMIT` and
+//! `ROLLBACK` of its transactions) that takes longer than
 //! [`Config::db_timeout`](crate::Config::db_timeout) is abandoned and fails
 //! as a lost connection ([`timed_out`]). A network partition keeps sockets
 //! open, and a statement sent into one would otherwise wait for TCP to give
 //! up, hours later; a statement abandoned this way may still run once the
-//! network is back, which the version guards make harmless.
+//! network is back, which the version guards make harmless (a claim so
+//! abandoned leases its rows to nobody: they are due again when the lease
+//! ends). A `BEGIN` is never abandoned half-way ([`begin_bounded`]).
+//! Operator calls (purge, the dashboard's reads, definition sync) and
+//! migrations use the caller's pool as it is.
 
 use std::{future::Future, pin::Pin, time::Duration};
 
@@ -201,6 +206,29 @@ pub(crate) fn timed_out(bound: Duration) -> DbErr {
     )))
 }
 
+/// Begins a transaction on `pool`, waiting at most `bound`, without ever
+/// abandoning a `BEGIN` half-way: sqlx counts a transaction only once its
+/// `BEGIN` has answered, so one dropped before that could leave the
+/// connection inside a transaction nobody knows of, back in the pool, for
+/// the next caller's statements. The `BEGIN` runs on a task of its own;
+/// past `bound` the caller gets [`timed_out`], and the transaction, should
+/// it begin later, is rolled back by the task (dropped, as sea-orm does).
+pub(crate) async fn begin_bounded(
+    pool: &DatabaseConnection,
+    options: TransactionOptions,
+    bound: Duration,
+) -> Result<DatabaseTransaction, DbErr> {
+    let pool = pool.clone();
+    let begun = tokio::spawn(async move { pool.begin_with_options(options).await });
+    match tokio::time::timeout(bound, begun).await {
+        Ok(Ok(begun)) => begun,
+        Ok(Err(e)) => Err(DbErr::Custom(format!(
+            "beginning a transaction failed: {e}"
+        ))),
+        Err(_) => Err(timed_out(bound)),
+    }
+}
+
 /// Runs `call`, abandoning it after `bound` ([`timed_out`]).
 pub(crate) async fn bounded<T>(
     bound: Duration,
@@ -300,11 +328,7 @@ macro_rules! bounded_connection {
             type Transaction = Txn;
 
             async fn begin(&self) -> Result<Txn, DbErr> {
-                let txn = bounded(self.bound, self.$inner.begin()).await?;
-                Ok(Txn {
-                    txn,
-                    bound: self.bound,
-                })
+                self.begin_with_options(TransactionOptions::default()).await
             }
 
             async fn begin_with_config(
@@ -312,18 +336,17 @@ macro_rules! bounded_connection {
                 isolation_level: Option<IsolationLevel>,
                 access_mode: Option<AccessMode>,
             ) -> Result<Txn, DbErr> {
-                let begun = self.$inner.begin_with_config(isolation_level, access_mode);
-                let txn = bounded(self.bound, begun).await?;
-                Ok(Txn {
-                    txn,
-                    bound: self.bound,
+                self.begin_with_options(TransactionOptions {
+                    isolation_level,
+                    access_mode,
+                    ..TransactionOptions::default()
                 })
+                .await
             }
 
             async fn begin_with_options(&self, options: TransactionOptions) -> Result<Txn, DbErr> {
-                let txn = bounded(self.bound, self.$inner.begin_with_options(options)).await?;
                 Ok(Txn {
-                    txn,
+                    txn: self.begin_inner(options).await?,
                     bound: self.bound,
                 })
             }
@@ -372,6 +395,21 @@ macro_rules! bounded_connection {
     };
 }
 
+impl Db {
+    /// A transaction on the pool ([`begin_bounded`]).
+    async fn begin_inner(&self, options: TransactionOptions) -> Result<DatabaseTransaction, DbErr> {
+        begin_bounded(&self.pool, options, self.bound).await
+    }
+}
+
+impl Txn {
+    /// A savepoint: abandoned past the bound, sqlx rolls it back (it counts
+    /// the transaction it is in).
+    async fn begin_inner(&self, options: TransactionOptions) -> Result<DatabaseTransaction, DbErr> {
+        bounded(self.bound, self.txn.begin_with_options(options)).await
+    }
+}
+
 bounded_connection!(Db, pool);
 bounded_connection!(Txn, txn);
 
@@ -411,15 +449,24 @@ where
     db.begin_with_options(options).await
 }
 
-/// Begins a business transaction: the database's default isolation, and
-/// `BEGIN IMMEDIATE` on SQLite (a writer takes the lock up front).
-pub(crate) async fn begin_business(db: &DatabaseConnection) -> Result<DatabaseTransaction, DbErr> {
-    let options = match db.get_database_backend() {
+/// How a business transaction begins: the database's default isolation,
+/// and `BEGIN IMMEDIATE` on SQLite (a writer takes the lock up front).
+pub(crate) fn business_options(db: &DatabaseConnection) -> TransactionOptions {
+    match db.get_database_backend() {
         DbBackend::Sqlite => TransactionOptions {
             sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
             ..TransactionOptions::default()
         },
         _ => TransactionOptions::default(),
-    };
-    db.begin_with_options(options).await
+    }
+}
+
+/// `LIKE` pattern for values containing `text` (its `%`, `_` and `\\`
+/// taken literally).
+pub(crate) fn containing(text: &str) -> sea_orm::sea_query::LikeExpr {
+    let escaped = text
+        .replace('\\', "\\\\")
+        .replace('%', "\\%")
+        .replace('_', "\\_");
+    sea_orm::sea_query::LikeExpr::new(format!("%{escaped}%")).escape('\\')
 }

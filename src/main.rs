@@ -320,6 +320,10 @@ struct WorkerArgs {
     /// How long in-flight deliveries may finish at shutdown (default 30s).
     #[arg(long, env = "SOLID_NOTIFY_SHUTDOWN_TIMEOUT", value_parser = humantime::parse_duration)]
     shutdown_timeout: Option<Duration>,
+    /// Bytes of params a sweep holds at once (default 64 MiB), e.g.
+    /// `67108864`; a larger notice still goes, alone.
+    #[arg(long, env = "SOLID_NOTIFY_MAX_IN_FLIGHT_BYTES")]
+    max_in_flight_bytes: Option<u64>,
     /// Longest any one database call may take (default 10s): past it the
     /// call counts as a lost connection.
     #[arg(long, env = "SOLID_NOTIFY_DB_TIMEOUT", value_parser = humantime::parse_duration)]
@@ -402,6 +406,7 @@ impl WorkerArgs {
         set!(w.handlers, self.handlers.clone());
         set!(w.partitions, self.partitions.clone());
         set!(w.shutdown_timeout, self.shutdown_timeout);
+        set!(w.max_in_flight_bytes, self.max_in_flight_bytes);
         Ok((n, w, file.retention))
     }
 }
@@ -439,11 +444,21 @@ enum DefsCommand {
         #[arg(long)]
         check: bool,
     },
-    /// List the definitions in notify_def, flagging invalid and paused rows.
+    /// List the definitions in notify_def by name, flagging invalid and
+    /// paused rows, a page at a time.
     List {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// Only definitions whose name contains this.
+        #[arg(long)]
+        name: Option<String>,
+        /// Start after this name (the last of the previous page).
+        #[arg(long)]
+        after: Option<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 1000)]
+        limit: u64,
     },
 }
 
@@ -620,8 +635,26 @@ async fn run(cli: Cli) -> solid_notify::Result<()> {
                     }
                 }
             }
-            DefsCommand::List { json } => {
-                let rows = store::list(&db).await?;
+            DefsCommand::List {
+                json,
+                name,
+                after,
+                limit,
+            } => {
+                let rows: Vec<_> = store::page(&db, name.as_deref(), after.as_deref(), limit)
+                    .await?
+                    .into_iter()
+                    .map(|row| {
+                        let def = store::validate_row(&row);
+                        (row, def)
+                    })
+                    .collect();
+                let next = (rows.len() as u64 == limit)
+                    .then(|| rows.last().map(|(row, _)| row.name.clone()))
+                    .flatten();
+                if let Some(next) = &next {
+                    eprintln!("more may follow: --after {next}");
+                }
                 if json {
                     let list: Vec<_> = rows
                         .iter()
@@ -684,33 +717,48 @@ async fn run_worker(db: sea_orm::DatabaseConnection, args: WorkerArgs) -> solid_
     }
     let worker = Worker::new(notifier, worker_config)?;
     let stop = shutdown.clone();
-    tokio::spawn(async move {
-        stop_signal().await;
-        tracing::info!("stopping: finishing in-flight deliveries");
-        stop.cancel();
+    let stopping_at = std::sync::Arc::new(std::sync::OnceLock::new());
+    tokio::spawn({
+        let stopping_at = stopping_at.clone();
+        async move {
+            stop_signal().await;
+            tracing::info!("stopping: finishing in-flight deliveries");
+            let _ = stopping_at.set(std::time::Instant::now());
+            stop.cancel();
+        }
     });
     // Once stopping, the notifier's own tasks (releases, alert hooks) get
     // the same deadline as the worker's sweeps, at the same time: the
     // process exits within shutdown_timeout + RELEASE_GRACE +
     // HARD_STOP_MARGIN whatever the database does.
     let notifier_stopped = {
-        let shutdown = shutdown.clone();
+        let (shutdown, notifier) = (shutdown.clone(), notifier_for_shutdown.clone());
         async move {
             shutdown.cancelled().await;
-            notifier_for_shutdown.shutdown(worker_timeout).await
+            notifier.shutdown(worker_timeout).await
         }
     };
     let ((), stopped) = tokio::join!(worker.run(shutdown), notifier_stopped);
     stopped?;
+    // Tasks the last sweeps started meanwhile (alert hooks, releases):
+    // what is left of the deadline.
+    if let Some(at) = stopping_at.get() {
+        let deadline =
+            *at + worker_timeout + solid_notify::RELEASE_GRACE + solid_notify::HARD_STOP_MARGIN;
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        tokio::time::timeout(left, notifier_for_shutdown.shutdown(Duration::ZERO))
+            .await
+            .ok();
+    }
     let stats = worker.stats().snapshot();
     eprintln!(
-        "worker stopped: {} claimed, {} succeeded, {} failed, {} lost claims, {} released, {} outcomes given up",
+        "worker stopped: {} claimed, {} succeeded, {} failed, {} lost claims, {} released, {} successes given up or left unrecorded",
         stats.claimed,
         stats.succeeded,
         stats.failed(),
         stats.lost_claims,
         stats.released,
-        stats.given_up
+        stats.given_up + stats.unrecorded
     );
     Ok(())
 }

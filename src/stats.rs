@@ -30,12 +30,16 @@ pub struct WorkerStats {
     released: AtomicU64,
     parked: AtomicU64,
     errors: AtomicU64,
+    sweeps_failed: AtomicU64,
+    failing_in_a_row: AtomicU64,
     flushes: AtomicU64,
     flushed: AtomicU64,
     wakeups: AtomicU64,
     given_up: AtomicU64,
     /// Successes handed to a batch and not written yet.
     unrecorded: AtomicU64,
+    /// Bytes of params held by this worker's sweeps now.
+    payload_bytes: AtomicU64,
     recent_sweeps: Mutex<VecDeque<DateTime<Utc>>>,
 }
 
@@ -64,6 +68,11 @@ pub struct StatsSnapshot {
     pub parked: u64,
     /// Sweeps, or outcomes, that hit a database error they could not wait out.
     pub errors: u64,
+    /// Sweeps that failed (a database error, e.g. a revoked privilege); each
+    /// is retried soon.
+    pub sweeps_failed: u64,
+    /// Sweeps failed since the last one that succeeded.
+    pub sweeps_failing_in_a_row: u64,
     /// Batches of successes moved to history ...
     pub flushes: u64,
     /// ... and the successes in them.
@@ -77,6 +86,9 @@ pub struct StatsSnapshot {
     pub given_up: u64,
     /// Delivered successes waiting in a batch to be written, now.
     pub unrecorded: u64,
+    /// Bytes of params held now (waiting or being delivered; counted three
+    /// times while delivered: the row's, the parsed one, the request's).
+    pub payload_bytes: u64,
 }
 
 impl StatsSnapshot {
@@ -101,11 +113,14 @@ impl WorkerStats {
             released: self.released.load(Relaxed),
             parked: self.parked.load(Relaxed),
             errors: self.errors.load(Relaxed),
+            sweeps_failed: self.sweeps_failed.load(Relaxed),
+            sweeps_failing_in_a_row: self.failing_in_a_row.load(Relaxed),
             flushes: self.flushes.load(Relaxed),
             flushed: self.flushed.load(Relaxed),
             wakeups: self.wakeups.load(Relaxed),
             given_up: self.given_up.load(Relaxed),
             unrecorded: self.unrecorded.load(Relaxed),
+            payload_bytes: self.payload_bytes.load(Relaxed),
         }
     }
 
@@ -146,10 +161,49 @@ impl WorkerStats {
         self.errors.fetch_add(1, Relaxed);
     }
 
+    /// A sweep failed; returns how many have failed in a row, this one
+    /// included (also the metrics `solid_notify_sweeps_failed_total` and
+    /// `solid_notify_sweeps_failing_in_a_row`).
+    pub(crate) fn sweep_failed(&self) -> u64 {
+        self.errors.fetch_add(1, Relaxed);
+        self.sweeps_failed.fetch_add(1, Relaxed);
+        let n = self.failing_in_a_row.fetch_add(1, Relaxed) + 1;
+        crate::telemetry::sweep_failed(n);
+        n
+    }
+
+    /// A sweep succeeded; returns how many had failed in a row before it.
+    pub(crate) fn sweep_succeeded(&self) -> u64 {
+        let before = self.failing_in_a_row.swap(0, Relaxed);
+        if before > 0 {
+            crate::telemetry::sweep_failed(0);
+        }
+        before
+    }
+
     /// `n` outcomes given up at shutdown (also counted by the metric).
     pub(crate) fn add_given_up(&self, n: u64) {
         self.given_up.fetch_add(n, Relaxed);
         crate::telemetry::outcomes_given_up(n);
+    }
+
+    /// Bytes of params held now ([`StatsSnapshot::payload_bytes`]).
+    pub fn payload_bytes(&self) -> u64 {
+        self.payload_bytes.load(Relaxed)
+    }
+
+    /// `n` more bytes of params held (also the process's gauge).
+    pub(crate) fn payload_held(&self, n: u64) {
+        self.payload_bytes.fetch_add(n, Relaxed);
+        crate::telemetry::payload_bytes(n as f64);
+    }
+
+    /// `n` bytes of params let go.
+    pub(crate) fn payload_released(&self, n: u64) {
+        let _ = self
+            .payload_bytes
+            .fetch_update(Relaxed, Relaxed, |held| Some(held.saturating_sub(n)));
+        crate::telemetry::payload_bytes(-(n as f64));
     }
 
     /// A success handed to a batch ...

@@ -17,6 +17,7 @@
 //! | `solid_notify_claims_total` | counter: rows claimed | |
 //! | `solid_notify_lost_claims_total` | counter: attempts whose claim another sender or an operator took | |
 //! | `solid_notify_sweep_duration_seconds` | histogram: one sweep | |
+//! | `solid_notify_in_flight_payload_bytes` | gauge: bytes of params this process's workers hold (waiting, or being delivered, counted three times then) | |
 //! | `solid_notify_outcomes_given_up_total` | counter: outcomes (a delivered success among them) not recorded because the process stopped while the database could not take them; each notice is due again when its lease ends | |
 //!
 //! `def` labels are definition names from `notify_def` (rows of a deleted
@@ -104,6 +105,15 @@ fn series(def: &str) -> std::sync::Arc<DefSeries> {
     {
         return found.clone();
     }
+    // Past the cap, every further definition shares the `_other` series.
+    let def = label(def);
+    if let Some(found) = map
+        .read()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .get(def.as_str())
+    {
+        return found.clone();
+    }
     let made = Arc::new(DefSeries {
         attempts: OUTCOMES
             .iter()
@@ -116,6 +126,27 @@ fn series(def: &str) -> std::sync::Arc<DefSeries> {
         .entry(def.to_string())
         .or_insert(made)
         .clone()
+}
+
+/// The `def` label of definition `name`: its name if it is among the
+/// first [`METRICS_MAX_DEFS`] names this process labelled (taking a place
+/// if one is left), [`OTHER_DEFS`] otherwise. So the process's series name
+/// at most that many definitions, whatever comes and goes.
+fn label(name: &str) -> String {
+    use std::sync::{Mutex, OnceLock};
+    static NAMED: OnceLock<Mutex<std::collections::HashSet<String>>> = OnceLock::new();
+    let mut named = NAMED
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if name == OTHER_DEFS || name == UNKNOWN_DEF || named.contains(name) {
+        return name.to_string();
+    }
+    if named.len() < METRICS_MAX_DEFS {
+        named.insert(name.to_string());
+        return name.to_string();
+    }
+    OTHER_DEFS.to_string()
 }
 
 /// Records one finished attempt of a notice of definition `def`.
@@ -144,12 +175,26 @@ pub(crate) fn lost_claims(n: u64) {
     }
 }
 
+/// Moves the in-flight payload gauge by `delta` bytes.
+pub(crate) fn payload_bytes(delta: f64) {
+    gauge!("solid_notify_in_flight_payload_bytes").increment(delta);
+}
+
 /// Records `n` outcomes given up at shutdown (not written: their notices
 /// are due again when their leases end).
 pub(crate) fn outcomes_given_up(n: u64) {
     if n > 0 {
         counter!("solid_notify_outcomes_given_up_total").increment(n);
     }
+}
+
+/// Records a failed sweep (`in_a_row` > 0) or the first success after
+/// failures (`in_a_row` = 0).
+pub(crate) fn sweep_failed(in_a_row: u64) {
+    if in_a_row > 0 {
+        counter!("solid_notify_sweeps_failed_total").increment(1);
+    }
+    gauge!("solid_notify_sweeps_failing_in_a_row").set(in_a_row as f64);
 }
 
 /// Records one sweep's duration.
@@ -160,6 +205,11 @@ pub(crate) fn sweep_finished(took: Duration) {
 fn describe() {
     use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     describe_gauge!("solid_notify_notices", "Notices in flight");
+    describe_gauge!(
+        "solid_notify_in_flight_payload_bytes",
+        Unit::Bytes,
+        "Bytes of params held by this process's workers"
+    );
     describe_counter!(
         "solid_notify_outcomes_given_up_total",
         "Outcomes not recorded because the process stopped while the database could not take them"
@@ -249,7 +299,8 @@ async fn render(handle: PrometheusHandle) -> impl axum::response::IntoResponse {
 
 /// Refreshes the database gauges every `every` until `shutdown`: one
 /// grouped query over `notify_msg` (count and earliest `next_call_time` per
-/// definition and status) and one read of `notify_def`.
+/// definition and status) and two small reads of `notify_def` (the paused
+/// definitions and the names of the busiest, [`METRICS_MAX_DEFS`] at most).
 pub fn spawn_gauges(
     notifier: Notifier,
     every: Duration,
@@ -258,7 +309,7 @@ pub fn spawn_gauges(
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut seen: Vec<(String, Status)> = Vec::new();
+        let mut seen = Seen::default();
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
@@ -272,20 +323,71 @@ pub fn spawn_gauges(
     })
 }
 
+/// At most this many definitions have series of their own in a process:
+/// 100, the first to be labelled (by an attempt, or by the gauges, which
+/// look at the paused definitions and those with the most notices in
+/// flight first); the rest are summed under `def="_other"`
+/// ([`OTHER_DEFS`]). So the series stay bounded at 100,000 definitions.
+pub const METRICS_MAX_DEFS: usize = 100;
+
+/// The `def` label of the definitions past [`METRICS_MAX_DEFS`]: `_other`.
+pub const OTHER_DEFS: &str = "_other";
+
+/// The series a refresh set above 0.
+#[derive(Default)]
+struct Seen {
+    counts: Vec<(String, Status)>,
+    paused: Vec<String>,
+}
+
 /// One refresh. Series seen last time and absent now are set to 0.
-async fn refresh_gauges(
-    notifier: &Notifier,
-    seen_before: &[(String, Status)],
-) -> Result<Vec<(String, Status)>> {
+async fn refresh_gauges(notifier: &Notifier, seen_before: &Seen) -> Result<Seen> {
+    use sea_orm::{ColumnTrait, QueryFilter, QueryOrder, QuerySelect};
     let db = &notifier.inner.store.db;
-    let defs = notify_def::Entity::find().all(db).await?;
     let groups = crate::ops::overview::in_flight_groups(db).await?;
     let now = chrono::Utc::now().naive_utc();
-    let names: HashMap<i64, &str> = defs.iter().map(|d| (d.id, d.name.as_str())).collect();
-    let name = |id: i64| names.get(&id).copied().unwrap_or(UNKNOWN_DEF).to_string();
+    // The definitions with series of their own: the paused ones, then the
+    // busiest, up to METRICS_MAX_DEFS.
+    let paused = notify_def::Entity::find()
+        .filter(notify_def::Column::PausedUntil.gt(now))
+        .order_by_asc(notify_def::Column::Name)
+        .limit(METRICS_MAX_DEFS as u64)
+        .all(db)
+        .await?;
+    let mut busy: HashMap<i64, i64> = HashMap::new();
+    for g in &groups {
+        *busy.entry(g.def_id).or_default() += g.n;
+    }
+    let mut busiest: Vec<(i64, i64)> = busy.into_iter().collect();
+    busiest.sort_by_key(|(id, n)| (std::cmp::Reverse(*n), *id));
+    let mut own: Vec<i64> = paused.iter().map(|d| d.id).collect();
+    for (id, _) in busiest {
+        if own.len() >= METRICS_MAX_DEFS {
+            break;
+        }
+        if !own.contains(&id) {
+            own.push(id);
+        }
+    }
+    let named = notify_def::Entity::find()
+        .filter(notify_def::Column::Id.is_in(own.iter().copied()))
+        .all(db)
+        .await?;
+    let names: HashMap<i64, &str> = named.iter().map(|d| (d.id, d.name.as_str())).collect();
+    let any_missing = !groups.is_empty();
+    let name = |id: i64| match names.get(&id) {
+        Some(name) => label(name),
+        // Busy but not among the named: either past the cap or unknown.
+        None if own.contains(&id) => UNKNOWN_DEF.to_string(),
+        None => OTHER_DEFS.to_string(),
+    };
     let mut counts: HashMap<(String, Status), i64> = HashMap::new();
-    let mut oldest: HashMap<String, f64> = defs.iter().map(|d| (d.name.clone(), 0.0)).collect();
-    let mut awaiting: HashMap<String, i64> = defs.iter().map(|d| (d.name.clone(), 0)).collect();
+    let mut oldest: HashMap<String, f64> = named.iter().map(|d| (label(&d.name), 0.0)).collect();
+    let mut awaiting: HashMap<String, i64> = named.iter().map(|d| (label(&d.name), 0)).collect();
+    if any_missing {
+        oldest.entry(OTHER_DEFS.to_string()).or_default();
+        awaiting.entry(OTHER_DEFS.to_string()).or_default();
+    }
     for g in groups {
         let Some(status) = Status::parse(&g.status.to_string()) else {
             continue;
@@ -302,8 +404,11 @@ async fn refresh_gauges(
             *entry = entry.max(waited);
         }
     }
-    for key in seen_before {
+    for key in &seen_before.counts {
         counts.entry(key.clone()).or_insert(0);
+        // A definition that drops out of the named ones: its gauges to 0.
+        oldest.entry(key.0.clone()).or_insert(0.0);
+        awaiting.entry(key.0.clone()).or_insert(0);
     }
     for ((def, status), n) in &counts {
         gauge!("solid_notify_notices", "def" => def.clone(), "status" => status.to_string())
@@ -315,13 +420,27 @@ async fn refresh_gauges(
     for (def, n) in awaiting {
         gauge!("solid_notify_awaiting_confirmation", "def" => def).set(n as f64);
     }
-    for d in &defs {
-        let paused = d.paused_until.is_some_and(|until| until > now);
-        gauge!("solid_notify_paused", "def" => d.name.clone()).set(if paused { 1.0 } else { 0.0 });
-    }
-    Ok(counts
+    // Paused definitions past the cap are not named (they show in the
+    // dashboard); `_other` is never "paused".
+    let paused_now: Vec<String> = paused
         .into_iter()
-        .filter(|(_, n)| *n > 0)
-        .map(|(k, _)| k)
-        .collect())
+        .map(|d| label(&d.name))
+        .filter(|name| name != OTHER_DEFS)
+        .collect();
+    for def in &seen_before.paused {
+        if !paused_now.contains(def) {
+            gauge!("solid_notify_paused", "def" => def.clone()).set(0.0);
+        }
+    }
+    for def in &paused_now {
+        gauge!("solid_notify_paused", "def" => def.clone()).set(1.0);
+    }
+    Ok(Seen {
+        counts: counts
+            .into_iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(k, _)| k)
+            .collect(),
+        paused: paused_now,
+    })
 }

@@ -149,13 +149,16 @@ impl PendingNotice {
         !matches!(self.start, Start::Sweeper | Start::Existing)
     }
 
-    /// The row as inserted (times are not known here and are not used).
-    pub(crate) fn model(&self) -> notify_msg::Model {
-        let r = &self.row;
+    /// The row as inserted (times are not known here and are not used),
+    /// its param moved out of this pending notice, which keeps no copy of
+    /// it while the attempt runs.
+    fn take_model(&mut self) -> notify_msg::Model {
+        let leased = self.reserved();
+        let r = &mut self.row;
         notify_msg::Model {
             id: self.id,
             def_id: r.def_id,
-            param: r.param.clone(),
+            param: std::mem::take(&mut r.param),
             description: r.description.clone(),
             errors: String::new(),
             status: Status::NotSent,
@@ -167,7 +170,7 @@ impl PendingNotice {
             load_balance_num: r.load_balance_num,
             idempotency_key: r.idempotency_key.clone(),
             target_override: r.target_override.clone(),
-            leased: self.reserved(),
+            leased,
             trace_context: r.trace_context.clone(),
             ordering_key: r.ordering_key.clone(),
             step: 0,
@@ -240,7 +243,7 @@ pub(crate) async fn wait_for(
 }
 
 /// One after-commit attempt: get hold of the row, then the one path.
-async fn attempt(notifier: &Notifier, p: PendingNotice) -> AttemptReport {
+async fn attempt(notifier: &Notifier, mut p: PendingNotice) -> AttemptReport {
     let inner = &notifier.inner;
     let notice_id = p.id;
     let report = |result| AttemptReport { notice_id, result };
@@ -263,16 +266,22 @@ async fn attempt(notifier: &Notifier, p: PendingNotice) -> AttemptReport {
         return report(AttemptResult::Skipped { reason });
     }
     let in_turn = p.start == Start::ClaimInTurn;
+    // The param moves into the lease: no copy stays here.
     let claimed = match p.start {
         // The reservation is this attempt's lease (version 0, from the insert).
         Start::Held => {
             crate::telemetry::claimed(1);
-            Ok(Some(Lease::new(inner.store.clone(), p.model(), p.written)))
+            let model = p.take_model();
+            Ok(Some(Lease::new(inner.store.clone(), model, p.written)))
         }
-        Start::ClaimReservation => claim::claim_reserved(&inner.store, &p.model(), p.written).await,
+        Start::ClaimReservation => {
+            let model = p.take_model();
+            claim::claim_reserved(&inner.store, &model, p.written).await
+        }
         Start::ClaimInTurn => claim::claim_in_turn(&inner.store, p.id).await,
         Start::ClaimDue | Start::Sweeper | Start::Existing => {
-            claim::claim_one(&inner.store, &p.model()).await
+            let model = p.take_model();
+            claim::claim_one(&inner.store, &model).await
         }
     };
     if in_turn && !matches!(claimed, Ok(Some(_))) {

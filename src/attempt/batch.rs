@@ -152,12 +152,21 @@ struct Out {
 }
 
 impl Out {
-    /// What the batch may claim next, while its sweep takes it.
-    fn claim_next(&self) -> Option<&ClaimNext> {
+    /// What the batch may claim next, while its sweep takes it: within
+    /// what is left of the sweep's bound in bytes (`claim.bytes`), at
+    /// least one notice.
+    fn claim_next(&self) -> Option<ClaimNext> {
         self.next
             .as_ref()
             .filter(|n| !n.shutdown.is_cancelled() && !n.sender.is_closed())
-            .map(|n| &n.claim)
+            .map(|n| ClaimNext {
+                bytes: n
+                    .claim
+                    .bytes
+                    .saturating_sub(self.stats.payload_bytes())
+                    .max(1),
+                ..n.claim.clone()
+            })
     }
 
     /// Hands the sweep what follows the successes written (`moved`, each
@@ -183,8 +192,12 @@ impl Out {
             }
         }
         for mut run in claimed.runs {
-            let rest = run.split_off(1);
+            let mut rest = run.split_off(1);
             if taking {
+                // Queued, their payloads count in the sweep's bytes.
+                for lease in &mut rest {
+                    lease.count_payload(&self.stats, 1);
+                }
                 if let Some(first) = run.first() {
                     next.runs.queue(first.id(), rest);
                 }
@@ -291,7 +304,8 @@ async fn flush(store: &Store, mut leases: Vec<Lease>, give_up: &CancellationToke
             Some(next) => next.runs.continuing(leases.iter().map(Lease::id)),
             None => Vec::new(),
         };
-        let claim_next = out.claim_next().map(|c| (c, continuing.as_slice()));
+        let claim_next = out.claim_next();
+        let claim_next = claim_next.as_ref().map(|c| (c, continuing.as_slice()));
         match succeed_many(store, leases, claim_next).await {
             Ok((written, claimed)) => {
                 let moved: Vec<(i64, bool)> = written

@@ -332,6 +332,12 @@ pub(crate) async fn run(
             retrying = Some((failed_at, outcome));
         };
         drop(permit);
+        // Delivered: a success (and a release) needs its payload no more;
+        // a failure keeps it (once) for its alert, until it is recorded.
+        match &outcome {
+            Some(Outcome::Retry { .. } | Outcome::Permanent { .. }) => lease.recount_payload(1),
+            _ => lease.drop_payload(),
+        }
         // A success after failed tries writes their lines: recorded inline.
         let recorder = if lease.tries() > 0 {
             &Recorder::Inline

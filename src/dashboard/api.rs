@@ -28,9 +28,16 @@ fn allowed(state: &AppState) -> Result<(), Failure> {
     }
 }
 
-/// `GET /api/overview`.
-pub(super) async fn overview(State(state): State<AppState>) -> Response {
-    match crate::ops::overview::overview(state.notifier.db()).await {
+/// `GET /api/overview` (`?q=` searches definitions by name).
+pub(super) async fn overview(
+    State(state): State<AppState>,
+    Query(query): Query<super::pages::DefQuery>,
+) -> Response {
+    let of = crate::ops::overview::OverviewQuery {
+        search: query.q,
+        ..Default::default()
+    };
+    match crate::ops::overview::overview_of(state.notifier.db(), &of).await {
         Ok(o) => Json(o).into_response(),
         Err(e) => Failure::from(e).json(),
     }
@@ -61,10 +68,37 @@ pub(super) async fn notice(State(state): State<AppState>, Path(id): Path<i64>) -
     }
 }
 
-/// `GET /api/defs`: the stored definitions.
-pub(super) async fn defs(State(state): State<AppState>) -> Response {
-    match crate::def::store::rows(state.notifier.db()).await {
-        Ok(defs) => Json(defs).into_response(),
+/// Most definitions `GET /api/defs` answers at once: 1,000.
+const DEFS_LIMIT: u64 = 1_000;
+
+/// `GET /api/defs`: the stored definitions by name, a page at a time
+/// (`?q=` part of a name, `?after=` the last name of the previous page,
+/// at most [`DEFS_LIMIT`]); the response's header `X-Next-After` names
+/// where the next page starts when there may be one (percent-encoded).
+pub(super) async fn defs(
+    State(state): State<AppState>,
+    Query(query): Query<super::pages::DefQuery>,
+) -> Response {
+    match crate::def::store::page(
+        state.notifier.db(),
+        query.q.as_deref(),
+        query.after.as_deref(),
+        DEFS_LIMIT,
+    )
+    .await
+    {
+        Ok(defs) => {
+            let next = (defs.len() as u64 == DEFS_LIMIT)
+                .then(|| defs.last().map(|d| d.name.clone()))
+                .flatten();
+            let mut response = Json(defs).into_response();
+            let encoded = next
+                .map(|n| url::form_urlencoded::byte_serialize(n.as_bytes()).collect::<String>());
+            if let Some(next) = encoded.and_then(|n| axum::http::HeaderValue::from_str(&n).ok()) {
+                response.headers_mut().insert("x-next-after", next);
+            }
+            response
+        }
         Err(e) => Failure::from(e).json(),
     }
 }

@@ -24,7 +24,7 @@ use crate::{
     ops::{
         Audit, NoticeView, PauseEnd, Place, When,
         bulk::{DEFAULT_BATCH_SIZE, DEFAULT_MAX_PINNED, Pinned, PinnedAction},
-        overview::Overview,
+        overview::{Overview, OverviewQuery},
     },
 };
 
@@ -124,15 +124,38 @@ fn notices_link(state: &AppState, query: &NoticeQuery) -> String {
     state.link(&format!("/notices?{}", view::query_string(query)))
 }
 
-/// `GET /`: the overview.
-pub(super) async fn overview(State(state): State<AppState>) -> Response {
-    match crate::ops::overview::overview(state.notifier.db()).await {
-        Ok(o) => page(&state, "Overview", "overview", overview_body(&state, &o)).into_response(),
+/// A search among definitions, and where a page of them starts.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub(super) struct DefQuery {
+    /// Part of a name.
+    pub q: Option<String>,
+    /// The last name of the previous page.
+    pub after: Option<String>,
+}
+
+/// `GET /`: the overview (`?q=` searches definitions by name).
+pub(super) async fn overview(
+    State(state): State<AppState>,
+    Query(query): Query<DefQuery>,
+) -> Response {
+    let of = OverviewQuery {
+        search: query.q.clone(),
+        ..OverviewQuery::default()
+    };
+    match crate::ops::overview::overview_of(state.notifier.db(), &of).await {
+        Ok(o) => page(
+            &state,
+            "Overview",
+            "overview",
+            overview_body(&state, &o, &query),
+        )
+        .into_response(),
         Err(e) => failure_page(&state, e.into()),
     }
 }
 
-fn overview_body(state: &AppState, o: &Overview) -> Markup {
+fn overview_body(state: &AppState, o: &Overview, query: &DefQuery) -> Markup {
     let link = |def: &str, place: &str, status: Option<Status>, failing: bool| {
         notices_link(
             state,
@@ -148,6 +171,19 @@ fn overview_body(state: &AppState, o: &Overview) -> Markup {
     html! {
         section {
             h2 { "Definitions" }
+            @if o.def_count > o.defs.len() as u64 || query.q.is_some() {
+                form.filters method="get" action=(state.link("/")) {
+                    label { "Definition " input type="search" name="q" value=(query.q.clone().unwrap_or_default()) placeholder="part of a name"; }
+                    button type="submit" { "Find" }
+                }
+                p.muted data-count="shown" {
+                    "Showing " (o.defs.len()) " of " (o.def_count) " definitions"
+                    @if query.q.as_deref().is_some_and(|q| !q.is_empty()) { " whose name matches" }
+                    @else { ": those failing, paused, busy or active in the last 24 hours first" }
+                    ". "
+                    a href=(state.link("/defs")) { "All definitions" }
+                }
+            }
             table.defs {
                 thead { tr {
                     th { "Definition" } th { "State" } th.num { "In flight" } th.num { "Failing" }
@@ -178,6 +214,13 @@ fn overview_body(state: &AppState, o: &Overview) -> Markup {
                             }
                         }
                     }
+                }
+            }
+            @if o.others.defs > 0 {
+                p.muted data-count="others" {
+                    (o.others.defs) " other definitions: " (o.others.total) " in flight, "
+                    (o.others.failing) " failing, " (o.others.awaiting) " awaiting confirmation; "
+                    (o.others.succeeded_24h) " succeeded and " (o.others.failed_24h) " failed in the last 24 h."
                 }
             }
             @if o.orphans > 0 {
@@ -218,7 +261,9 @@ pub(super) async fn notices(
     State(state): State<AppState>,
     Query(query): Query<NoticeQuery>,
 ) -> Response {
-    let defs = match crate::def::store::rows(state.notifier.db()).await {
+    // A choice of names up to SELECT_DEFS definitions, a text field past it.
+    let defs = match crate::def::store::page(state.notifier.db(), None, None, SELECT_DEFS + 1).await
+    {
         Ok(defs) => defs,
         Err(e) => return failure_page(&state, e.into()),
     };
@@ -255,6 +300,13 @@ pub(super) async fn notices(
     page(&state, title, current, body).into_response()
 }
 
+/// Most definitions the notices' filter offers as a list: 200 (past it, a
+/// text field takes the name).
+const SELECT_DEFS: u64 = 200;
+
+/// Definitions shown per page of `/defs`: 50.
+const DEFS_PAGE: u64 = 50;
+
 fn filter_form(
     state: &AppState,
     q: &NoticeQuery,
@@ -276,10 +328,14 @@ fn filter_form(
     html! {
         form.filters method="get" action=(state.link("/notices")) {
             input type="hidden" name="place" value=(match place { Place::InFlight => "in_flight", Place::History => "history" });
-            label { "Definition " select name="def" {
-                option value="" { "any" }
-                @for d in defs { option value=(d.name) selected[d.name == chosen_def] { (d.name) } }
-            } }
+            @if defs.len() as u64 > SELECT_DEFS {
+                label { "Definition " input type="text" name="def" value=(chosen_def) placeholder="name" size="20"; }
+            } @else {
+                label { "Definition " select name="def" {
+                    option value="" { "any" }
+                    @for d in defs { option value=(d.name) selected[d.name == chosen_def] { (d.name) } }
+                } }
+            }
             label { "Status " select name="status" {
                 option value="" { "any" }
                 @for s in statuses { option value=(s) selected[s.to_string() == chosen_status] { (s) } }
@@ -597,13 +653,29 @@ pub(super) const PIN_GONE: &str =
 pub(super) async fn defs(
     State(state): State<AppState>,
     Extension(token): Extension<Token>,
+    Query(query): Query<DefQuery>,
 ) -> Response {
     let now = chrono::Utc::now().naive_utc();
-    let defs = match crate::def::store::rows(state.notifier.db()).await {
+    let defs = match crate::def::store::page(
+        state.notifier.db(),
+        query.q.as_deref(),
+        query.after.as_deref(),
+        DEFS_PAGE,
+    )
+    .await
+    {
         Ok(defs) => defs,
         Err(e) => return failure_page(&state, e.into()),
     };
+    let q = query.q.clone().unwrap_or_default();
+    let next = (defs.len() as u64 == DEFS_PAGE)
+        .then(|| defs.last().map(|d| d.name.clone()))
+        .flatten();
     let body = html! {
+        form.filters method="get" action=(state.link("/defs")) {
+            label { "Definition " input type="search" name="q" value=(q) placeholder="part of a name"; }
+            button type="submit" { "Find" }
+        }
         @for d in &defs {
             @let paused = d.paused_until.filter(|u| *u > now);
             @let circuit = paused.is_some() && d.pause_reason.as_deref().is_some_and(|r| r.starts_with(crate::circuit::CIRCUIT_REASON));
@@ -667,7 +739,21 @@ pub(super) async fn defs(
             }
         }
     };
+    let body = html! {
+        (body)
+        nav.pages {
+            @if query.after.is_some() { a href=(state.link(&format!("/defs?q={}", urlencoding(&q)))) { "« First" } }
+            @if let Some(after) = next {
+                a href=(state.link(&format!("/defs?q={}&after={}", urlencoding(&q), urlencoding(&after)))) { "Next »" }
+            }
+        }
+    };
     page(&state, "Definitions", "defs", body).into_response()
+}
+
+/// `text` for a query string.
+fn urlencoding(text: &str) -> String {
+    url::form_urlencoded::byte_serialize(text.as_bytes()).collect()
 }
 
 /// The pause form.

@@ -1,10 +1,22 @@
 //! Cache: validated definitions read from `notify_def`, refreshed on a short TTL.
 //!
-//! The whole table is read at once (it holds one row per kind of notification,
-//! not per notice). A snapshot older than the TTL is reloaded on next use, and a
-//! name or id that is missing triggers a reload too (at most one every
+//! A snapshot older than the TTL is refreshed on next use, and a name or id
+//! that is missing triggers a refresh too (at most one every
 //! [`MISS_RELOAD_INTERVAL`]), so rows inserted or edited in place take effect
 //! without a restart.
+//!
+//! A refresh reads only what changed: the rows whose `update_time` (set by the
+//! database on every `UPDATE`, migration 18) is later than the previous
+//! read's time less [`CHANGE_SLACK`], and those with an id above the
+//! greatest seen, plus a count. When the count differs from the snapshot's (a row was
+//! deleted, or one came late below the greatest id) and at least every
+//! [`FULL_RELOAD_INTERVAL`], the whole table is read again. So at 100,000
+//! definitions a refresh costs a count and a handful of rows, not 100,000
+//! rows decoded and validated.
+//!
+//! Memory: each definition is held once, validated ([`Def`]: its name,
+//! target, headers, steps and policy, about 1–2 KiB for a typical HTTP
+//! definition), and indexed by id and by name.
 
 use std::{
     collections::HashMap,
@@ -27,13 +39,35 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(5);
 /// Minimum time between two reloads caused by an unknown name or id: 250 ms.
 pub const MISS_RELOAD_INTERVAL: Duration = Duration::from_millis(250);
 
-type Entry = Result<Arc<Def>, DefinitionError>;
+/// The whole table is read again at least this often: 60 seconds (a row
+/// whose change the incremental refresh could not see, e.g. a hand-edited
+/// `update_time` in the past, takes effect within it).
+pub const FULL_RELOAD_INTERVAL: Duration = Duration::from_secs(60);
 
-#[derive(Default)]
+/// A refresh rereads the rows changed up to this long before the previous
+/// refresh's time: 30 seconds (a transaction that changed a row and
+/// committed up to that much later is still seen).
+pub const CHANGE_SLACK: Duration = Duration::from_secs(30);
+
+/// A definition as read: validated, or why not.
+pub type Entry = Result<Arc<Def>, DefinitionError>;
+
+#[derive(Default, Clone)]
 struct Snapshot {
     loaded_at: Option<Instant>,
-    by_name: HashMap<String, Entry>,
-    by_id: HashMap<i64, Entry>,
+    /// When the whole table was last read.
+    full_at: Option<Instant>,
+    /// The database's time when the rows were last read, less
+    /// [`CHANGE_SLACK`]: the next refresh reads the rows changed since.
+    changed_since: Option<chrono::NaiveDateTime>,
+    /// The greatest id read.
+    max_id: i64,
+    /// Id of each name.
+    by_name: Arc<HashMap<String, i64>>,
+    /// Every row, by id.
+    by_id: Arc<HashMap<i64, Entry>>,
+    /// The name of each id.
+    names: Arc<HashMap<i64, String>>,
 }
 
 /// A TTL cache of validated definitions.
@@ -102,6 +136,29 @@ impl DefCache {
         Ok(snap.by_id.values().filter_map(|e| e.clone().ok()).collect())
     }
 
+    /// Every row of `notify_def` by id, validated or not (refreshing when
+    /// the snapshot is stale). Shared, not copied.
+    pub async fn known<C: ConnectionTrait>(&self, db: &C) -> Result<Arc<HashMap<i64, Entry>>> {
+        let mut snap = self.current();
+        if snap.loaded_at.is_none_or(|t| t.elapsed() >= self.ttl) {
+            snap = self.reload(db, snap.loaded_at).await?;
+        }
+        Ok(snap.by_id.clone())
+    }
+
+    /// Ids of the rows of `notify_def` that are not valid definitions,
+    /// refreshed now.
+    pub async fn invalid<C: ConnectionTrait>(&self, db: &C) -> Result<Vec<i64>> {
+        let seen = self.current().loaded_at;
+        let snap = self.reload(db, seen).await?;
+        Ok(snap
+            .by_id
+            .iter()
+            .filter(|(_, e)| e.is_err())
+            .map(|(id, _)| *id)
+            .collect())
+    }
+
     /// The definition with id `id` in the current snapshot, without
     /// reloading (however old the snapshot is); `None` if absent or invalid.
     pub fn peek(&self, id: i64) -> Option<Arc<Def>> {
@@ -118,7 +175,7 @@ impl DefCache {
         })
     }
 
-    /// Forgets the snapshot so the next use reloads.
+    /// Forgets the snapshot so the next use reads the whole table.
     pub fn invalidate(&self) {
         self.replace(Snapshot::default());
     }
@@ -172,32 +229,98 @@ impl DefCache {
         if current.loaded_at != seen {
             return Ok(current);
         }
-        let rows = notify_def::Entity::find().all(db).await?;
-        let mut snap = Snapshot {
-            loaded_at: Some(Instant::now()),
-            ..Snapshot::default()
+        let full = current
+            .full_at
+            .is_none_or(|t| t.elapsed() >= FULL_RELOAD_INTERVAL);
+        let snap = match full {
+            true => None,
+            false => changed_since(db, &current).await?,
         };
-        for row in rows {
-            let mut entry = validate_row(&row).map(Arc::new);
-            if let Err(e) = &entry {
-                if row.name == ALERT_DEF {
-                    tracing::error!(error = %e, "the alert definition row is invalid; alerts use the built-in policy until it is fixed");
-                    entry = crate::alert::builtin_def(row.id, &row.email).map(Arc::new);
-                } else {
-                    tracing::warn!(def = %row.name, error = %e, "invalid notify_def row");
+        let snap = match snap {
+            Some(snap) => snap,
+            None => {
+                let since = since(db).await?;
+                let rows = notify_def::Entity::find().all(db).await?;
+                let mut snap = Snapshot {
+                    full_at: Some(Instant::now()),
+                    changed_since: Some(since),
+                    ..Snapshot::default()
+                };
+                for row in rows {
+                    put(&mut snap, row);
                 }
+                snap
             }
-            snap.by_id.insert(row.id, entry.clone());
-            snap.by_name.insert(row.name, entry);
-        }
-        self.replace(snap);
+        };
+        self.replace(Snapshot {
+            loaded_at: Some(Instant::now()),
+            ..snap
+        });
         Ok(self.current())
     }
 }
 
+/// `current` with the rows changed since it was read, or `None` when the
+/// count shows that rows went missing or came late (read the whole table).
+async fn changed_since<C: ConnectionTrait>(db: &C, current: &Snapshot) -> Result<Option<Snapshot>> {
+    use notify_def::Column;
+    use sea_orm::{
+        PaginatorTrait, QueryFilter,
+        sea_query::{Condition, Expr, ExprTrait},
+    };
+    let Some(changed_since) = current.changed_since else {
+        return Ok(None);
+    };
+    let next_since = since(db).await?;
+    let changed = Condition::any()
+        .add(Expr::col(Column::Id).gt(current.max_id))
+        .add(Expr::col(Column::UpdateTime).gte(changed_since));
+    let rows = notify_def::Entity::find().filter(changed).all(db).await?;
+    let count = notify_def::Entity::find().count(db).await?;
+    // Shares the maps with `current` unless a row changed.
+    let mut snap = current.clone();
+    snap.changed_since = Some(next_since);
+    for row in rows {
+        put(&mut snap, row);
+    }
+    Ok((snap.by_id.len() as u64 == count).then_some(snap))
+}
+
+/// The time from which the next refresh reads changed rows: the
+/// database's time now, less [`CHANGE_SLACK`] (a change made before now
+/// and committed later is still seen).
+async fn since<C: ConnectionTrait>(db: &C) -> Result<chrono::NaiveDateTime> {
+    let slack = chrono::Duration::from_std(CHANGE_SLACK).unwrap_or_default();
+    Ok(crate::state::clock::db_now(db).await? - slack)
+}
+
+/// Validates `row` and puts it in the maps, in place of what they held
+/// under its id (and its former name).
+fn put(snap: &mut Snapshot, row: notify_def::Model) {
+    let mut entry = validate_row(&row).map(Arc::new);
+    if let Err(e) = &entry {
+        if row.name == ALERT_DEF {
+            tracing::error!(error = %e, "the alert definition row is invalid; alerts use the built-in policy until it is fixed");
+            entry = crate::alert::builtin_def(row.id, &row.email).map(Arc::new);
+        } else {
+            tracing::warn!(def = %row.name, error = %e, "invalid notify_def row");
+        }
+    }
+    let by_name = Arc::make_mut(&mut snap.by_name);
+    if let Some(former) = Arc::make_mut(&mut snap.names).insert(row.id, row.name.clone())
+        && former != row.name
+        && by_name.get(&former) == Some(&row.id)
+    {
+        by_name.remove(&former);
+    }
+    snap.max_id = snap.max_id.max(row.id);
+    Arc::make_mut(&mut snap.by_id).insert(row.id, entry);
+    by_name.insert(row.name, row.id);
+}
+
 fn lookup(snap: &Snapshot, key: Key<'_>) -> Option<Result<Arc<Def>>> {
     let entry = match key {
-        Key::Name(name) => snap.by_name.get(name),
+        Key::Name(name) => snap.by_name.get(name).and_then(|id| snap.by_id.get(id)),
         Key::Id(id) => snap.by_id.get(&id),
     }?;
     Some(entry.clone().map_err(Error::InvalidDef))

@@ -122,6 +122,30 @@ pub async fn rows<C: ConnectionTrait>(db: &C) -> Result<Vec<notify_def::Model>> 
         .await?)
 }
 
+/// A page of `notify_def` rows by name: those whose name contains
+/// `search` (when given), after the name `after` (when given), at most
+/// `limit`. With 100,000 definitions a page reads what it shows.
+pub async fn page<C: ConnectionTrait>(
+    db: &C,
+    search: Option<&str>,
+    after: Option<&str>,
+    limit: u64,
+) -> Result<Vec<notify_def::Model>> {
+    use sea_orm::{
+        QueryFilter, QuerySelect,
+        sea_query::{Expr, ExprTrait},
+    };
+    let mut select = notify_def::Entity::find().order_by_asc(notify_def::Column::Name);
+    if let Some(search) = search.filter(|s| !s.is_empty()) {
+        select =
+            select.filter(Expr::col(notify_def::Column::Name).like(crate::db::containing(search)));
+    }
+    if let Some(after) = after.filter(|s| !s.is_empty()) {
+        select = select.filter(Expr::col(notify_def::Column::Name).gt(after));
+    }
+    Ok(select.limit(limit).all(db).await?)
+}
+
 /// Every row of `notify_def` by name, each with its validation result.
 pub async fn list<C: ConnectionTrait>(
     db: &C,

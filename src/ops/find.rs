@@ -6,7 +6,7 @@ use std::{collections::HashMap, time::Duration};
 use chrono::NaiveDateTime;
 use sea_orm::{
     ConnectionTrait, EntityTrait, ExprTrait, QueryFilter, QueryOrder, QuerySelect,
-    sea_query::{Condition, Expr, Func, LikeExpr},
+    sea_query::{Condition, Expr, Func},
 };
 use serde::Serialize;
 
@@ -217,12 +217,7 @@ pub(crate) async fn condition<C: ConnectionTrait>(
         cond = cond.add(Expr::col(Column::LoadBalanceNum).eq(p));
     }
     if let Some(text) = &filter.param_contains {
-        let escaped = text
-            .replace('\\', "\\\\")
-            .replace('%', "\\%")
-            .replace('_', "\\_");
-        cond = cond
-            .add(Expr::col(Column::Param).like(LikeExpr::new(format!("%{escaped}%")).escape('\\')));
+        cond = cond.add(Expr::col(Column::Param).like(crate::db::containing(text)));
     }
     let when = match place {
         Place::InFlight => Expr::col(Column::CreateTime),

@@ -99,13 +99,49 @@ pub struct WorkerView {
     pub alive: bool,
 }
 
+/// Most definitions the overview shows one by one by default: 50.
+pub const OVERVIEW_DEFS: u64 = 50;
+
+/// Which definitions the overview shows one by one.
+#[derive(Debug, Clone, Default)]
+pub struct OverviewQuery {
+    /// Only definitions whose name contains this.
+    pub search: Option<String>,
+    /// At most this many (0: [`OVERVIEW_DEFS`]).
+    pub limit: u64,
+}
+
+/// The definitions the overview does not show one by one, summed.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Others {
+    /// How many.
+    pub defs: u64,
+    /// Their notices in flight.
+    pub total: i64,
+    /// Of those, failing.
+    pub failing: i64,
+    /// Of those, awaiting confirmation.
+    pub awaiting: i64,
+    /// Succeeded in the last 24 hours.
+    pub succeeded_24h: i64,
+    /// Failed for good in the last 24 hours.
+    pub failed_24h: i64,
+}
+
 /// Everything the overview page shows.
 #[derive(Debug, Clone, Serialize)]
 pub struct Overview {
     /// When it was read (UTC, the database's clock).
     pub at: NaiveDateTime,
-    /// Every definition, by name.
+    /// How many definitions there are.
+    pub def_count: u64,
+    /// The definitions that matter, by name: when there are more than the
+    /// limit, those failing, paused, with notices in flight or finished in
+    /// the last 24 hours (in that order of importance), or, with a search,
+    /// those whose name matches. All of them when they fit.
     pub defs: Vec<DefSummary>,
+    /// The definitions not in `defs`, summed.
+    pub others: Others,
     /// Notices in flight whose definition row is gone.
     pub orphans: i64,
     /// Workers seen in the last day, most recent first.
@@ -144,29 +180,25 @@ fn hour_of(backend: DbBackend) -> (Expr, Expr) {
     }
 }
 
-/// The database's current UTC time.
-async fn db_now<C: ConnectionTrait>(db: &C) -> Result<NaiveDateTime> {
-    let mut select = sea_orm::sea_query::Query::select();
-    select.expr(crate::state::clock::now(db.get_database_backend()));
-    let row = db
-        .query_one(&select)
-        .await?
-        .ok_or_else(|| sea_orm::DbErr::Custom("no time from the database".into()))?;
-    // SQLite answers text, the servers a timestamp.
-    match row.try_get_by_index::<NaiveDateTime>(0) {
-        Ok(t) => Ok(t),
-        Err(_) => {
-            let text: String = row.try_get_by_index(0)?;
-            NaiveDateTime::parse_from_str(&text, "%Y-%m-%d %H:%M:%S%.f")
-                .map_err(|e| crate::Error::Config(format!("database time `{text}`: {e}")))
-        }
-    }
+/// Reads the overview of every definition when there are at most
+/// [`OVERVIEW_DEFS`], as [`overview_of`] otherwise. Times are the
+/// database's.
+pub async fn overview<C: ConnectionTrait>(db: &C) -> Result<Overview> {
+    overview_of(db, &OverviewQuery::default()).await
 }
 
-/// Reads the overview. Times are the database's.
-pub async fn overview<C: ConnectionTrait>(db: &C) -> Result<Overview> {
-    let now = db_now(db).await?;
-    let defs = crate::def::store::rows(db).await?;
+/// Reads the overview: the definitions `query` asks for, the rest summed.
+/// Its reads do not grow with idle definitions: grouped counts of what is
+/// in flight and finished in the last day, the paused definitions, and the
+/// rows of those shown.
+pub async fn overview_of<C: ConnectionTrait>(db: &C, query: &OverviewQuery) -> Result<Overview> {
+    use sea_orm::{ColumnTrait, PaginatorTrait};
+    let limit = if query.limit == 0 {
+        OVERVIEW_DEFS
+    } else {
+        query.limit
+    };
+    let now = crate::state::clock::db_now(db).await?;
     let first_hour = now
         .with_minute(0)
         .and_then(|t| t.with_second(0))
@@ -191,14 +223,116 @@ pub async fn overview<C: ConnectionTrait>(db: &C) -> Result<Overview> {
     };
     // The two grouped reads at once (two pooled connections).
     let (groups, hours) = futures::try_join!(in_flight_groups(db), async { Ok(hours.await?) })?;
+    let def_count = notify_def::Entity::find().count(db).await?;
+    let search = query.search.as_deref().filter(|s| !s.is_empty());
+    let defs = if search.is_none() && def_count <= limit {
+        crate::def::store::rows(db).await?
+    } else if search.is_some() {
+        crate::def::store::page(db, search, None, limit).await?
+    } else {
+        let paused = notify_def::Entity::find()
+            .filter(notify_def::Column::PausedUntil.gt(now))
+            .order_by_asc(notify_def::Column::Name)
+            .limit(limit)
+            .all(db)
+            .await?;
+        let ids = busiest(&groups, &hours, paused.iter().map(|d| d.id), limit);
+        let mut defs = notify_def::Entity::find()
+            .filter(notify_def::Column::Id.is_in(ids))
+            .all(db)
+            .await?;
+        defs.sort_by(|a, b| a.name.cmp(&b.name));
+        defs
+    };
     let workers = notify_worker::Entity::find()
         .order_by_desc(notify_worker::Column::SeenAt)
         .all(db)
         .await?;
     let alive = crate::state::heartbeat::alive(db, GONE_AFTER_BEATS).await?;
-    Ok(assemble(
-        now, first_hour, defs, groups, hours, workers, &alive,
-    ))
+    let gone = gone_defs(db).await?;
+    let workers = workers
+        .into_iter()
+        .map(|row| WorkerView {
+            alive: alive.contains(&row.id),
+            row,
+        })
+        .collect();
+    let mut o = assemble(now, first_hour, defs, groups, hours, workers, &gone);
+    o.def_count = def_count;
+    o.others.defs = def_count.saturating_sub(o.defs.len() as u64);
+    Ok(o)
+}
+
+/// The definition ids of notices in flight that have no `notify_def` row.
+async fn gone_defs<C: ConnectionTrait>(db: &C) -> Result<Vec<i64>> {
+    use notify_msg::Column;
+    use sea_orm::ColumnTrait;
+    Ok(notify_msg::Entity::find()
+        .select_only()
+        .column(Column::DefId)
+        .distinct()
+        .filter(
+            Column::DefId.not_in_subquery(
+                sea_orm::sea_query::Query::select()
+                    .column(notify_def::Column::Id)
+                    .from(notify_def::Entity)
+                    .to_owned(),
+            ),
+        )
+        .into_tuple()
+        .all(db)
+        .await?)
+}
+
+/// Up to `limit` definition ids, most important first: failing now or in
+/// the last day, then paused, then by notices in flight, then by notices
+/// finished in the last day.
+fn busiest(
+    groups: &[Group],
+    hours: &[HourGroup],
+    paused: impl Iterator<Item = i64>,
+    limit: u64,
+) -> Vec<i64> {
+    #[derive(Default)]
+    struct Score {
+        failing: i64,
+        paused: bool,
+        in_flight: i64,
+        finished: i64,
+    }
+    let mut scores: HashMap<i64, Score> = HashMap::new();
+    for g in groups {
+        let s = scores.entry(g.def_id).or_default();
+        s.in_flight += g.n;
+        if g.status == Status::Failed as i16 {
+            s.failing += g.n;
+        }
+    }
+    for h in hours {
+        let s = scores.entry(h.def_id).or_default();
+        s.finished += h.n;
+        if h.status == Status::FinalFailure as i16 {
+            s.failing += h.n;
+        }
+    }
+    for id in paused {
+        scores.entry(id).or_default().paused = true;
+    }
+    let mut ranked: Vec<(i64, Score)> = scores.into_iter().collect();
+    ranked.sort_by_key(|(id, s)| {
+        (
+            std::cmp::Reverse(s.failing > 0),
+            std::cmp::Reverse(s.paused),
+            std::cmp::Reverse(s.in_flight),
+            std::cmp::Reverse(s.finished),
+            *id,
+        )
+    });
+    ranked
+        .into_iter()
+        .take(usize::try_from(limit).unwrap_or(usize::MAX))
+        .map(|(id, _)| id)
+        .collect()
 }
 
 fn assemble(
@@ -207,8 +341,8 @@ fn assemble(
     defs: Vec<notify_def::Model>,
     groups: Vec<Group>,
     hours: Vec<HourGroup>,
-    workers: Vec<notify_worker::Model>,
-    alive: &[String],
+    workers: Vec<WorkerView>,
+    gone: &[i64],
 ) -> Overview {
     let mut summaries: Vec<DefSummary> = defs
         .into_iter()
@@ -244,9 +378,19 @@ fn assemble(
         .map(|(i, d)| (d.id, i))
         .collect();
     let mut orphans = 0;
+    let mut others = Others::default();
     for g in groups {
         let Some(&i) = index.get(&g.def_id) else {
-            orphans += g.n;
+            if !gone.contains(&g.def_id) {
+                others.total += g.n;
+                if g.status == Status::Failed as i16 {
+                    others.failing += g.n;
+                } else if g.status == Status::AwaitingConfirm as i16 {
+                    others.awaiting += g.n;
+                }
+            } else {
+                orphans += g.n;
+            }
             continue;
         };
         let Some(status) = Status::parse(&g.status.to_string()) else {
@@ -267,6 +411,14 @@ fn assemble(
         }
     }
     for h in hours {
+        if !index.contains_key(&h.def_id) {
+            if h.status == Status::Succeeded as i16 {
+                others.succeeded_24h += h.n;
+            } else if h.status == Status::FinalFailure as i16 {
+                others.failed_24h += h.n;
+            }
+            continue;
+        }
         let (Some(&i), Ok(at)) = (
             index.get(&h.def_id),
             NaiveDateTime::parse_from_str(&format!("{}:00:00", h.hour), "%Y-%m-%d %H:%M:%S"),
@@ -286,16 +438,11 @@ fn assemble(
             hour.failed += h.n;
         }
     }
-    let workers = workers
-        .into_iter()
-        .map(|row| WorkerView {
-            alive: alive.contains(&row.id),
-            row,
-        })
-        .collect();
     Overview {
         at: now,
+        def_count: 0,
         defs: summaries,
+        others,
         orphans,
         workers,
     }

@@ -152,7 +152,10 @@ impl Notifier {
     /// without attempting it; pass the result to [`Notifier::dispatch`] after
     /// the commit. A checking error writes nothing and leaves the
     /// transaction as it was; a database error rolls back only the notice
-    /// (a savepoint on PostgreSQL). The after-commit attempt claims the
+    /// (a savepoint on PostgreSQL). But an insert abandoned past its bound
+    /// ([`Config::db_timeout`](crate::Config::db_timeout): a lost
+    /// connection, [`Error::Db`]) may still land: roll the transaction back
+    /// then, or its commit may store the notice. The after-commit attempt claims the
     /// notice first, so a notice whose transaction (or an enclosing one, or
     /// a savepoint around the add) rolled back is never sent.
     ///
@@ -319,7 +322,12 @@ impl Notifier {
             let pg = pg::PgTx::new(db.pool().get_postgres_connection_pool(), db.bound()).await?;
             return Ok(NoticeTx::top_pg(self.clone(), pg));
         }
-        let txn = crate::db::bounded(db.bound(), crate::db::begin_business(db.pool())).await?;
+        let txn = crate::db::begin_bounded(
+            db.pool(),
+            crate::db::business_options(db.pool()),
+            db.bound(),
+        )
+        .await?;
         Ok(NoticeTx::top_sea(self.clone(), txn))
     }
 

@@ -233,7 +233,7 @@ impl NoticeTx {
                 }
                 let bound = self.notifier.inner.config.db_timeout;
                 if self.shared.failed.swap(false, Ordering::SeqCst)
-                    && let Ok(Some(why)) = tokio::time::timeout(bound, probe(txn)).await
+                    && let Some(why) = probe_within(txn, bound).await
                 {
                     *lock(&self.shared.aborted) = Some(why.clone());
                     return Err(Error::TransactionAborted(why));
@@ -594,9 +594,7 @@ async fn commit_sea(txn: DatabaseTransaction, shared: &Shared, bound: Duration) 
     let aborted = lock(&shared.aborted).clone();
     let aborted = match aborted {
         Some(why) => Some(why),
-        None if shared.failed.load(Ordering::SeqCst) => tokio::time::timeout(bound, probe(&txn))
-            .await
-            .unwrap_or(None),
+        None if shared.failed.load(Ordering::SeqCst) => probe_within(&txn, bound).await,
         None => None,
     };
     if let Some(why) = aborted {
@@ -659,6 +657,19 @@ async fn probe(txn: &DatabaseTransaction) -> Option<String> {
         }
         _ => None,
     }
+}
+
+/// [`probe`], within `bound`: a check that does not answer in time counts as
+/// an aborted transaction (it can then only be rolled back), never as a
+/// live one.
+async fn probe_within(txn: &DatabaseTransaction, bound: Duration) -> Option<String> {
+    tokio::time::timeout(bound, probe(txn))
+        .await
+        .unwrap_or_else(|_| {
+            Some(format!(
+                "the check that the transaction is still open did not answer within {bound:?}"
+            ))
+        })
 }
 
 /// PostgreSQL, [`Notifier::begin`]: writes a keyed notice now, inside a

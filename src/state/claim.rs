@@ -14,7 +14,7 @@ use sea_orm::{
     IdenStatic, Iterable, QueryFilter, QueryOrder, QuerySelect, Select,
     sea_query::{
         Alias, CommonTableExpression, Condition, Expr, LockBehavior, LockType, Query,
-        SubQueryStatement, UnionType, WithClause,
+        SelectStatement, SubQueryStatement, UnionType, WithClause,
     },
 };
 
@@ -32,9 +32,21 @@ pub enum DefSelect {
     Any,
     /// Only these `notify_def` ids.
     Only(Vec<i64>),
-    /// Every definition but these ids (used to find rows of unknown or
-    /// invalid definitions).
-    Except(Vec<i64>),
+    /// Every definition with an id from `from` through `through` but those
+    /// of `ids`: the smaller form when a worker takes nearly every
+    /// definition (a notice of a definition created after `through` waits
+    /// for the next list).
+    Except {
+        /// Ids in the range not taken.
+        ids: Vec<i64>,
+        /// The least id taken.
+        from: i64,
+        /// The greatest id taken.
+        through: i64,
+    },
+    /// Notices whose definition has no `notify_def` row, and those of these
+    /// ids (invalid definitions): the rows the park check parks.
+    Orphans(Vec<i64>),
 }
 
 /// Which due rows a claim may take.
@@ -96,7 +108,7 @@ fn claim_due_at(store: &Store) -> (Alias, Expr) {
 /// ([`order`](super::order)), of definitions not paused right now by the
 /// database's clock ([`pause`](super::pause)).
 fn wanted(filter: &DueFilter, backend: DbBackend) -> Condition {
-    selected(filter)
+    selected(filter, backend)
         .add(not_paused(backend))
         .add(super::order::in_turn(backend))
 }
@@ -104,7 +116,7 @@ fn wanted(filter: &DueFilter, backend: DbBackend) -> Condition {
 /// Rows in flight matching `filter` (due or not) and in their turn, paused
 /// or not.
 fn wanted_paused_too(filter: &DueFilter, backend: DbBackend) -> Condition {
-    selected(filter).add(super::order::in_turn(backend))
+    selected(filter, backend).add(super::order::in_turn(backend))
 }
 
 fn not_paused(backend: DbBackend) -> Condition {
@@ -112,13 +124,33 @@ fn not_paused(backend: DbBackend) -> Condition {
 }
 
 /// Rows in flight matching `filter`, whatever their turn.
-fn selected(filter: &DueFilter) -> Condition {
+fn selected(filter: &DueFilter, backend: DbBackend) -> Condition {
     let mut wanted = Condition::all();
     match &filter.defs {
         DefSelect::Any => {}
-        DefSelect::Only(ids) => wanted = wanted.add(Column::DefId.is_in(ids.iter().copied())),
-        DefSelect::Except(ids) if ids.is_empty() => {}
-        DefSelect::Except(ids) => wanted = wanted.add(Column::DefId.is_not_in(ids.iter().copied())),
+        DefSelect::Only(ids) => wanted = wanted.add(def_in(backend, ids, false)),
+        DefSelect::Except { ids, from, through } => {
+            wanted = wanted
+                .add(Column::DefId.gte(*from))
+                .add(Column::DefId.lte(*through));
+            if !ids.is_empty() {
+                wanted = wanted.add(def_in(backend, ids, true));
+            }
+        }
+        DefSelect::Orphans(ids) => {
+            let mut orphans = Condition::any().add(
+                Column::DefId.not_in_subquery(
+                    sea_orm::sea_query::Query::select()
+                        .column(crate::entity::notify_def::Column::Id)
+                        .from(crate::entity::notify_def::Entity)
+                        .to_owned(),
+                ),
+            );
+            if !ids.is_empty() {
+                orphans = orphans.add(def_in(backend, ids, false));
+            }
+            wanted = wanted.add(orphans);
+        }
     }
     if !filter.partitions.is_empty() {
         wanted = wanted.add(Column::LoadBalanceNum.is_in(filter.partitions.iter().copied()));
@@ -131,6 +163,52 @@ fn selected(filter: &DueFilter) -> Condition {
     Condition::all()
         .add(wanted)
         .add(Column::Status.is_in(Status::DUE))
+}
+
+/// Most definition ids a claim lists one by one, a parameter each: 100.
+/// More go as one parameter (an array on PostgreSQL, JSON elsewhere), so a
+/// claim's size does not grow with the number of definitions (MySQL and
+/// PostgreSQL take at most 65,535 parameters, SQLite 32,766).
+pub const IDS_INLINE: usize = 100;
+
+/// `def_id IN ids` (`NOT IN` with `negate`), as one parameter past
+/// [`IDS_INLINE`] ids.
+fn def_in(backend: DbBackend, ids: &[i64], negate: bool) -> Expr {
+    if ids.len() <= IDS_INLINE {
+        let ids = ids.iter().copied();
+        return if negate {
+            Column::DefId.is_not_in(ids)
+        } else {
+            Column::DefId.is_in(ids)
+        };
+    }
+    let (sql, value): (&str, sea_orm::Value) = match backend {
+        DbBackend::Postgres => ("\"def_id\" = ANY($1::bigint[])", ids.to_vec().into()),
+        DbBackend::MySql => (
+            "`def_id` IN (SELECT j.id FROM JSON_TABLE(?, '$[*]' COLUMNS (id BIGINT PATH '$')) AS j)",
+            json_ids(ids).into(),
+        ),
+        _ => (
+            "\"def_id\" IN (SELECT value FROM json_each(?))",
+            json_ids(ids).into(),
+        ),
+    };
+    let listed = Expr::cust_with_values(sql, [value]);
+    if negate { listed.not() } else { listed }
+}
+
+/// `ids` as a JSON array.
+fn json_ids(ids: &[i64]) -> String {
+    let mut text = String::with_capacity(ids.len() * 8 + 2);
+    text.push('[');
+    for (i, id) in ids.iter().enumerate() {
+        if i > 0 {
+            text.push(',');
+        }
+        text.push_str(&id.to_string());
+    }
+    text.push(']');
+    text
 }
 
 /// Due rows matching `wanted`, oldest first.
@@ -239,6 +317,18 @@ pub(crate) struct Claimed {
     /// Due rows set aside: not in their key's turn
     /// ([`order`](super::order)).
     pub set_aside: u64,
+    /// Whether the claim's params filled its bound in bytes: more may be
+    /// due behind them.
+    pub full_in_bytes: bool,
+}
+
+/// Whether `leases`' params add up to `bytes`.
+fn full(leases: &[Lease], bytes: u64) -> bool {
+    leases
+        .iter()
+        .map(|l| l.row().param.len() as u64)
+        .sum::<u64>()
+        >= bytes
 }
 
 impl Claimed {
@@ -254,43 +344,54 @@ impl Claimed {
 /// due rows that wait for their key's turn; without, it claims in one plain
 /// statement (the turn is checked all the same, so a definition that has
 /// just become ordered is never sent out of turn, only read more often).
+///
+/// At most `bytes` of params are claimed (their sum in bytes, oldest
+/// first), and always at least one row: a sweep's memory is bounded in
+/// bytes, and a notice larger than the bound still goes, alone. Rows in
+/// turn but past the bound stay due, for the next claim.
 pub(crate) async fn claim_due(
     store: &Store,
     filter: &DueFilter,
     limit: u64,
     set_aside: bool,
+    bytes: u64,
 ) -> Result<Claimed, DbErr> {
     if filter.is_empty() || limit == 0 {
         return Ok(Claimed::default());
     }
     if !set_aside {
+        let leases = claim_rows(
+            store,
+            due_rows(store, wanted(filter, store.backend()), limit),
+            Some(bytes),
+        )
+        .await?;
         return Ok(Claimed {
-            leases: claim_rows(
-                store,
-                due_rows(store, wanted(filter, store.backend()), limit),
-            )
-            .await?,
+            full_in_bytes: full(&leases, bytes),
+            leases,
             set_aside: 0,
         });
     }
     let started = Instant::now();
     let backend = store.backend();
-    let found = selected(filter).add(not_paused(backend)).add(
+    let found = selected(filter, backend).add(not_paused(backend)).add(
         Condition::any()
             .add(super::order::may_wait())
             .add(super::order::in_turn(backend)),
     );
     let candidates = due_rows(store, found, limit);
     let (rows, aside) = match backend {
-        DbBackend::Postgres => claim_due_pg(store, candidates).await?,
-        _ => claim_due_locked(store, candidates).await?,
+        DbBackend::Postgres => claim_due_pg(store, candidates, bytes).await?,
+        _ => claim_due_locked(store, candidates, bytes).await?,
     };
     crate::telemetry::claimed(rows.len() as u64);
+    let leases: Vec<Lease> = rows
+        .into_iter()
+        .map(|row| Lease::new(store.clone(), row, started))
+        .collect();
     let claimed = Claimed {
-        leases: rows
-            .into_iter()
-            .map(|row| Lease::new(store.clone(), row, started))
-            .collect(),
+        full_in_bytes: full(&leases, bytes),
+        leases,
         set_aside: aside.len() as u64,
     };
     // Now that the claim has committed: a notice that finished after its
@@ -312,6 +413,72 @@ pub(crate) async fn claim_due(
 /// The name of the candidates' turn column.
 const TURN: &str = "turn";
 
+/// The size of a row's param in bytes, as SQL, read without the param's
+/// content: PostgreSQL's and SQLite's `octet_length` read only the value's
+/// header, MySQL/MariaDB keep the size in a column set at insert (migration
+/// 18; naming `param` here would make MariaDB read it whole).
+pub(crate) fn param_bytes(backend: DbBackend) -> Expr {
+    Expr::cust(match backend {
+        DbBackend::Postgres => "octet_length(param)",
+        DbBackend::MySql => "COALESCE(param_bytes, 0)",
+        _ => "octet_length(param)",
+    })
+}
+
+/// How many of `sizes` (in claim order) fit in `bytes`: those whose
+/// params before them add up to less than `bytes`, at least one.
+fn fitting(sizes: impl IntoIterator<Item = i64>, bytes: u64) -> usize {
+    let mut before: u64 = 0;
+    let mut n = 0;
+    for size in sizes {
+        if n > 0 && before >= bytes {
+            break;
+        }
+        before = before.saturating_add(u64::try_from(size).unwrap_or(0));
+        n += 1;
+    }
+    n
+}
+
+/// PostgreSQL and SQLite: the ids of the rows `due` selects (locked on
+/// PostgreSQL), cut where their params add up to `bytes` (at least one),
+/// as a subquery: `SUM(sz) OVER (ORDER BY due, id)` over the candidates.
+fn ids_within(backend: DbBackend, due: Select<notify_msg::Entity>, bytes: u64) -> SelectStatement {
+    let mut cand = due
+        .select_only()
+        .column(Column::Id)
+        .expr_as(param_bytes(backend), "sz")
+        .expr_as(due_at(backend), "d");
+    if backend == DbBackend::Postgres {
+        cand = cand.lock_with_behavior(LockType::Update, LockBehavior::SkipLocked);
+    }
+    let mut sized = Query::select();
+    sized
+        .columns([Alias::new("id"), Alias::new("sz")])
+        .expr_as(
+            Expr::cust("SUM(sz) OVER (ORDER BY d, id)"),
+            Alias::new("upto"),
+        )
+        .from_subquery(sea_orm::QueryTrait::into_query(cand), Alias::new("c"));
+    let mut within = Query::select();
+    within
+        .column(Alias::new("id"))
+        .from_subquery(sized, Alias::new("w"))
+        .and_where(Expr::cust_with_values(
+            format!("upto - sz < {}", placeholder(backend)),
+            [i64::try_from(bytes).unwrap_or(i64::MAX)],
+        ));
+    within
+}
+
+/// sea-query's placeholder for a value of a custom expression.
+fn placeholder(backend: DbBackend) -> &'static str {
+    match backend {
+        DbBackend::Postgres => "$1",
+        _ => "?",
+    }
+}
+
 /// `(def_id, ordering_key)` of a row set aside.
 type Key = (i64, String);
 
@@ -322,6 +489,7 @@ type Key = (i64, String);
 async fn claim_due_pg(
     store: &Store,
     candidates: Select<notify_msg::Entity>,
+    bytes: u64,
 ) -> Result<(Vec<notify_msg::Model>, Vec<Key>), DbErr> {
     let backend = store.backend();
     let (cand, aside, claimed) = (
@@ -333,12 +501,34 @@ async fn claim_due_pg(
         .select_only()
         .column(Column::Id)
         .expr_as(super::order::in_turn(backend), TURN)
+        .expr_as(param_bytes(backend), "sz")
+        .expr_as(due_at(backend), "d")
         .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked);
     let ids_of = |in_turn: bool| {
         let mut ids = Query::select();
-        ids.column(Column::Id).from(cand.clone());
         let turn = Expr::col(Alias::new(TURN));
-        ids.and_where(if in_turn { turn } else { turn.not() });
+        if in_turn {
+            // Those in turn, while their params fit in `bytes`.
+            let mut sized = Query::select();
+            sized
+                .columns([Alias::new("id"), Alias::new("sz"), Alias::new(TURN)])
+                .expr_as(
+                    Expr::cust("SUM(CASE WHEN turn THEN sz ELSE 0 END) OVER (ORDER BY d, id)"),
+                    Alias::new("upto"),
+                )
+                .from(cand.clone());
+            ids.column(Alias::new("id"))
+                .from_subquery(sized, Alias::new("w"))
+                .and_where(turn)
+                .and_where(Expr::cust(format!(
+                    "upto - sz < {}",
+                    i64::try_from(bytes).unwrap_or(i64::MAX)
+                )));
+        } else {
+            ids.column(Column::Id)
+                .from(cand.clone())
+                .and_where(turn.not());
+        }
         Expr::cust_with_expr(
             r#""id" = ANY(ARRAY($1))"#,
             Expr::SubQuery(None, Box::new(ids.into())),
@@ -406,36 +596,174 @@ async fn claim_due_pg(
     Ok((taken, keys))
 }
 
+/// A candidate of a claim: its turn and its param's size.
+struct Candidate {
+    id: i64,
+    def_id: i64,
+    key: Option<String>,
+    turn: bool,
+    size: i64,
+}
+
+/// MariaDB: locks rows of `ready` (ids and sizes, in claim order) whose
+/// params fit in `bytes` through `lock` (which reads the ids it is given
+/// again, `FOR UPDATE SKIP LOCKED`, with their conditions), the next
+/// bite each time until `bytes` are held or `ready` is spent: rows
+/// another claim holds are skipped and the next ones tried. `lock` is
+/// called at least once (with no ids when `ready` is empty). Returns
+/// what `lock` returned.
+async fn lock_fitting<T, F, Fut>(
+    ready: &[(i64, i64)],
+    bytes: u64,
+    mut lock: F,
+) -> Result<Vec<T>, DbErr>
+where
+    T: Sized,
+    F: FnMut(Vec<i64>) -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<T>, DbErr>>,
+    T: Sized + HasSize,
+{
+    let mut held = Vec::new();
+    let mut used: u64 = 0;
+    let mut next = 0;
+    let mut called = false;
+    while (next < ready.len() && used < bytes) || !called {
+        called = true;
+        let n = match next < ready.len() {
+            true => fitting(ready[next..].iter().map(|(_, size)| *size), bytes - used),
+            false => 0,
+        };
+        let ids = ready[next..next + n].iter().map(|(id, _)| *id).collect();
+        next += n;
+        for row in lock(ids).await? {
+            used = used.saturating_add(row.size());
+            held.push(row);
+        }
+    }
+    Ok(held)
+}
+
+/// A locked row's size in the byte budget (0: does not count).
+trait HasSize {
+    fn size(&self) -> u64;
+}
+
+impl HasSize for Candidate {
+    fn size(&self) -> u64 {
+        match self.turn {
+            true => u64::try_from(self.size).unwrap_or(0),
+            false => 0,
+        }
+    }
+}
+
+impl HasSize for (i64, i64) {
+    fn size(&self) -> u64 {
+        u64::try_from(self.1).unwrap_or(0)
+    }
+}
+
 /// MariaDB and SQLite: in one transaction, read the candidates with their
 /// turn (locked `SKIP LOCKED` on MariaDB; SQLite's write lock is held from
 /// the start), claim those in turn and push out the others.
 async fn claim_due_locked(
     store: &Store,
     candidates: Select<notify_msg::Entity>,
+    bytes: u64,
 ) -> Result<(Vec<notify_msg::Model>, Vec<Key>), DbErr> {
     let backend = store.backend();
-    let mut candidates = candidates.expr_as(super::order::in_turn(backend), TURN);
-    if backend == DbBackend::MySql {
-        candidates = candidates.lock_with_behavior(LockType::Update, LockBehavior::SkipLocked);
-    }
+    // First the candidates' ids, turns and sizes (no param read yet).
+    let columns = |select: Select<notify_msg::Entity>| {
+        select
+            .select_only()
+            .columns([Column::Id, Column::DefId, Column::OrderingKey])
+            .expr_as(super::order::in_turn(backend), TURN)
+            .expr_as(param_bytes(backend), "sz")
+    };
     let txn = db::begin(&store.db).await?;
-    let mut taken = Vec::new();
-    let mut waiting = Vec::new();
-    for row in txn
-        .query_all(&sea_orm::QueryTrait::into_query(candidates))
-        .await?
-    {
-        let model = notify_msg::Model::from_query_result(&row, "")?;
-        let in_turn = match row.try_get::<bool>("", TURN) {
-            Ok(flag) => flag,
-            Err(_) => row.try_get::<i64>("", TURN)? != 0,
-        };
-        if in_turn {
-            taken.push(model);
+    let read = |select: Select<notify_msg::Entity>| {
+        let txn = &txn;
+        async move {
+            let mut found = Vec::new();
+            for row in txn
+                .query_all(&sea_orm::QueryTrait::into_query(select))
+                .await?
+            {
+                let turn = match row.try_get::<bool>("", TURN) {
+                    Ok(flag) => flag,
+                    Err(_) => row.try_get::<i64>("", TURN)? != 0,
+                };
+                found.push(Candidate {
+                    id: row.try_get("", Column::Id.as_str())?,
+                    def_id: row.try_get("", Column::DefId.as_str())?,
+                    key: row.try_get("", Column::OrderingKey.as_str())?,
+                    turn,
+                    size: row.try_get("", "sz")?,
+                });
+            }
+            Ok::<_, DbErr>(found)
+        }
+    };
+    let found = if backend == DbBackend::MySql {
+        // A locking read makes InnoDB read each row whole, params
+        // included: 1,000 candidates of 1 MiB took 11 s. So the
+        // candidates are read without locks, and only those that fit are
+        // locked (read again with their conditions, skipping those another
+        // claim holds), a bite at a time until `bytes` are held.
+        let preview = read(columns(candidates.clone())).await?;
+        if preview.iter().map(HasSize::size).sum::<u64>() <= bytes {
+            // Small rows: one locking read, which moves on past rows other
+            // claims hold (what does not fit is cut below).
+            read(
+                columns(candidates.clone())
+                    .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked),
+            )
+            .await?
         } else {
-            waiting.push(model);
+            let waiting: Vec<i64> = preview.iter().filter(|c| !c.turn).map(|c| c.id).collect();
+            let ready: Vec<(i64, i64)> = preview
+                .iter()
+                .filter(|c| c.turn)
+                .map(|c| (c.id, c.size))
+                .collect();
+            let mut first = Some(waiting);
+            lock_fitting(&ready, bytes, |ids: Vec<i64>| {
+                let ids: Vec<i64> = first
+                    .take()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .chain(ids)
+                    .collect();
+                read(
+                    columns(candidates.clone().filter(Column::Id.is_in(ids)))
+                        .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked),
+                )
+            })
+            .await?
+        }
+    } else {
+        read(columns(candidates)).await?
+    };
+    let mut in_turn = Vec::new();
+    let mut waiting: Vec<(i64, i64, Option<String>)> = Vec::new();
+    for c in found {
+        if c.turn {
+            in_turn.push((c.id, c.size));
+        } else {
+            waiting.push((c.id, c.def_id, c.key));
         }
     }
+    // Then, of those in turn, the rows whose params fit in `bytes`.
+    let fit = fitting(in_turn.iter().map(|(_, size)| *size), bytes);
+    let chosen: Vec<i64> = in_turn.iter().take(fit).map(|(id, _)| *id).collect();
+    let mut taken = if chosen.is_empty() {
+        Vec::new()
+    } else {
+        notify_msg::Entity::find()
+            .filter(Column::Id.is_in(chosen))
+            .all(&txn)
+            .await?
+    };
     if !taken.is_empty() {
         let ids = taken.iter().map(|r| r.id);
         columns::update(&txn, Column::Id.is_in(ids), claim_sets(store)).await?;
@@ -443,7 +771,7 @@ async fn claim_due_locked(
     if !waiting.is_empty() {
         notify_msg::Entity::update_many()
             .col_expr(Column::NextCallTime, super::order::aside_until(backend))
-            .filter(Column::Id.is_in(waiting.iter().map(|r| r.id)))
+            .filter(Column::Id.is_in(waiting.iter().map(|(id, ..)| *id)))
             .exec(&txn)
             .await?;
     }
@@ -455,7 +783,7 @@ async fn claim_due_locked(
     taken.sort_by_key(|r| r.id);
     let keys = waiting
         .into_iter()
-        .filter_map(|r| r.ordering_key.map(|key| (r.def_id, key)))
+        .filter_map(|(_, def_id, key)| key.map(|key| (def_id, key)))
         .collect();
     Ok((taken, keys))
 }
@@ -466,16 +794,18 @@ async fn claim_due_locked(
 /// scan that finds nothing stays small: with them it crossed
 /// `jit_above_cost` on a 20,000-row backlog, and compiling the statement
 /// took 0.7 s of a core on every call.
+/// At most `bytes` of params, as [`claim_due`].
 pub(crate) async fn claim_any_turn(
     store: &Store,
     filter: &DueFilter,
     limit: u64,
+    bytes: u64,
 ) -> Result<Vec<Lease>, DbErr> {
     if filter.is_empty() || limit == 0 {
         return Ok(Vec::new());
     }
-    let wanted = selected(filter).add(not_paused(store.backend()));
-    claim_rows(store, due_rows(store, wanted, limit)).await
+    let wanted = selected(filter, store.backend()).add(not_paused(store.backend()));
+    claim_rows(store, due_rows(store, wanted, limit), Some(bytes)).await
 }
 
 /// Claims notice `id` if it is in its key's turn and due, or set aside for
@@ -492,20 +822,75 @@ pub(crate) async fn claim_in_turn(store: &Store, id: i64) -> Result<Option<Lease
         .filter(Expr::col(Column::Id).eq(id))
         .filter(due_or_aside)
         .filter(wanted(&DueFilter::default(), backend));
-    Ok(claim_rows(store, row).await?.pop())
+    Ok(claim_rows(store, row, None).await?.pop())
 }
 
 /// Claims the rows `due` selects (due rows, oldest first, up to a limit).
-async fn claim_rows(store: &Store, due: Select<notify_msg::Entity>) -> Result<Vec<Lease>, DbErr> {
+/// With `bytes`, at most that many bytes of params (oldest first, at
+/// least one row).
+async fn claim_rows(
+    store: &Store,
+    due: Select<notify_msg::Entity>,
+    bytes: Option<u64>,
+) -> Result<Vec<Lease>, DbErr> {
     let started = Instant::now();
     let mut rows = match store.backend() {
         DbBackend::MySql => {
-            // MariaDB has no UPDATE … RETURNING: lock, then bump, in one transaction.
+            // MariaDB has no UPDATE … RETURNING: lock, then bump, in one
+            // transaction (the sizes first, when bounded in bytes).
             let txn = db::begin(&store.db).await?;
-            let mut rows = due
-                .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked)
-                .all(&txn)
-                .await?;
+            let locked = due
+                .clone()
+                .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked);
+            let mut rows = match bytes {
+                None => locked.all(&txn).await?,
+                Some(bytes) => {
+                    // As in claim_due_locked: sizes without locks, then
+                    // lock what fits (a locking read reads params).
+                    let sized = |select: Select<notify_msg::Entity>| {
+                        select
+                            .select_only()
+                            .column(Column::Id)
+                            .expr(param_bytes(DbBackend::MySql))
+                            .into_tuple::<(i64, i64)>()
+                    };
+                    let preview = sized(due.clone()).all(&txn).await?;
+                    let small = preview.iter().map(HasSize::size).sum::<u64>() <= bytes;
+                    let chosen: Vec<i64> = if small {
+                        // One locking read moves on past rows others hold.
+                        let sizes = sized(
+                            due.clone()
+                                .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked),
+                        )
+                        .all(&txn)
+                        .await?;
+                        let fit = fitting(sizes.iter().map(|(_, size)| *size), bytes);
+                        sizes.into_iter().take(fit).map(|(id, _)| id).collect()
+                    } else {
+                        lock_fitting(&preview, bytes, |ids: Vec<i64>| {
+                            let select = sized(
+                                due.clone()
+                                    .filter(Column::Id.is_in(ids))
+                                    .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked),
+                            );
+                            let txn = &txn;
+                            async move { select.all(txn).await }
+                        })
+                        .await?
+                        .into_iter()
+                        .map(|(id, _)| id)
+                        .collect()
+                    };
+                    if chosen.is_empty() {
+                        Vec::new()
+                    } else {
+                        notify_msg::Entity::find()
+                            .filter(Column::Id.is_in(chosen))
+                            .all(&txn)
+                            .await?
+                    }
+                }
+            };
             if !rows.is_empty() {
                 let ids = rows.iter().map(|r| r.id);
                 columns::update(&txn, Column::Id.is_in(ids), claim_sets(store)).await?;
@@ -518,11 +903,16 @@ async fn claim_rows(store: &Store, due: Select<notify_msg::Entity>) -> Result<Ve
             rows
         }
         backend => {
-            let mut ids = due.select_only().column(Column::Id);
-            if backend == DbBackend::Postgres {
-                ids = ids.lock_with_behavior(LockType::Update, LockBehavior::SkipLocked);
-            }
-            let ids = sea_orm::QueryTrait::into_query(ids);
+            let ids = match bytes {
+                Some(bytes) => ids_within(backend, due, bytes),
+                None => {
+                    let mut ids = due.select_only().column(Column::Id);
+                    if backend == DbBackend::Postgres {
+                        ids = ids.lock_with_behavior(LockType::Update, LockBehavior::SkipLocked);
+                    }
+                    sea_orm::QueryTrait::into_query(ids)
+                }
+            };
             // PostgreSQL: `id = ANY(ARRAY(…))` probes the primary key for
             // each claimed id; `id IN (…)` may be planned as a hash join
             // over the whole table. SQLite probes its key either way.

@@ -123,3 +123,24 @@ impl Due {
         }
     }
 }
+
+/// The database's current UTC time.
+pub(crate) async fn db_now<C: sea_orm::ConnectionTrait>(
+    db: &C,
+) -> crate::Result<chrono::NaiveDateTime> {
+    let mut select = sea_orm::sea_query::Query::select();
+    select.expr(now(db.get_database_backend()));
+    let row = db
+        .query_one(&select)
+        .await?
+        .ok_or_else(|| sea_orm::DbErr::Custom("no time from the database".into()))?;
+    // SQLite answers text, the servers a timestamp.
+    match row.try_get_by_index::<chrono::NaiveDateTime>(0) {
+        Ok(t) => Ok(t),
+        Err(_) => {
+            let text: String = row.try_get_by_index(0)?;
+            chrono::NaiveDateTime::parse_from_str(&text, "%Y-%m-%d %H:%M:%S%.f")
+                .map_err(|e| crate::Error::Config(format!("database time `{text}`: {e}")))
+        }
+    }
+}

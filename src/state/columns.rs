@@ -241,10 +241,23 @@ pub(crate) async fn move_rows<C: ConnectionTrait>(
 
 /// Where a PostgreSQL batch of successes claims the next notice of each
 /// ordering key it moves ([`order::next_of_moved_pg`](super::order)).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(crate) struct ClaimNext {
     /// Only rows of these `load_balance_num` partitions (empty: any).
     pub partitions: Vec<i32>,
+    /// At most this many bytes of params, over the next notices claimed
+    /// (always at least one); the others are made due.
+    pub bytes: u64,
+}
+
+impl Default for ClaimNext {
+    /// Any partition, no bound in bytes.
+    fn default() -> Self {
+        ClaimNext {
+            partitions: Vec::new(),
+            bytes: u64::MAX,
+        }
+    }
 }
 
 /// A row a batch of successes claimed: the next notice of its key, or one
@@ -338,6 +351,7 @@ pub(crate) async fn succeed_pairs_pg(
         next.partitions.clone().into(),
         lease.as_secs_f64().into(),
         continuing.to_vec().into(),
+        i64::try_from(next.bytes).unwrap_or(i64::MAX).into(),
     ];
     let (mut moved, mut claimed) = (Vec::new(), Vec::new());
     for row in db

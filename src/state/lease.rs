@@ -29,7 +29,26 @@ pub(crate) struct Lease {
     tries: u32,
     /// `errors` with a line per failed try, once there is one.
     tries_log: Option<String>,
+    /// Its payload's bytes, counted in a worker's in-flight bytes while held.
+    counted: Option<Counted>,
 }
+
+/// Bytes counted in a worker's in-flight payload bytes, given back when
+/// dropped (with the lease, or when the payload is let go).
+struct Counted {
+    stats: std::sync::Arc<crate::stats::WorkerStats>,
+    bytes: u64,
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.stats.payload_released(self.bytes);
+    }
+}
+
+/// How many times a payload being delivered is held: the row's text, the
+/// parsed JSON the channel is given, the request's body.
+pub(crate) const DELIVERY_COPIES: u64 = 3;
 
 impl Lease {
     /// Whether this lease is a producer's reservation (version 0, never
@@ -76,6 +95,41 @@ impl Lease {
     /// Failed tries of this attempt so far.
     pub fn tries(&self) -> u32 {
         self.tries
+    }
+
+    /// The bytes of its payload (param and the previous step's result).
+    pub fn payload_bytes(&self) -> u64 {
+        (self.row.param.len() + self.row.step_result.as_ref().map_or(0, String::len)) as u64
+    }
+
+    /// Counts its payload, `copies` times, in `stats`' in-flight bytes
+    /// (instead of what was counted before).
+    pub fn count_payload(
+        &mut self,
+        stats: &std::sync::Arc<crate::stats::WorkerStats>,
+        copies: u64,
+    ) {
+        let bytes = self.payload_bytes().saturating_mul(copies);
+        stats.payload_held(bytes);
+        self.counted = Some(Counted {
+            stats: stats.clone(),
+            bytes,
+        });
+    }
+
+    /// Counts its payload `copies` times where it is counted already.
+    pub fn recount_payload(&mut self, copies: u64) {
+        if let Some(stats) = self.counted.as_ref().map(|c| c.stats.clone()) {
+            self.count_payload(&stats, copies);
+        }
+    }
+
+    /// Lets its payload go (param and step result): what is left to do
+    /// with the lease (record a success, release it) needs neither.
+    pub fn drop_payload(&mut self) {
+        self.row.param = String::new();
+        self.row.step_result = None;
+        self.counted = None;
     }
 
     /// `errors` as it stands: the row's, with a line per failed try.
@@ -168,6 +222,7 @@ impl Lease {
             settled: false,
             tries: 0,
             tries_log: None,
+            counted: None,
         }
     }
 
@@ -281,7 +336,7 @@ impl Lease {
     /// tries, its `note` appended to the description) and renews the lease for the next step, which this attempt
     /// runs next.
     pub async fn advance(
-        self,
+        mut self,
         result: Option<String>,
         note: Option<&str>,
     ) -> Result<Written<Lease>, Held> {
@@ -321,7 +376,8 @@ impl Lease {
                     // Stamped by the write above; only its presence matters.
                     row.last_call_time = Some(NaiveDateTime::MIN);
                 }
-                let next = Lease::new(self.store.clone(), row, started);
+                let mut next = Lease::new(self.store.clone(), row, started);
+                next.counted = self.counted.take();
                 Ok(self.done(Ok(next)))
             }
             Ok(_) => Ok(self.lost()),

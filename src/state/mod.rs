@@ -60,7 +60,9 @@ use std::{sync::Arc, time::Duration};
 use sea_orm::{DatabaseConnection, DbBackend};
 
 pub use claim::{DefSelect, DueFilter};
-pub(crate) use lease::{Deadline, Final, Held, Lease, Lost, Retry, Scheduled, Written};
+pub(crate) use lease::{
+    DELIVERY_COPIES, Deadline, Final, Held, Lease, Lost, Retry, Scheduled, Written,
+};
 
 /// Where notices are stored, and how long a claim holds one.
 #[derive(Clone)]

@@ -184,6 +184,11 @@ pub(crate) fn aside_until(backend: DbBackend) -> Expr {
 /// in turn and up to 15 behind it ([`next_of_moved_pg`]): 16.
 pub(crate) const RUN: usize = 16;
 
+/// Largest param of a notice claimed behind the next one, in a run: 1 KiB.
+/// A run stops before a larger one (claimed in its turn, counted in a
+/// sweep's bound in bytes like any claim): a run's queue holds up to 15 KiB.
+pub(crate) const RUN_MEMBER_BYTES: usize = 1024;
+
 /// The oldest notice left of each ordering key moved by the statement's
 /// CTE `moved` (but those of moved ids in `$5`, when `skip`), as a subquery
 /// of ids (PostgreSQL). The statement's snapshot still holds the rows it
@@ -212,8 +217,9 @@ fn next_of_moved(skip: bool) -> String {
 /// `claim`, a CTE `claimed` claims those in turn for the sweep whose
 /// successes these are (as a claim would: leased, version bumped, one
 /// lease of `$4` seconds ahead; `RETURNING` the whole row), when their
-/// definition is not paused and their partition is in `$3` (an empty
-/// array: any); the others are made due (`promoted`). Their turn is the
+/// definition is not paused, their partition is in `$3` (an empty array:
+/// any) and their params fit in `$6` bytes (in id order, at least one);
+/// the others are made due (`promoted`). Their turn is the
 /// claim's ([`in_turn_sql`]) with the moved rows left out: they are older
 /// than the next notice by construction, and succeeded. Keys of the moved
 /// ids in `$5` are left alone: their next notices are claimed already (a
@@ -222,7 +228,8 @@ fn next_of_moved(skip: bool) -> String {
 /// **Runs.** With each next notice claimed, `claimed` also claims the
 /// notices of its key right behind it, up to [`RUN`] in all: those that
 /// follow it without a gap among the rows it can see and that, like it,
-/// have status 0, are not leased, are in `$3`'s partitions and, for a
+/// have status 0, are not leased, are in `$3`'s partitions, have a param
+/// of at most [`RUN_MEMBER_BYTES`] and, for a
 /// definition with `stop_on_failure`, have no final failure or parked
 /// notice of their key in history between them and the next notice. They
 /// need no turn of their own: while the first is unfinished none of them
@@ -292,6 +299,7 @@ pub(crate) fn next_of_moved_pg(claim: bool) -> String {
                  FROM (SELECT n.id, n.create_time, \
                          n.status = 0 AND NOT n.leased AND {partition} \
                          AND n.id NOT IN (SELECT id FROM moved) \
+                         AND octet_length(n.param) <= {RUN_MEMBER_BYTES} \
                          AND (f.id IS NULL OR (n.create_time, n.id) < (f.create_time, f.id)) AS free \
                      FROM notify_msg n \
                      WHERE n.def_id = h.def_id AND n.ordering_key = h.ordering_key \
@@ -303,10 +311,15 @@ pub(crate) fn next_of_moved_pg(claim: bool) -> String {
         partition = PARTITION.replace("{t}", "n"),
         behind = RUN - 1,
     );
+    // The next notices in turn are taken while their params, in id
+    // order, fit in `$6` bytes (at least one); the rest are made due.
     format!(
-        "following AS MATERIALIZED (SELECT p.id, p.def_id, p.ordering_key, p.create_time, \
-             ({take}) AS take FROM notify_msg p \
+        "nexts AS MATERIALIZED (SELECT p.id, p.def_id, p.ordering_key, p.create_time, \
+             octet_length(p.param) AS sz, ({take}) AS fits FROM notify_msg p \
              WHERE p.id = ANY(ARRAY({next})) AND {MAY_WAIT}), \
+         following AS MATERIALIZED (SELECT id, def_id, ordering_key, create_time, \
+             fits AND SUM(CASE WHEN fits THEN sz ELSE 0 END) OVER (ORDER BY id) \
+                 - CASE WHEN fits THEN sz ELSE 0 END < GREATEST($6::bigint, 1) AS take FROM nexts), \
          run AS MATERIALIZED ({run}), \
          inside AS MATERIALIZED (SELECT id FROM run WHERE NOT last), \
          claimed AS (UPDATE notify_msg p SET leased = true, last_call_time = {NOW}, \

@@ -21,8 +21,8 @@
 //! runs behind them) are released at once; running deliveries may finish for `shutdown_timeout`, then are
 //! abandoned and their rows released. A database error ends the claiming,
 //! not the work already claimed: outcomes are retried until they are written
-//! (or shutdown gives up on them), and the worker sweeps again at its next
-//! tick.
+//! (or shutdown gives up on them), and the worker sweeps again soon
+//! (`worker::SWEEP_RETRY_FIRST`, doubling).
 
 mod park;
 
@@ -43,7 +43,7 @@ use crate::{
     error::Result,
     notifier::RELEASE_GRACE,
     state::{
-        DueFilter, Lease,
+        DefSelect, DueFilter, Lease,
         batch::{ClaimNext, HeldMany, release_many},
         claim,
     },
@@ -55,6 +55,9 @@ use crate::{
 /// that arrives 100 ms or more after its last claim ended.
 const RECLAIM_WHILE_CHAINING: Duration = Duration::from_millis(100);
 
+/// Default [`SweepLimits::max_in_flight_bytes`]: 64 MiB.
+pub const DEFAULT_MAX_IN_FLIGHT_BYTES: u64 = 64 * 1024 * 1024;
+
 /// Limits of one sweep.
 #[derive(Debug, Clone)]
 pub struct SweepLimits {
@@ -64,6 +67,9 @@ pub struct SweepLimits {
     pub concurrency: usize,
     /// How long running deliveries may finish after shutdown is requested.
     pub shutdown_timeout: Duration,
+    /// Params held at once, in bytes (see
+    /// [`WorkerConfig::max_in_flight_bytes`](crate::WorkerConfig)).
+    pub max_in_flight_bytes: u64,
 }
 
 /// What one sweep did.
@@ -109,11 +115,15 @@ impl Notifier {
     /// Attempts up to `limit` due rows (any definition this process can
     /// deliver), one at a time, and returns each attempt's report.
     pub async fn sweep_once(&self, limit: u64) -> Result<Vec<AttemptReport>> {
-        let filter = DueFilter::defs(self.deliverable_defs(&[], &[]).await?);
+        let filter = DueFilter {
+            defs: self.deliverable_defs(&[], &[]).await?,
+            ..DueFilter::default()
+        };
         let limits = SweepLimits {
             batch_size: limit,
             concurrency: 1,
             shutdown_timeout: Duration::ZERO,
+            max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
         };
         let summary = Sweep::new(self, Arc::default(), true)
             .run(&filter, &limits, &CancellationToken::new(), false, None)
@@ -121,25 +131,62 @@ impl Notifier {
         Ok(summary.reports)
     }
 
-    /// Ids of the valid definitions this process can deliver, narrowed to
-    /// `defs` and `handlers` when those are not empty (a definition matches by
-    /// its name, or by the name of its handler).
-    pub async fn deliverable_defs(&self, defs: &[String], handlers: &[String]) -> Result<Vec<i64>> {
+    /// The definitions this process can deliver (valid, with their
+    /// channel available), narrowed to `defs` and `handlers` when those are
+    /// not empty (a definition matches by its name, or by the name of its
+    /// handler), as the smaller of the two forms: the ids taken, or every
+    /// known id but those not taken ([`DefSelect::Except`]). Either way the
+    /// claim binds one parameter past [`claim::IDS_INLINE`] ids, whatever
+    /// the number of definitions.
+    pub(crate) async fn deliverable_defs(
+        &self,
+        defs: &[String],
+        handlers: &[String],
+    ) -> Result<DefSelect> {
         let inner = &self.inner;
-        let all = inner.defs.all(&inner.store.db).await?;
-        Ok(all
-            .iter()
-            .filter(|def| attempt::available(inner, def).is_ok())
-            .filter(|def| {
-                let handler = |h: &str| handlers.iter().any(|x| x == h);
-                (defs.is_empty() && handlers.is_empty())
-                    || defs.contains(&def.name)
-                    || def.steps.iter().any(
-                        |step| matches!(&step.target, Target::Handler(t) if handler(&t.handler)),
-                    )
-            })
-            .map(|def| def.id)
-            .collect())
+        let known = inner.defs.known(&inner.store.db).await?;
+        let mut taken = Vec::new();
+        let mut not_taken = Vec::new();
+        for (id, def) in known.iter() {
+            let take = def.as_ref().is_ok_and(|def| {
+                attempt::available(inner, def).is_ok() && {
+                    let handler = |h: &str| handlers.iter().any(|x| x == h);
+                    (defs.is_empty() && handlers.is_empty())
+                        || defs.contains(&def.name)
+                        || def.steps.iter().any(
+                            |step| matches!(&step.target, Target::Handler(t) if handler(&t.handler)),
+                        )
+                }
+            });
+            if take {
+                taken.push(*id);
+            } else {
+                not_taken.push(*id);
+            }
+        }
+        let (Some(&from), Some(&through)) = (known.keys().min(), known.keys().max()) else {
+            return Ok(DefSelect::Only(taken));
+        };
+        // Ids in the range the cache does not hold (deleted, or committed
+        // after it was read) are not taken either: their notices are the
+        // park check's, after it reads `notify_def` again.
+        let span = u64::try_from(through.saturating_sub(from)).unwrap_or(u64::MAX);
+        let gaps = span.saturating_add(1).saturating_sub(known.len() as u64);
+        if taken.len() as u64 <= (not_taken.len() as u64).saturating_add(gaps) {
+            return Ok(DefSelect::Only(taken));
+        }
+        if gaps > 0 {
+            let mut ids: Vec<i64> = known.keys().copied().collect();
+            ids.sort_unstable();
+            for pair in ids.windows(2) {
+                not_taken.extend(pair[0] + 1..pair[1]);
+            }
+        }
+        Ok(DefSelect::Except {
+            ids: not_taken,
+            from,
+            through,
+        })
     }
 }
 
@@ -163,6 +210,8 @@ struct Sweep<'a> {
     reports: Vec<AttemptReport>,
     /// Notices claimed behind those being sent ([`attempt::runs`]).
     runs: Runs,
+    /// The sweep's bound in bytes ([`SweepLimits::max_in_flight_bytes`]).
+    max_bytes: u64,
 }
 
 impl<'a> Sweep<'a> {
@@ -173,6 +222,7 @@ impl<'a> Sweep<'a> {
             keep_reports,
             reports: Vec::new(),
             runs: Runs::default(),
+            max_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
         }
     }
 
@@ -194,6 +244,7 @@ impl<'a> Sweep<'a> {
         mut wakes: Option<&mut tokio::sync::watch::Receiver<u64>>,
     ) -> Result<SweepSummary> {
         let inner = &self.notifier.inner;
+        self.max_bytes = limits.max_in_flight_bytes.max(1);
         let sweep_started = std::time::Instant::now();
         let stop = inner.stop.child();
         let watcher = tokio::spawn(stop_after(
@@ -211,6 +262,7 @@ impl<'a> Sweep<'a> {
         let next = chain.then(|| NextClaims {
             claim: ClaimNext {
                 partitions: filter.partitions.clone(),
+                bytes: limits.max_in_flight_bytes.max(1),
             },
             sender: next_sender,
             runs: self.runs.clone(),
@@ -256,14 +308,22 @@ impl<'a> Sweep<'a> {
             // (Runs queued behind these are not counted: at most RUN - 1
             // each, they bound themselves.)
             let held = (waiting.len() + running.len() + batch.pending()) as u64;
-            let room = held <= 2 * limits.batch_size;
+            // And only while its params (waiting, being delivered, queued
+            // in runs) are under their bound in bytes: each claim takes at
+            // most what is left of it, and an eighth of it (a claim's rows
+            // are parsed from the database's answer, so held twice
+            // meanwhile), always at least one row.
+            let budget = limits.max_in_flight_bytes.max(1);
+            let held_bytes = self.stats.payload_bytes();
+            let room = held <= 2 * limits.batch_size && held_bytes < budget;
             if more && claiming.is_none() && !shutdown.is_cancelled() && waiting.len() < low && room
             {
                 let set_aside = inner.defs.any_ordered();
                 let (store, limit) = (&inner.store, limits.batch_size);
+                let bytes = (budget - held_bytes).min(budget / 8).max(1);
                 claiming = Some(Box::pin(async move {
                     let asked = std::time::Instant::now();
-                    let claimed = claim::claim_due(store, filter, limit, set_aside).await;
+                    let claimed = claim::claim_due(store, filter, limit, set_aside, bytes).await;
                     (claimed, asked)
                 }));
             }
@@ -336,8 +396,11 @@ impl<'a> Sweep<'a> {
                             claimed_total += n;
                             self.stats.add_claimed(n);
                             // Rows set aside for their turn count too: a claim
-                            // that dealt with its whole limit may leave more due.
-                            more = again && claimed.looked_at() >= limits.batch_size;
+                            // that dealt with its whole limit, or filled its
+                            // bound in bytes, may leave more due.
+                            more = again
+                                && (claimed.looked_at() >= limits.batch_size
+                                    || claimed.full_in_bytes);
                             self.resolve(claimed.leases, &mut waiting).await;
                         }
                         Err(e) => {
@@ -365,8 +428,11 @@ impl<'a> Sweep<'a> {
                     self.stats.add_claimed(n);
                     self.resolve(leases, &mut waiting).await;
                 }
-                slot = slots.clone().acquire_owned(), if !waiting.is_empty() && !shutdown.is_cancelled() => {
-                    let (Ok(slot), Some((lease, def))) = (slot, waiting.pop_front()) else { continue };
+                slot = slots.clone().acquire_owned(), if !waiting.is_empty() && !shutdown.is_cancelled()
+                    && (running.is_empty() || starts_within(&waiting, &self.stats, limits)) => {
+                    let (Ok(slot), Some((mut lease, def))) = (slot, waiting.pop_front()) else { continue };
+                    // Being delivered, its payload is held three times.
+                    lease.recount_payload(crate::state::DELIVERY_COPIES);
                     let notifier = self.notifier.clone();
                     let (recorder, stop) = (recorder.clone(), stop.clone());
                     // The caller's subscriber follows the attempt onto its
@@ -425,11 +491,21 @@ impl<'a> Sweep<'a> {
     /// Finds each lease's definition: rows this process can deliver wait for
     /// a slot; rows of a definition that is unknown or invalid are parked;
     /// rows it cannot deliver (a handler registered elsewhere) are released.
+    /// Their payloads count in the sweep's bytes while it holds them.
     async fn resolve(&mut self, leases: Vec<Lease>, waiting: &mut VecDeque<(Lease, DefRef)>) {
         let inner = &self.notifier.inner;
         let mut unusable = Vec::new();
         let mut elsewhere = Vec::new();
-        for lease in leases {
+        for mut lease in leases {
+            lease.count_payload(&self.stats, 1);
+            if lease.payload_bytes() > self.max_bytes {
+                tracing::info!(
+                    notice_id = lease.id(),
+                    bytes = lease.payload_bytes(),
+                    max_in_flight_bytes = self.max_bytes,
+                    "a param larger than the sweep's bound in bytes: it goes alone"
+                );
+            }
             match inner.defs.by_id(&inner.store.db, lease.row().def_id).await {
                 Ok(def) if attempt::available(inner, &def).is_ok() => {
                     waiting.push_back((lease, def))
@@ -477,6 +553,21 @@ impl<'a> Sweep<'a> {
             });
         }
     }
+}
+
+/// Whether the next waiting lease may start now: its payload, held three
+/// times while delivered, keeps the sweep's bytes within their bound.
+fn starts_within(
+    waiting: &VecDeque<(Lease, DefRef)>,
+    stats: &WorkerStats,
+    limits: &SweepLimits,
+) -> bool {
+    let extra = waiting.front().map_or(0, |(lease, _)| {
+        lease
+            .payload_bytes()
+            .saturating_mul(crate::state::DELIVERY_COPIES - 1)
+    });
+    stats.payload_bytes().saturating_add(extra) <= limits.max_in_flight_bytes
 }
 
 /// Releases `leases` in one statement, retrying while the database is away;

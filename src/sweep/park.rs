@@ -17,19 +17,19 @@ impl Notifier {
     pub async fn park_orphans(&self, limit: u64) -> Result<Vec<AttemptReport>> {
         let inner = &self.inner;
         inner.defs.invalidate();
-        let valid: Vec<i64> = inner
-            .defs
-            .all(&inner.store.db)
-            .await?
-            .iter()
-            .map(|d| d.id)
-            .collect();
+        let invalid = inner.defs.invalid(&inner.store.db).await?;
         let filter = DueFilter {
-            defs: DefSelect::Except(valid),
+            defs: DefSelect::Orphans(invalid),
             ..DueFilter::default()
         };
         // Parking sends nothing: no turn to wait for.
-        let leases = claim::claim_any_turn(&inner.store, &filter, limit).await?;
+        let leases = claim::claim_any_turn(
+            &inner.store,
+            &filter,
+            limit,
+            super::DEFAULT_MAX_IN_FLIGHT_BYTES,
+        )
+        .await?;
         Ok(park(self, leases, &inner.stop.give_up).await)
     }
 }

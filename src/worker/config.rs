@@ -20,6 +20,8 @@ pub const DEFAULT_CONCURRENCY: usize = 32;
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default [`WorkerConfig::heartbeat_every`]: 5 seconds.
 pub const DEFAULT_HEARTBEAT_EVERY: Duration = Duration::from_secs(5);
+/// Default [`WorkerConfig::max_in_flight_bytes`]: 64 MiB.
+pub const DEFAULT_MAX_IN_FLIGHT_BYTES: u64 = crate::sweep::DEFAULT_MAX_IN_FLIGHT_BYTES;
 
 /// When sweeps start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -75,6 +77,12 @@ pub struct WorkerConfig {
     /// gone). Zero: no heartbeat. Default [`DEFAULT_HEARTBEAT_EVERY`].
     #[serde(with = "humantime_serde")]
     pub heartbeat_every: Duration,
+    /// The params a sweep holds at once, in bytes (waiting, being
+    /// delivered; a delivered success drops its param before it is
+    /// recorded): it claims rows only while under this, and only as many
+    /// as fit, always at least one, so a notice larger than this still
+    /// goes, alone. Default [`DEFAULT_MAX_IN_FLIGHT_BYTES`].
+    pub max_in_flight_bytes: u64,
 }
 
 impl Default for WorkerConfig {
@@ -93,6 +101,7 @@ impl Default for WorkerConfig {
             confirm_listener: true,
             wake: true,
             heartbeat_every: DEFAULT_HEARTBEAT_EVERY,
+            max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
         }
     }
 }

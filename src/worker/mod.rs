@@ -24,14 +24,14 @@ use tracing::Instrument;
 pub use crate::stats::{RECENT_SWEEPS, StatsSnapshot, WorkerStats};
 pub use config::{
     DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, DEFAULT_CRON, DEFAULT_DELAY, DEFAULT_HEARTBEAT_EVERY,
-    DEFAULT_SHUTDOWN_TIMEOUT, Mode, WorkerConfig,
+    DEFAULT_MAX_IN_FLIGHT_BYTES, DEFAULT_SHUTDOWN_TIMEOUT, Mode, WorkerConfig,
 };
 
 use crate::{
     Notifier,
     error::{Error, Result},
     notifier::{HARD_STOP_MARGIN, RELEASE_GRACE},
-    state::{DefSelect, DueFilter},
+    state::DueFilter,
     sweep::SweepLimits,
 };
 
@@ -83,7 +83,7 @@ pub fn pool_options(url: impl Into<String>) -> sea_orm::ConnectOptions {
     ) -> futures::future::BoxFuture<'c, std::result::Result<bool, sqlx::Error>> {
         Box::pin(async move {
             match tokio::time::timeout(RELEASE_PING_BOUND, conn.ping()).await {
-                Ok(Ok(())) => Ok(true),
+                Ok(Ok(_)) => Ok(true),
                 Ok(Err(e)) => Err(e),
                 // An error, not `false`: closed without a goodbye, which
                 // could hang too.
@@ -159,6 +159,8 @@ pub struct Worker {
     cron: cron::Schedule,
     stats: Arc<WorkerStats>,
     last_park_check: Mutex<Option<Instant>>,
+    /// Whether the current run of failed sweeps was alerted.
+    alerted: std::sync::atomic::AtomicBool,
 }
 
 impl Worker {
@@ -180,6 +182,7 @@ impl Worker {
             cron,
             stats: Arc::default(),
             last_park_check: Mutex::new(None),
+            alerted: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -222,35 +225,58 @@ impl Worker {
                 listening.clone(),
             ))
         });
+        // The deadline, once shutdown is asked for: everything is done,
+        // or given up, by then.
+        let total = self.config.shutdown_timeout + RELEASE_GRACE + HARD_STOP_MARGIN;
+        let deadline = Arc::new(std::sync::OnceLock::new());
+        let noted = tokio::spawn({
+            let (shutdown, deadline) = (shutdown.clone(), deadline.clone());
+            async move {
+                shutdown.cancelled().await;
+                let _ = deadline.set(Instant::now() + total);
+            }
+        });
         let hard_stop = async {
             shutdown.cancelled().await;
-            let grace = self.config.shutdown_timeout + RELEASE_GRACE + HARD_STOP_MARGIN;
-            tokio::time::sleep(grace).await;
+            tokio::time::sleep(total).await;
         };
         let finished = tokio::select! {
             () = self.sweep_loop(&shutdown) => true,
             () = hard_stop => false,
         };
+        if shutdown.is_cancelled() {
+            noted.await.ok();
+        } else {
+            // The schedule ended (a cron with no future tick).
+            noted.abort();
+        }
         listening.cancel();
         if !finished {
             // The sweep is dropped with what it held: deliveries abandoned,
             // leases left to run out (their drop releases them in the
-            // background if the database answers).
+            // background if the database answers), and the successes its
+            // batch had not written yet left to that batch (it gives them
+            // up, counted, or writes them, if the database answers first).
             let unrecorded = self.stats.snapshot().unrecorded;
-            self.stats.add_given_up(unrecorded);
             tracing::warn!(
                 unrecorded,
                 "shutdown: the database did not take the last outcomes in time; their notices are due again when their leases end (delivered successes are sent again)"
             );
         }
-        // Listeners stop between calls; one waiting for the database is
-        // left behind (aborted) after HARD_STOP_MARGIN.
+        // Listeners stop between calls (and out of them); whatever still
+        // runs at the deadline is aborted.
         let mut tasks: Vec<_> = [confirmations, wakes, heartbeat]
             .into_iter()
             .flatten()
             .collect();
+        let left = deadline
+            .get()
+            .map_or(HARD_STOP_MARGIN, |d| {
+                d.saturating_duration_since(Instant::now())
+            })
+            .min(HARD_STOP_MARGIN);
         let all = futures::future::join_all(tasks.iter_mut());
-        if tokio::time::timeout(HARD_STOP_MARGIN, all).await.is_err() {
+        if tokio::time::timeout(left, all).await.is_err() {
             for task in &tasks {
                 task.abort();
             }
@@ -392,7 +418,7 @@ impl Worker {
 
     /// The rows this worker may take.
     async fn filter(&self) -> Result<DueFilter> {
-        let def_ids = self
+        let defs = self
             .notifier
             .deliverable_defs(&self.config.defs, &self.config.handlers)
             .await?;
@@ -413,7 +439,7 @@ impl Worker {
             },
         };
         Ok(DueFilter {
-            defs: DefSelect::Only(def_ids),
+            defs,
             partitions: self.config.partitions.clone(),
             always,
         })
@@ -446,6 +472,7 @@ impl Worker {
                 batch_size: self.config.batch_size,
                 concurrency: self.config.concurrency,
                 shutdown_timeout: self.config.shutdown_timeout,
+                max_in_flight_bytes: self.config.max_in_flight_bytes,
             };
             match wakes {
                 Some(wakes) => {
@@ -466,11 +493,31 @@ impl Worker {
         match result {
             Ok(summary) => {
                 span.record("claimed", summary.claimed);
+                self.alerted
+                    .store(false, std::sync::atomic::Ordering::Relaxed);
+                let failed = self.stats.sweep_succeeded();
+                if failed >= SWEEP_FAILURES_ALERT {
+                    tracing::warn!(parent: &span, "sweeps succeed again after {failed} failures in a row");
+                }
                 true
             }
             Err(e) => {
-                self.stats.add_error();
-                tracing::warn!(parent: &span, error = %e, "sweep failed; retrying soon");
+                let n = self.stats.sweep_failed();
+                if n == SWEEP_FAILURES_ALERT {
+                    tracing::error!(parent: &span, error = %e, "{n} sweeps failed in a row: nothing is claimed by this worker until this is fixed");
+                }
+                if n >= SWEEP_FAILURES_ALERT
+                    && !self.alerted.load(std::sync::atomic::Ordering::Relaxed)
+                {
+                    // Until the alert is stored (the database may refuse it
+                    // for the reason the sweeps fail), tried again each time.
+                    if self.sweeps_failing_alert(n, &e).await {
+                        self.alerted
+                            .store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
+                } else if n != SWEEP_FAILURES_ALERT {
+                    tracing::warn!(parent: &span, error = %e, in_a_row = n, "sweep failed; retrying soon");
+                }
                 false
             }
         }
@@ -478,6 +525,46 @@ impl Worker {
 }
 
 impl Worker {
+    /// The alert that `n` sweeps failed in a row (to the alert
+    /// definition's recipients; none: no alert), added and attempted at
+    /// once. `false`: it could not be stored (logged).
+    async fn sweeps_failing_alert(&self, n: u64, error: &Error) -> bool {
+        let result = async {
+            let def = self.notifier.alert_def().await?;
+            if def.alert_emails.is_empty() {
+                return Ok(());
+            }
+            let host = hostname::get()
+                .ok()
+                .and_then(|h| h.into_string().ok())
+                .unwrap_or_else(|| "unknown".into());
+            let mail = crate::alert::AlertMail::sweeps_failing(
+                def.alert_emails.clone(),
+                &format!("{host}:{}", std::process::id()),
+                n,
+                &error.to_string(),
+            );
+            let pending = self
+                .notifier
+                .add(
+                    self.notifier.db(),
+                    crate::NewNotice::new(crate::alert::ALERT_DEF, &mail.param())
+                        .description(crate::alert::ALERT_DESCRIPTION),
+                )
+                .await?;
+            self.notifier.dispatch(vec![pending], false).await;
+            Ok::<(), Error>(())
+        }
+        .await;
+        match result {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot raise the alert about failing sweeps yet");
+                false
+            }
+        }
+    }
+
     async fn park_check(&self) {
         {
             let mut last = self
@@ -529,6 +616,10 @@ async fn warm_up(db: &sea_orm::DatabaseConnection) {
     }
 }
 
+/// After this many sweeps failed in a row a worker logs at `error` and
+/// raises an alert (once per run of failures): 10.
+pub const SWEEP_FAILURES_ALERT: u64 = 10;
+
 /// Sleeps `d`; `false` if `shutdown` was cancelled first.
 async fn sleep_or_stop(d: std::time::Duration, shutdown: &CancellationToken) -> bool {
     tokio::select! {
@@ -573,7 +664,11 @@ async fn heartbeat(
             failed: count(s.retried + s.final_failures),
             beat_secs: every.as_secs_f64(),
         };
-        if let Err(e) = crate::state::heartbeat::beat(&notifier.inner.store.db, &beat).await {
+        let written = tokio::select! {
+            written = crate::state::heartbeat::beat(&notifier.inner.store.db, &beat) => written,
+            _ = stop.cancelled() => return,
+        };
+        if let Err(e) = written {
             tracing::warn!(error = %e, "cannot write the worker heartbeat");
         }
     }

@@ -43,11 +43,19 @@ pub(crate) async fn listen(notifier: Notifier, stop: CancellationToken) {
     if db.get_database_backend() != DbBackend::Postgres {
         return;
     }
-    let pool = db.get_postgres_connection_pool().clone();
+    let options = db.get_postgres_connection_pool().connect_options();
     let bound = notifier.config().db_timeout;
     while !stop.is_cancelled() {
+        // A pool of one connection, of its own, each time: a listener
+        // dropped on a dead connection leaves a task that says `UNLISTEN`
+        // to it, without a bound, holding its connection; not one of the
+        // worker's.
+        let own = sea_orm::sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(bound)
+            .connect_lazy_with((*options).clone());
         let connected = async {
-            let mut listener = sea_orm::sqlx::postgres::PgListener::connect_with(&pool).await?;
+            let mut listener = sea_orm::sqlx::postgres::PgListener::connect_with(&own).await?;
             listener.listen(WAKE_CHANNEL).await?;
             Ok::<_, sea_orm::sqlx::Error>(listener)
         };
@@ -78,7 +86,11 @@ pub(crate) async fn listen(notifier: Notifier, stop: CancellationToken) {
                 _ = tokio::time::sleep(LISTEN_CHECK_EVERY) => {
                     // Quiet for a while: does the connection still answer?
                     let check = sea_orm::sqlx::query("SELECT 1").execute(&mut listener);
-                    match tokio::time::timeout(bound, check).await {
+                    let checked = tokio::select! {
+                        checked = tokio::time::timeout(bound, check) => checked,
+                        _ = stop.cancelled() => return,
+                    };
+                    match checked {
                         Ok(Ok(_)) => continue,
                         Ok(Err(e)) => tracing::warn!(error = %e, "wake-up listener failed its check; listening again"),
                         Err(_) => tracing::warn!("wake-up listener's connection did not answer within {bound:?}; listening again"),

@@ -17,7 +17,7 @@ use std::{
 
 use axum::{
     Router,
-    extract::State,
+    extract::{DefaultBodyLimit, State},
     http::{HeaderMap, StatusCode},
     routing::post,
 };
@@ -196,6 +196,8 @@ impl Receiver {
         let app = Router::new()
             .route("/", post(handle))
             .route("/{*path}", post(handle))
+            // Notices of any size (axum's default stops at 2 MB).
+            .layer(DefaultBodyLimit::disable())
             .with_state(shared.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/hook", listener.local_addr().unwrap());

@@ -21,6 +21,7 @@ mod http;
 mod idempotent;
 mod inputs;
 mod mail;
+mod many_defs;
 mod ops;
 mod ordered;
 mod pins;

@@ -13,7 +13,7 @@ use solid_notify::{
 use crate::{
     db_test,
     faults::{fast, quiet, start},
-    support::{KillOnDrop, Recorder, TestDb, eventually, test_config},
+    support::{Recorder, TestDb, eventually, test_config},
 };
 
 fn filter_def(def: &str) -> NoticeFilter {
@@ -734,40 +734,7 @@ db_test!(
         )
         .await
         .unwrap();
-        let mut child = KillOnDrop(
-            std::process::Command::new(env!("CARGO_BIN_EXE_solid-notify"))
-                .args([
-                    "worker",
-                    "--mode",
-                    "fixed-delay",
-                    "--delay",
-                    "100ms",
-                    "--metrics-addr",
-                    "127.0.0.1:0",
-                    "--gauge-every",
-                    "200ms",
-                ])
-                .env("DATABASE_URL", &db.url)
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .unwrap(),
-        );
-        let mut stderr = std::io::BufReader::new(child.0.stderr.take().unwrap());
-        let addr = tokio::task::spawn_blocking(move || {
-            let mut line = String::new();
-            loop {
-                line.clear();
-                if std::io::BufRead::read_line(&mut stderr, &mut line).unwrap() == 0 {
-                    panic!("the worker ended without printing its metrics address");
-                }
-                if let Some(url) = line.trim().strip_prefix("metrics: ") {
-                    return url.to_string();
-                }
-            }
-        })
-        .await
-        .unwrap();
+        let (mut child, addr) = crate::support::metrics_worker(&db, &[]).await;
         let series = |text: &str, name: &str, labels: &str| -> Option<f64> {
             let prefix = format!("{name}{{{labels}}} ");
             text.lines()
@@ -811,14 +778,15 @@ db_test!(
             series(&text, "solid_notify_paused", r#"def="m_held""#),
             Some(1.0)
         );
+        // Only paused definitions have a series at 1; the others none, or 0.
         assert_eq!(
-            series(&text, "solid_notify_paused", r#"def="m_ok""#),
-            Some(0.0)
+            series(&text, "solid_notify_paused", r#"def="m_ok""#).unwrap_or(0.0),
+            0.0
         );
         assert!(series(&text, "solid_notify_oldest_due_seconds", r#"def="m_held""#).unwrap() > 0.0);
         assert_eq!(
-            series(&text, "solid_notify_awaiting_confirmation", r#"def="m_ok""#),
-            Some(0.0)
+            series(&text, "solid_notify_awaiting_confirmation", r#"def="m_ok""#).unwrap_or(0.0),
+            0.0
         );
         let claims: f64 = text
             .lines()

@@ -12,6 +12,7 @@ use std::{
 
 use sea_orm::{
     ConnectionTrait, Database, DatabaseConnection, EntityTrait, PaginatorTrait, QueryOrder,
+    QuerySelect,
     sea_query::{Alias, ColumnDef, Query, Table},
 };
 use serde_json::json;
@@ -304,11 +305,17 @@ impl TestDb {
     }
 
     pub async fn counts(&self) -> (u64, u64) {
+        // Only ids: MariaDB reads every column a counted subquery names,
+        // params included.
         let live = notify_msg::Entity::find()
+            .select_only()
+            .column(notify_msg::Column::Id)
             .count(&self.db)
             .await
             .expect("count");
         let done = notify_msg_history::Entity::find()
+            .select_only()
+            .column(notify_msg_history::Column::Id)
             .count(&self.db)
             .await
             .expect("count");
@@ -479,6 +486,50 @@ macro_rules! pg_test {
 /// A child process that is killed (SIGKILL) when the guard drops, so that a
 /// failing test never leaves a worker running behind it.
 pub struct KillOnDrop(pub std::process::Child);
+
+/// A `solid-notify worker` process on `db` (fixed delay of 100 ms, gauges
+/// every 200 ms, and `extra` flags) serving metrics on a free port; returns
+/// it and the metrics URL it printed.
+pub async fn metrics_worker(db: &TestDb, extra: &[&str]) -> (KillOnDrop, String) {
+    let mut child = KillOnDrop(
+        std::process::Command::new(env!("CARGO_BIN_EXE_solid-notify"))
+            .args([
+                "worker",
+                "--mode",
+                "fixed-delay",
+                "--delay",
+                "100ms",
+                "--metrics-addr",
+                "127.0.0.1:0",
+                "--gauge-every",
+                "200ms",
+            ])
+            .args(extra)
+            .env("DATABASE_URL", &db.url)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut stderr = std::io::BufReader::new(child.0.stderr.take().unwrap());
+    let addr = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if std::io::BufRead::read_line(&mut stderr, &mut line).unwrap() == 0 {
+                panic!("the worker ended without printing its metrics address");
+            }
+            if let Some(url) = line.trim().strip_prefix("metrics: ") {
+                // Keep reading, so the worker never blocks on a full pipe.
+                std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+                return url.to_string();
+            }
+        }
+    })
+    .await
+    .unwrap();
+    (child, addr)
+}
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {

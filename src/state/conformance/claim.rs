@@ -11,7 +11,7 @@ use crate::state::{
 
 conformance!(claims_a_due_row_once, |f: Fixture| async move {
     let id = f.notice().await;
-    let taken = claim::claim_due(&f.store, &DueFilter::default(), 10, false)
+    let taken = claim::claim_due(&f.store, &DueFilter::default(), 10, false, u64::MAX)
         .await
         .unwrap();
     assert_eq!(taken.leases.len(), 1);
@@ -20,7 +20,7 @@ conformance!(claims_a_due_row_once, |f: Fixture| async move {
     let row = f.live(id).await.unwrap();
     assert!(row.leased);
     assert_eq!(row.version, 1);
-    let again = claim::claim_due(&f.store, &DueFilter::default(), 10, false)
+    let again = claim::claim_due(&f.store, &DueFilter::default(), 10, false, u64::MAX)
         .await
         .unwrap();
     assert!(again.leases.is_empty(), "a leased row was claimed twice");
@@ -138,6 +138,41 @@ conformance!(
         let held = f.live(second).await.unwrap();
         assert!(claim::claim_one(&f.store, &held).await.unwrap().is_none());
         lease.forget();
+        f
+    }
+);
+
+conformance!(
+    claims_only_what_fits_in_its_bytes,
+    |f: Fixture| async move {
+        // Params of 100 bytes each: a bound of 150 takes the first two (the
+        // second starts under it), a bound of 1 the first only; the rows left
+        // stay due, unclaimed. Both without and with the turn's variant.
+        let param = format!("\"{}\"", "x".repeat(98));
+        for set_aside in [false, true] {
+            let mut ids = Vec::new();
+            for _ in 0..3 {
+                let row = crate::state::insert::NewRow {
+                    param: param.clone(),
+                    ..f.row(None, Due::Now)
+                };
+                ids.push(insert::insert_plain(&f.store.db, &row).await.unwrap());
+            }
+            let taken = claim::claim_due(&f.store, &DueFilter::default(), 10, set_aside, 150)
+                .await
+                .unwrap();
+            let taken_ids: Vec<i64> = taken.leases.iter().map(|l| l.id()).collect();
+            assert_eq!(taken_ids, ids[..2], "set_aside {set_aside}");
+            assert!(!f.live(ids[2]).await.unwrap().leased);
+            let one = claim::claim_due(&f.store, &DueFilter::default(), 10, set_aside, 1)
+                .await
+                .unwrap();
+            let one_ids: Vec<i64> = one.leases.iter().map(|l| l.id()).collect();
+            assert_eq!(one_ids, ids[2..], "set_aside {set_aside}");
+            for lease in taken.leases.into_iter().chain(one.leases) {
+                lease.succeed(None).await.unwrap().unwrap();
+            }
+        }
         f
     }
 );

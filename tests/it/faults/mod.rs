@@ -9,6 +9,7 @@ mod alerts;
 mod amqp;
 mod clock;
 mod database;
+mod memory;
 mod overflow;
 mod overlap;
 mod park;

@@ -1,0 +1,246 @@
+//! A hundred thousand definitions: claims whose size does not depend on the
+//! number of definitions (PostgreSQL and MariaDB take at most 65,535 bound
+//! parameters, SQLite 32,766), pages that read what they show, and a sweep
+//! that fails repeatedly raising its own signal.
+
+use std::{sync::Arc, time::Duration};
+
+use sea_orm::{
+    ActiveValue::NotSet, ActiveValue::Set, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter,
+};
+use solid_notify::entity::{notify_def, notify_msg};
+
+use crate::{
+    receiver::{Receiver, Reply},
+    support::{Backend, TestDb, eventually},
+};
+
+/// Copies the definition `template` as `{prefix}{i}` for `i` in `1..n`,
+/// a few hundred rows per statement (SQLite's limit of bound parameters).
+async fn copy_defs(db: &TestDb, template: &str, prefix: &str, n: usize) {
+    let model = notify_def::Entity::find()
+        .filter(notify_def::Column::Name.eq(template))
+        .one(&db.db)
+        .await
+        .unwrap()
+        .expect("template");
+    let rows: Vec<notify_def::ActiveModel> = (1..n)
+        .map(|i| {
+            let mut row: notify_def::ActiveModel = model.clone().into();
+            row.id = NotSet;
+            row.name = Set(format!("{prefix}{i}"));
+            row
+        })
+        .collect();
+    for chunk in rows.chunks(500) {
+        notify_def::Entity::insert_many(chunk.to_vec())
+            .exec_without_returning(&db.db)
+            .await
+            .unwrap();
+    }
+}
+
+/// `n` due notices spread round-robin over the definitions `defs`.
+async fn spread_notices(db: &TestDb, defs: &[i64], n: usize) {
+    let now = chrono::Utc::now().naive_utc();
+    let rows: Vec<notify_msg::ActiveModel> = (0..n)
+        .map(|i| notify_msg::ActiveModel {
+            def_id: Set(defs[i % defs.len()]),
+            param: Set(format!("{{\"i\":{i}}}")),
+            next_call_time: Set(now),
+            create_time: Set(now),
+            ..Default::default()
+        })
+        .collect();
+    for chunk in rows.chunks(500) {
+        notify_msg::Entity::insert_many(chunk.to_vec())
+            .exec_without_returning(&db.db)
+            .await
+            .unwrap();
+    }
+}
+
+crate::db_test!(
+    a_hundred_thousand_definitions_drain,
+    |db: Arc<TestDb>| async move {
+        const DEFS: usize = 100_000;
+        const BUSY: u64 = 10_000;
+        const NOTICES: usize = 20_000;
+        let receiver = Receiver::start(|_| Reply::ok()).await;
+        crate::faults::http_def(&db, "tenant_0", &receiver.url, |_| {}).await;
+        copy_defs(&db, "tenant_0", "tenant_", DEFS).await;
+        let busy: Vec<i64> = {
+            use sea_orm::{QueryOrder, QuerySelect};
+            notify_def::Entity::find()
+                .select_only()
+                .column(notify_def::Column::Id)
+                .filter(notify_def::Column::Name.like("tenant_%"))
+                .order_by_asc(notify_def::Column::Id)
+                .limit(BUSY)
+                .into_tuple()
+                .all(&db.db)
+                .await
+                .unwrap()
+        };
+        assert_eq!(busy.len() as u64, BUSY);
+        spread_notices(&db, &busy, NOTICES).await;
+
+        // The pages the dashboard and the API read, at 100,000 definitions.
+        let timed = std::time::Instant::now();
+        let o = solid_notify::ops::overview::overview(&db.db).await.unwrap();
+        let overview = timed.elapsed();
+        let timed = std::time::Instant::now();
+        let page = solid_notify::def::store::page(&db.db, None, None, 1_000)
+            .await
+            .unwrap();
+        let api_defs = timed.elapsed();
+        eprintln!("at {DEFS} definitions: overview {overview:?}, /api/defs page {api_defs:?}");
+        assert_eq!(o.def_count, DEFS as u64 + 1, "the alert definition too");
+        assert_eq!(page.len(), 1_000);
+        if db.backend == Backend::Postgres {
+            assert!(
+                overview < Duration::from_secs(1),
+                "overview took {overview:?}"
+            );
+            assert!(
+                api_defs < Duration::from_secs(1),
+                "/api/defs took {api_defs:?}"
+            );
+        }
+
+        // A worker process with its defaults drains them, metrics on.
+        let (mut child, addr) = crate::support::metrics_worker(&db, &[]).await;
+        let started = std::time::Instant::now();
+        eventually(600, "every notice delivered", || async {
+            (db.counts().await == (0, NOTICES as u64)).then_some(())
+        })
+        .await;
+        eprintln!(
+            "{NOTICES} notices over {BUSY} of {DEFS} definitions drained in {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+        assert_eq!(
+            receiver.delivered().len(),
+            NOTICES,
+            "every notice delivered"
+        );
+        assert_eq!(receiver.duplicates(), 0, "each once");
+        assert_eq!(receiver.overlaps(), Vec::<i64>::new());
+        // Its metrics stay small: series for at most 100 definitions.
+        let text = eventually(30, "the metrics", || async {
+            let text = reqwest::get(&addr).await.ok()?.text().await.ok()?;
+            text.contains(r#"def="_other""#).then_some(text)
+        })
+        .await;
+        let series = text.lines().filter(|l| !l.starts_with('#')).count();
+        eprintln!(
+            "metrics at {DEFS} definitions: {} bytes, {series} series",
+            text.len()
+        );
+        assert!(text.len() < 300 * 1024, "{} bytes of metrics", text.len());
+        assert!(
+            !text
+                .lines()
+                .any(|l| l.starts_with("solid_notify_sweeps_failed_total ")
+                    && l.trim_end() != "solid_notify_sweeps_failed_total 0"),
+            "no sweep failed"
+        );
+        let _ = child.0.kill();
+    }
+);
+
+crate::db_test!(
+    the_overview_and_pages_show_what_matters_among_many,
+    |db: Arc<TestDb>| async move {
+        const DEFS: usize = 2_000;
+        db.def("tenant_0", "tenant", |_| {}).await;
+        copy_defs(&db, "tenant_0", "tenant_", DEFS).await;
+        db.insert_due("tenant_1234", 3, |_| 0).await;
+        let ops = db.notifier().build().unwrap();
+        ops.pause(
+            "tenant_77",
+            solid_notify::ops::PauseEnd::OnResume,
+            &solid_notify::ops::Audit::new("t", "many"),
+        )
+        .await
+        .unwrap();
+        let o = solid_notify::ops::overview::overview(&db.db).await.unwrap();
+        assert_eq!(o.def_count, DEFS as u64 + 1, "the alert definition too");
+        let shown: Vec<&str> = o.defs.iter().map(|d| d.name.as_str()).collect();
+        assert!(shown.contains(&"tenant_1234"), "busy: {shown:?}");
+        assert!(shown.contains(&"tenant_77"), "paused: {shown:?}");
+        assert!(o.defs.len() as u64 <= solid_notify::ops::overview::OVERVIEW_DEFS);
+        assert_eq!(o.others.defs, o.def_count - o.defs.len() as u64);
+        let found = solid_notify::ops::overview::overview_of(
+            &db.db,
+            &solid_notify::ops::overview::OverviewQuery {
+                search: Some("tenant_199".into()),
+                limit: 0,
+            },
+        )
+        .await
+        .unwrap();
+        let names: Vec<&str> = found.defs.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(names.len(), 11, "{names:?}");
+        assert!(names.iter().all(|n| n.contains("tenant_199")));
+        // Pages by name.
+        let first = solid_notify::def::store::page(&db.db, Some("tenant_"), None, 100)
+            .await
+            .unwrap();
+        assert_eq!(first.len(), 100);
+        let next = solid_notify::def::store::page(
+            &db.db,
+            Some("tenant_"),
+            Some(&first.last().unwrap().name),
+            100,
+        )
+        .await
+        .unwrap();
+        assert!(next[0].name > first[99].name);
+    }
+);
+
+crate::db_test!(
+    a_sweep_that_keeps_failing_shows_in_the_metrics,
+    |db: Arc<TestDb>| async move {
+        db.def("d", "d", |_| {}).await;
+        let (mut child, addr) = crate::support::metrics_worker(&db, &[]).await;
+        let failing = |text: &str| -> Option<f64> {
+            text.lines()
+                .find_map(|l| l.strip_prefix("solid_notify_sweeps_failing_in_a_row "))
+                .and_then(|v| v.trim().parse().ok())
+        };
+        // The worker sweeps; then its table goes away under it.
+        eventually(30, "a first sweep", || async {
+            let text = reqwest::get(&addr).await.ok()?.text().await.ok()?;
+            text.contains("solid_notify_sweep_duration_seconds")
+                .then_some(())
+        })
+        .await;
+        db.db
+            .execute_unprepared("ALTER TABLE notify_msg RENAME TO notify_msg_away")
+            .await
+            .unwrap();
+        eventually(30, "failed sweeps counted", || async {
+            let text = reqwest::get(&addr).await.ok()?.text().await.ok()?;
+            (failing(&text)? >= 3.0).then_some(())
+        })
+        .await;
+        db.db
+            .execute_unprepared("ALTER TABLE notify_msg_away RENAME TO notify_msg")
+            .await
+            .unwrap();
+        eventually(30, "sweeps succeed again", || async {
+            let text = reqwest::get(&addr).await.ok()?.text().await.ok()?;
+            let total: f64 = text
+                .lines()
+                .find_map(|l| l.strip_prefix("solid_notify_sweeps_failed_total "))?
+                .trim()
+                .parse()
+                .ok()?;
+            (failing(&text)? == 0.0 && total >= 3.0).then_some(())
+        })
+        .await;
+        let _ = child.0.kill();
+    }
+);
