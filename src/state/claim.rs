@@ -183,7 +183,12 @@ fn def_in(backend: DbBackend, ids: &[i64], negate: bool) -> Expr {
         };
     }
     let (sql, value): (&str, sea_orm::Value) = match backend {
-        DbBackend::Postgres => ("\"def_id\" = ANY($1::bigint[])", ids.to_vec().into()),
+        // As text, cast: an array value would be bound one element at a
+        // time (100,000 ids failed as "too many arguments").
+        DbBackend::Postgres => (
+            "\"def_id\" = ANY(CAST($1 AS bigint[]))",
+            json_ids(ids).replace('[', "{").replace(']', "}").into(),
+        ),
         DbBackend::MySql => (
             "`def_id` IN (SELECT j.id FROM JSON_TABLE(?, '$[*]' COLUMNS (id BIGINT PATH '$')) AS j)",
             json_ids(ids).into(),
