@@ -244,3 +244,67 @@ crate::db_test!(
         let _ = child.0.kill();
     }
 );
+
+crate::db_test!(
+    a_worker_filtered_to_many_definitions_takes_only_those,
+    |db: Arc<TestDb>| async move {
+        use sea_orm::{QueryOrder, QuerySelect};
+        use solid_notify::{Notice, Outcome, Worker, WorkerConfig};
+        db.def("tenant_0", "tenant", |_| {}).await;
+        copy_defs(&db, "tenant_0", "tenant_", 400).await;
+        let ids: Vec<i64> = notify_def::Entity::find()
+            .select_only()
+            .column(notify_def::Column::Id)
+            .filter(notify_def::Column::Name.like("tenant_%"))
+            .order_by_asc(notify_def::Column::Id)
+            .into_tuple()
+            .all(&db.db)
+            .await
+            .unwrap();
+        spread_notices(&db, &ids, ids.len()).await;
+        // 150 names: a list past IDS_INLINE, bound as one parameter.
+        let names: Vec<String> = (0..150).map(|i| format!("tenant_{i}")).collect();
+        let calls: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
+        let recorded = calls.clone();
+        let notifier = db
+            .notifier()
+            .handler("tenant", move |n: Notice| {
+                let calls = recorded.clone();
+                async move {
+                    calls.lock().unwrap().push(n.def);
+                    Ok(Outcome::success())
+                }
+            })
+            .build()
+            .unwrap();
+        let worker = Arc::new(
+            Worker::new(
+                notifier,
+                WorkerConfig {
+                    defs: names.clone(),
+                    delay: Duration::from_millis(20),
+                    mode: solid_notify::worker::Mode::FixedDelay,
+                    ..WorkerConfig::default()
+                },
+            )
+            .unwrap(),
+        );
+        let stop = tokio_util::sync::CancellationToken::new();
+        let running = {
+            let (worker, stop) = (worker.clone(), stop.clone());
+            tokio::spawn(async move { worker.run(stop).await })
+        };
+        eventually(60, "the 150 notices of the listed definitions", || async {
+            (db.counts().await == (ids.len() as u64 - 150, 150)).then_some(())
+        })
+        .await;
+        stop.cancel();
+        running.await.unwrap();
+        let mut got = calls.lock().unwrap().clone();
+        got.sort_unstable();
+        let mut wanted = names;
+        wanted.sort_unstable();
+        assert_eq!(got, wanted, "exactly the listed definitions, once each");
+        assert_eq!(worker.stats().snapshot().sweeps_failed, 0);
+    }
+);
