@@ -601,6 +601,20 @@ async fn claim_due_pg(
     Ok((taken, keys))
 }
 
+/// The rows with these ids (none asked: no statement).
+async fn rows_by_id<C: ConnectionTrait>(
+    db: &C,
+    ids: Vec<i64>,
+) -> Result<Vec<notify_msg::Model>, DbErr> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    notify_msg::Entity::find()
+        .filter(Column::Id.is_in(ids))
+        .all(db)
+        .await
+}
+
 /// A candidate of a claim: its turn and its param's size.
 struct Candidate {
     id: i64,
@@ -761,14 +775,7 @@ async fn claim_due_locked(
     // Then, of those in turn, the rows whose params fit in `bytes`.
     let fit = fitting(in_turn.iter().map(|(_, size)| *size), bytes);
     let chosen: Vec<i64> = in_turn.iter().take(fit).map(|(id, _)| *id).collect();
-    let mut taken = if chosen.is_empty() {
-        Vec::new()
-    } else {
-        notify_msg::Entity::find()
-            .filter(Column::Id.is_in(chosen))
-            .all(&txn)
-            .await?
-    };
+    let mut taken = rows_by_id(&txn, chosen).await?;
     if !taken.is_empty() {
         let ids = taken.iter().map(|r| r.id);
         columns::update(&txn, Column::Id.is_in(ids), claim_sets(store)).await?;
@@ -886,14 +893,7 @@ async fn claim_rows(
                         .map(|(id, _)| id)
                         .collect()
                     };
-                    if chosen.is_empty() {
-                        Vec::new()
-                    } else {
-                        notify_msg::Entity::find()
-                            .filter(Column::Id.is_in(chosen))
-                            .all(&txn)
-                            .await?
-                    }
+                    rows_by_id(&txn, chosen).await?
                 }
             };
             if !rows.is_empty() {
