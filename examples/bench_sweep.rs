@@ -7,7 +7,8 @@
 //! 100,000. Each run is a separate process so its peak RSS is its own.
 //! Prints msgs/s, µs per notice, the ratio to the baseline, and peak RSS.
 //! `SN_BENCH_DEFS=N` spreads a PostgreSQL backlog over N definitions (up to
-//! 10,000 of them busy). `SN_BENCH_PAYLOAD=BYTES` pads each PostgreSQL notice's param with that
+//! 10,000 of them busy; `SN_BENCH_FRESH_DEFS=1`: created just before the
+//! drain, not an hour before). `SN_BENCH_PAYLOAD=BYTES` pads each PostgreSQL notice's param with that
 //! many bytes of random hex (e.g. 100, 10000, 1048576).
 //!
 //! Run: `cargo run --release --example bench_sweep` (PostgreSQL);
@@ -273,13 +274,17 @@ async fn run(backend: &str, mode: &str, backlog: u64) -> BoxResult<()> {
         explain(&db, ordered).await?;
     }
     let started = Instant::now();
-    match mode {
-        "baseline" => baseline(&db).await?,
+    // The workers' process reading its definitions, before any drain.
+    let startup = match mode {
+        "baseline" => {
+            baseline(&db).await?;
+            Duration::ZERO
+        }
         "worker1" | "ordered1" | "stuck1" => drain(&db, 1, backlog).await?,
         "worker2" => drain(&db, 2, backlog).await?,
         other => return Err(format!("unknown mode {other}").into()),
-    }
-    let secs = started.elapsed().as_secs_f64();
+    };
+    let secs = (started.elapsed() - startup).as_secs_f64();
     let left = db
         .query_one_raw(sea_orm::Statement::from_string(
             db.get_database_backend(),
@@ -292,6 +297,13 @@ async fn run(backend: &str, mode: &str, backlog: u64) -> BoxResult<()> {
     let stuck = if mode == "stuck1" { STUCK } else { 0 };
     if left != stuck {
         return Err(format!("{left} notices left after the drain").into());
+    }
+    if bench_defs() > 1 {
+        println!(
+            "{} definitions: the worker read them in {} ms before draining",
+            bench_defs(),
+            startup.as_millis()
+        );
     }
     println!("rate={:.1} rss_kb={}", backlog as f64 / secs, peak_rss_kb());
     db.close().await?;
@@ -370,15 +382,25 @@ async fn fresh_db(backend: &str, ordered: bool) -> BoxResult<DatabaseConnection>
     store::sync(&db, &[spec]).await?;
     let defs = bench_defs();
     if backend == "postgres" && defs > 1 {
-        // Copies of `bench` (same handler), as `bench_1` … `bench_{N-1}`.
+        // Copies of `bench` (same handler), as `bench_1` … `bench_{N-1}`,
+        // last changed an hour ago: definitions exist long before a
+        // backlog does (within `CHANGE_SLACK` of a bulk change, a refresh
+        // of the definition cache reads every changed row's id and time:
+        // `SN_BENCH_FRESH_DEFS=1` measures that case).
+        let changed = match std::env::var("SN_BENCH_FRESH_DEFS").is_ok() {
+            true => "now() at time zone 'utc'",
+            false => "(now() at time zone 'utc') - interval '1 hour'",
+        };
         db.execute_unprepared(&format!(
             "DO $$ DECLARE cols text; BEGIN \
              SELECT string_agg(quote_ident(column_name), ', ') INTO cols \
              FROM information_schema.columns WHERE table_name = 'notify_def' \
-             AND column_name NOT IN ('id', 'name'); \
-             EXECUTE format('INSERT INTO notify_def (name, %s) SELECT ''bench_'' || g, %s \
+             AND column_name NOT IN ('id', 'name', 'update_time'); \
+             EXECUTE format('INSERT INTO notify_def (name, update_time, %s) \
+             SELECT ''bench_'' || g, {}, %s \
              FROM notify_def, generate_series(1, {}) g WHERE name = ''bench''', cols, cols); \
              END $$",
+            changed.replace('\'', "''"),
             defs - 1
         ))
         .await?;
@@ -439,7 +461,10 @@ async fn baseline(db: &DatabaseConnection) -> BoxResult<()> {
     Ok(())
 }
 
-async fn drain(db: &DatabaseConnection, workers: usize, backlog: u64) -> BoxResult<()> {
+/// Drains the backlog with `workers` workers; returns how long reading the
+/// definitions took before they started (not part of the drain's rate).
+async fn drain(db: &DatabaseConnection, workers: usize, backlog: u64) -> BoxResult<Duration> {
+    let started = Instant::now();
     let notifier = Notifier::builder(db.clone())
         .config(Config {
             immediate_attempt: false,
@@ -447,6 +472,9 @@ async fn drain(db: &DatabaseConnection, workers: usize, backlog: u64) -> BoxResu
         })
         .handler("noop", |_n| async { Ok(Outcome::success()) })
         .build()?;
+    // Reads every definition (and claims nothing).
+    notifier.sweep_once(0).await?;
+    let startup = started.elapsed();
     let stop = CancellationToken::new();
     let mut tasks = Vec::new();
     let mut stats = Vec::new();
@@ -472,7 +500,7 @@ async fn drain(db: &DatabaseConnection, workers: usize, backlog: u64) -> BoxResu
     for task in tasks {
         task.await?;
     }
-    Ok(())
+    Ok(startup)
 }
 
 /// Peak resident set size of this process (VmHWM), in KiB.

@@ -207,9 +207,10 @@ impl Notifier {
         });
     }
 
-    /// Forgets cached definitions so the next use rereads `notify_def`.
+    /// Forgets cached definitions so the next use rereads the whole of
+    /// `notify_def`.
     pub fn reload_defs(&self) {
-        self.inner.defs.invalidate();
+        self.inner.defs.forget();
     }
 
     /// The application's clock, for the dates of failure-log lines (the

@@ -29,6 +29,7 @@ mod m20261205_000015_history_key_partial;
 mod m20261206_000016_hot_claim;
 mod m20261207_000017_run_claim;
 mod m20261208_000018_def_touched;
+mod m20261209_000019_paused_index;
 
 pub use m20261124_000004_wake_trigger::WAKE_CHANNEL;
 
@@ -60,6 +61,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261206_000016_hot_claim::Migration),
             Box::new(m20261207_000017_run_claim::Migration),
             Box::new(m20261208_000018_def_touched::Migration),
+            Box::new(m20261209_000019_paused_index::Migration),
         ]
     }
 

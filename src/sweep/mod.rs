@@ -145,6 +145,17 @@ impl Notifier {
     ) -> Result<DefSelect> {
         let inner = &self.inner;
         let known = inner.defs.known(&inner.store.db).await?;
+        Ok(self.deliverable_among(&known, defs, handlers))
+    }
+
+    /// [`deliverable_defs`](Self::deliverable_defs) among the rows `known`.
+    pub(crate) fn deliverable_among(
+        &self,
+        known: &std::collections::HashMap<i64, crate::def::cache::Entry>,
+        defs: &[String],
+        handlers: &[String],
+    ) -> DefSelect {
+        let inner = &self.inner;
         let mut taken = Vec::new();
         let mut not_taken = Vec::new();
         for (id, def) in known.iter() {
@@ -165,7 +176,7 @@ impl Notifier {
             }
         }
         let (Some(&from), Some(&through)) = (known.keys().min(), known.keys().max()) else {
-            return Ok(DefSelect::Only(taken));
+            return DefSelect::Only(taken);
         };
         // Ids in the range the cache does not hold (deleted, or committed
         // after it was read) are not taken either: their notices are the
@@ -173,7 +184,7 @@ impl Notifier {
         let span = u64::try_from(through.saturating_sub(from)).unwrap_or(u64::MAX);
         let gaps = span.saturating_add(1).saturating_sub(known.len() as u64);
         if taken.len() as u64 <= (not_taken.len() as u64).saturating_add(gaps) {
-            return Ok(DefSelect::Only(taken));
+            return DefSelect::Only(taken);
         }
         if gaps > 0 {
             let mut ids: Vec<i64> = known.keys().copied().collect();
@@ -182,11 +193,11 @@ impl Notifier {
                 not_taken.extend(pair[0] + 1..pair[1]);
             }
         }
-        Ok(DefSelect::Except {
+        DefSelect::Except {
             ids: not_taken,
             from,
             through,
-        })
+        }
     }
 }
 

@@ -308,3 +308,71 @@ crate::db_test!(
         assert_eq!(worker.stats().snapshot().sweeps_failed, 0);
     }
 );
+
+crate::db_test!(
+    a_refresh_of_the_definitions_reads_only_what_changed,
+    |db: Arc<TestDb>| async move {
+        use solid_notify::def::cache::DefCache;
+        const DEFS: usize = 1_000;
+        db.def("r_0", "r", |_| {}).await;
+        // Changed ten seconds ago: within the refresh's slack, yet known.
+        let earlier = chrono::Utc::now().naive_utc() - chrono::Duration::seconds(10);
+        let model = notify_def::Entity::find()
+            .filter(notify_def::Column::Name.eq("r_0"))
+            .one(&db.db)
+            .await
+            .unwrap()
+            .expect("r_0");
+        let rows: Vec<notify_def::ActiveModel> = (1..DEFS)
+            .map(|i| {
+                let mut row: notify_def::ActiveModel = model.clone().into();
+                row.id = NotSet;
+                row.name = Set(format!("r_{i}"));
+                row.update_time = Set(earlier);
+                row
+            })
+            .collect();
+        for chunk in rows.chunks(500) {
+            notify_def::Entity::insert_many(chunk.to_vec())
+                .exec_without_returning(&db.db)
+                .await
+                .unwrap();
+        }
+        // A TTL of zero: every use refreshes.
+        let cache = DefCache::new(Duration::ZERO);
+        let known = cache.known(&db.db).await.unwrap();
+        assert!(known.len() >= DEFS);
+        let first = cache.reads();
+        assert_eq!(first.full, 1);
+        // Nothing changed: no row is read whole again, though all changed
+        // within the slack (but `r_0` and the alert definition, changed
+        // within the last second).
+        cache.known(&db.db).await.unwrap();
+        let second = cache.reads();
+        assert_eq!(second.full, 1);
+        assert!(second.rows - first.rows <= 2, "{first:?} then {second:?}");
+        // One row paused: that row is read again, and seen paused.
+        db.db
+            .execute_unprepared(
+                "UPDATE notify_def SET paused_until = '2999-01-01 00:00:00' WHERE name = 'r_7'",
+            )
+            .await
+            .unwrap();
+        let def = cache.by_name(&db.db, "r_7").await.unwrap();
+        assert!(def.paused_until.is_some(), "the pause is seen");
+        let third = cache.reads();
+        assert_eq!(third.full, 1);
+        assert!(
+            (1..=3).contains(&(third.rows - second.rows)),
+            "the paused row (and the recent ones): {second:?} then {third:?}"
+        );
+        // Marked stale (a pause, a park check): refreshed, not read whole.
+        cache.invalidate();
+        cache.known(&db.db).await.unwrap();
+        assert_eq!(cache.reads().full, 1, "{:?}", cache.reads());
+        // Forgotten (`Notifier::reload_defs`): read whole.
+        cache.forget();
+        cache.known(&db.db).await.unwrap();
+        assert_eq!(cache.reads().full, 2);
+    }
+);
