@@ -19,8 +19,10 @@ pub const DEFAULT_MAX_BACKGROUND_ATTEMPTS: usize = 256;
 /// Default [`Config::db_timeout`]: 10 seconds.
 pub const DEFAULT_DB_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// How a notifier claims, runs and caches.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// How a notifier claims, runs and caches. `Debug` shows the names of
+/// [`secrets`](Config::secrets), never their values, and URLs without their
+/// passwords.
+#[derive(Clone, PartialEq, Eq)]
 pub struct Config {
     /// How far a claim pushes `next_call_time` (by the database's clock): a
     /// sender that dies mid-attempt leaves a row that is due again after this
@@ -59,7 +61,10 @@ pub struct Config {
     /// `.eml` files in a folder.
     pub mail: MailConfig,
     /// Named secrets (e.g. HTTP signing keys) kept out of `notify_def`; a name
-    /// not found here is read from the environment. Default: empty.
+    /// not found here is read from the environment variable
+    /// `SOLID_NOTIFY_SECRET_<NAME>` only
+    /// ([`SECRET_ENV_PREFIX`](crate::channel::http::SECRET_ENV_PREFIX)).
+    /// Redacted by `Debug`. Default: empty.
     pub secrets: HashMap<String, String>,
     /// RabbitMQ for the `amqp` channel and the confirmation queue. Default
     /// [`AmqpConfig::default`]: `$SOLID_NOTIFY_AMQP_URL` (unset: disabled).
@@ -97,6 +102,26 @@ impl Default for Config {
             max_param_bytes: DEFAULT_MAX_PARAM_BYTES,
             db_timeout: DEFAULT_DB_TIMEOUT,
         }
+    }
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut secrets: Vec<&String> = self.secrets.keys().collect();
+        secrets.sort();
+        f.debug_struct("Config")
+            .field("lease", &self.lease)
+            .field("attempt_timeout", &self.attempt_timeout)
+            .field("def_cache_ttl", &self.def_cache_ttl)
+            .field("immediate_attempt", &self.immediate_attempt)
+            .field("max_background_attempts", &self.max_background_attempts)
+            .field("max_param_bytes", &self.max_param_bytes)
+            .field("load_balance", &self.load_balance)
+            .field("mail", &self.mail)
+            .field("secrets", &secrets)
+            .field("amqp", &self.amqp)
+            .field("db_timeout", &self.db_timeout)
+            .finish()
     }
 }
 

@@ -49,6 +49,7 @@ pub mod load_balance;
 mod notifier;
 pub mod ops;
 pub mod producer;
+pub mod redact;
 pub mod schedule;
 pub mod state;
 pub mod stats;

@@ -52,20 +52,44 @@ pub(crate) fn paused(def: &DefRef) -> Result<(), String> {
     }
 }
 
-/// Merges `over` into the definition's target (top-level keys replace).
+/// Merges `over` into the definition's target (top-level keys replace),
+/// when the definition allows each of its fields
+/// ([`overrides`](crate::def::overrides)). An HTTP URL moved to another
+/// origin goes without the definition's headers and signature, unless the
+/// definition lets them follow.
 pub(crate) fn merged_target(
     def: &DefRef,
     over: &serde_json::Value,
 ) -> std::result::Result<Target, String> {
-    let mut target = def.target_json.clone();
-    if let (Some(base), Some(over)) = (target.as_object_mut(), over.as_object()) {
-        for (k, v) in over {
-            base.insert(k.clone(), v.clone());
-        }
-    } else {
+    let Some(over) = over.as_object() else {
         return Err("target override must be a JSON object".into());
+    };
+    if let Some(field) = def.overrides.refused(over) {
+        return Err(format!(
+            "`{field}` may not be overridden: definition `{}` allows overriding {}",
+            def.name,
+            def.overrides.describe()
+        ));
     }
-    Target::parse(def.target.channel(), &target)
+    let mut target = def.target_json.clone();
+    let Some(base) = target.as_object_mut() else {
+        return Err("the definition's target is not a JSON object".into());
+    };
+    for (k, v) in over {
+        base.insert(k.clone(), v.clone());
+    }
+    let mut merged = Target::parse(def.target.channel(), &target)?;
+    if let (Target::Http(merged), Target::Http(own)) = (&mut merged, &def.target) {
+        let moved = crate::def::overrides::origin(&merged.url)
+            .is_none_or(|to| Some(to) != crate::def::overrides::origin(&own.url));
+        if moved && !def.overrides.credentials_follow {
+            if !over.contains_key("headers") {
+                merged.headers.clear();
+            }
+            merged.signing_secret = None;
+        }
+    }
+    Ok(merged)
 }
 
 /// Runs the attempt held by `lease`, for at most `timeout`. A row still

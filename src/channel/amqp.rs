@@ -59,8 +59,9 @@ pub const EXCHANGE_CHECK_TTL: Duration = Duration::from_secs(10);
 /// Times one attempt publishes again after its channel closed under it.
 pub const REPUBLISH_TRIES: u32 = 3;
 
-/// Where AMQP notices go and where confirmations come from.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Where AMQP notices go and where confirmations come from. `Debug` hides
+/// the broker's password.
+#[derive(Clone, PartialEq, Eq)]
 pub struct AmqpConfig {
     /// Broker URL, e.g. `amqp://guest:guest@127.0.0.1:5672/%2f`; `None`
     /// disables the channel. Default: `$SOLID_NOTIFY_AMQP_URL`.
@@ -71,6 +72,16 @@ pub struct AmqpConfig {
     pub confirm_queue: String,
     /// Longest wait for a connection. Default [`DEFAULT_CONNECT_TIMEOUT`].
     pub connect_timeout: Duration,
+}
+
+impl std::fmt::Debug for AmqpConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AmqpConfig")
+            .field("url", &self.url.as_deref().map(crate::redact::url))
+            .field("confirm_queue", &self.confirm_queue)
+            .field("connect_timeout", &self.connect_timeout)
+            .finish()
+    }
 }
 
 impl Default for AmqpConfig {

@@ -8,8 +8,12 @@
 //! With `signing_secret` set, `X-Notice-Timestamp` (Unix seconds) and
 //! `X-Notice-Signature: sha256=<hex>` carry an HMAC-SHA256 of
 //! `"<timestamp>.<body>"` keyed with the secret of that name, taken from
-//! [`Config::secrets`](crate::Config) or else the environment variable of
-//! that name: the secret never lives in `notify_def`.
+//! [`Config::secrets`](crate::Config) or else the environment variable
+//! `SOLID_NOTIFY_SECRET_<NAME>` ([`SECRET_ENV_PREFIX`]; never another
+//! variable, so a name is no oracle for the process's environment): the
+//! secret never lives in `notify_def`. An empty secret counts as missing.
+//! Redirects are not followed: a 3xx is a failure, retried, so a receiver
+//! cannot send the request, its headers and signature elsewhere.
 //!
 //! Outcomes: 2xx is success (when `expected_body` is set, the trimmed body
 //! must equal it); connection errors, timeouts, 408, 429 and 5xx are retried;
@@ -29,6 +33,10 @@ use crate::{
 
 /// Default request timeout when the target sets none: 10 seconds.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The prefix of the environment variables a signing secret may come
+/// from: `SOLID_NOTIFY_SECRET_` (secret `hook` in
+/// `SOLID_NOTIFY_SECRET_hook`).
+pub const SECRET_ENV_PREFIX: &str = "SOLID_NOTIFY_SECRET_";
 /// Bytes of the response body quoted in a failure reason.
 pub const BODY_EXCERPT: usize = 200;
 
@@ -42,6 +50,7 @@ impl HttpChannel {
     pub fn new(secrets: HashMap<String, String>) -> Result<Self> {
         let client = reqwest::Client::builder()
             .user_agent(concat!("solid-notify/", env!("CARGO_PKG_VERSION")))
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| Error::Config(format!("HTTP client: {e}")))?;
         Ok(HttpChannel { client, secrets })
@@ -87,7 +96,8 @@ impl HttpChannel {
                 .secrets
                 .get(name)
                 .cloned()
-                .or_else(|| std::env::var(name).ok())
+                .or_else(|| std::env::var(format!("{SECRET_ENV_PREFIX}{name}")).ok())
+                .filter(|secret| !secret.is_empty())
             else {
                 return Outcome::retry(format!("signing secret `{name}` is not configured"));
             };
@@ -101,7 +111,13 @@ impl HttpChannel {
             Err(e) if e.is_timeout() => {
                 return Outcome::retry(format!("HTTP timeout after {timeout:?}"));
             }
-            Err(e) => return Outcome::retry(format!("HTTP request failed: {}", error_chain(&e))),
+            // Without the URL: its query may hold a key.
+            Err(e) => {
+                return Outcome::retry(format!(
+                    "HTTP request failed: {}",
+                    error_chain(&e.without_url())
+                ));
+            }
         };
         let status = response.status();
         let text = match response.text().await {

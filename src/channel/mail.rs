@@ -35,8 +35,9 @@ pub const ENV_MAIL_DIR: &str = "SOLID_NOTIFY_MAIL_DIR";
 /// Sender used when none is configured.
 pub const DEFAULT_FROM: &str = "solid-notify <solid-notify@localhost>";
 
-/// Where e-mail (notices and alerts) goes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Where e-mail (notices and alerts) goes. `Debug` hides the SMTP
+/// password.
+#[derive(Clone, PartialEq, Eq)]
 pub struct MailConfig {
     /// SMTP URL; `None` writes `.eml` files instead.
     /// Default: `$SOLID_NOTIFY_SMTP_URL`.
@@ -46,6 +47,19 @@ pub struct MailConfig {
     /// Folder of the file transport. Default: `$SOLID_NOTIFY_MAIL_DIR`, else
     /// `solid-notify-mail` in the system temp folder.
     pub file_dir: PathBuf,
+}
+
+impl std::fmt::Debug for MailConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MailConfig")
+            .field(
+                "smtp_url",
+                &self.smtp_url.as_deref().map(crate::redact::url),
+            )
+            .field("from", &self.from)
+            .field("file_dir", &self.file_dir)
+            .finish()
+    }
 }
 
 impl Default for MailConfig {

@@ -91,6 +91,8 @@ pub(super) async fn defs(
             let next = (defs.len() as u64 == DEFS_LIMIT)
                 .then(|| defs.last().map(|d| d.name.clone()))
                 .flatten();
+            // Header values and URL keys are secrets: never shown.
+            let defs: Vec<_> = defs.into_iter().map(crate::redact::def_row).collect();
             let mut response = Json(defs).into_response();
             let encoded = next
                 .map(|n| url::form_urlencoded::byte_serialize(n.as_bytes()).collect::<String>());

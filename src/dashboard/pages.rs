@@ -664,7 +664,11 @@ pub(super) async fn defs(
     )
     .await
     {
-        Ok(defs) => defs,
+        // Header values and URL keys are secrets: never shown.
+        Ok(defs) => defs
+            .into_iter()
+            .map(crate::redact::def_row)
+            .collect::<Vec<_>>(),
         Err(e) => return failure_page(&state, e.into()),
     };
     let q = query.q.clone().unwrap_or_default();

@@ -8,6 +8,7 @@
 
 pub mod cache;
 pub mod file;
+pub mod overrides;
 pub mod store;
 mod target;
 
@@ -117,6 +118,8 @@ pub struct Def {
     pub rate_limit: Option<RateLimit>,
     /// Whether notices with an `ordering_key` go one at a time per key.
     pub ordering: Ordering,
+    /// Which target fields a notice may override ([`overrides`]).
+    pub overrides: overrides::Overrides,
 }
 
 /// One step of a multi-step definition: a channel and its settings.
@@ -537,6 +540,7 @@ impl DefSpec {
         if self.name.trim().is_empty() || self.name.len() > 191 {
             return Err(fail("name", "must be 1 to 191 characters".into()));
         }
+        let mut overrides = overrides::Overrides::default();
         let steps = if self.steps.is_null() {
             let channel = Channel::parse(&self.channel).ok_or_else(|| {
                 fail(
@@ -547,10 +551,13 @@ impl DefSpec {
                     ),
                 )
             })?;
-            let target = Target::parse(channel, &self.target).map_err(|p| fail("target", p))?;
+            let mut target_json = self.target.clone();
+            overrides = overrides::Overrides::take(channel, &mut target_json)
+                .map_err(|p| fail("target", p))?;
+            let target = Target::parse(channel, &target_json).map_err(|p| fail("target", p))?;
             vec![Step {
                 target,
-                target_json: self.target.clone(),
+                target_json,
             }]
         } else {
             parse_steps(&self.steps).map_err(|(field, p)| fail(&field, p))?
@@ -730,6 +737,7 @@ impl DefSpec {
             immediate,
             rate_limit,
             ordering,
+            overrides,
         })
     }
 }

@@ -190,7 +190,21 @@ impl Target {
         match self {
             Target::Http(t) => {
                 if !(t.url.starts_with("http://") || t.url.starts_with("https://")) {
-                    return Err(format!("url `{}` is not an http(s) URL", t.url));
+                    return Err(format!(
+                        "url `{}` is not an http(s) URL",
+                        crate::redact::url(&t.url)
+                    ));
+                }
+                if reqwest::Url::parse(&t.url)
+                    .ok()
+                    .and_then(|u| u.host_str().map(|h| !h.is_empty()))
+                    != Some(true)
+                    || t.url.contains(char::is_whitespace)
+                {
+                    return Err(format!(
+                        "url `{}` is not a URL with a host",
+                        crate::redact::url(&t.url)
+                    ));
                 }
                 const METHODS: [&str; 5] = ["GET", "POST", "PUT", "PATCH", "DELETE"];
                 if !METHODS.contains(&t.method.as_str()) {

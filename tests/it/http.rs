@@ -294,7 +294,7 @@ db_test!(per_notice_url_override, |db: Arc<TestDb>| async move {
     http_def(
         &db,
         "callback",
-        json!({"url": format!("{}/default", server.uri())}),
+        json!({"url": format!("{}/default", server.uri()), "overridable": ["url"]}),
         |_| {},
     )
     .await;

@@ -15,6 +15,7 @@ mod committed;
 mod dashboard;
 mod defs;
 mod due_index;
+mod exposure;
 mod faults;
 mod history;
 mod http;

@@ -226,7 +226,12 @@ db_test!(
     notices_travel_with_the_commit_intact,
     |db: Arc<TestDb>| async move {
         use sea_orm::EntityTrait;
-        db.def("ship", "ship", |_| {}).await;
+        db.def(
+            "ship",
+            "ship",
+            |s| s.target = serde_json::json!({"handler": "ship", "overridable": ["handler"]}),
+        )
+        .await;
         let notifier = db
             .notifier()
             .config(solid_notify::Config {

@@ -1,0 +1,106 @@
+//! Redaction: what a viewer may see of a URL or a secret.
+//!
+//! A URL keeps its scheme, host, port and path; its password and the values
+//! of its query become `***` (`?api_key=***`), so a key carried in a query
+//! string never reaches a page, a log line, `errors` or an alert.
+
+/// What stands for a hidden value.
+pub const HIDDEN: &str = "***";
+
+/// `url` without its password and query values; text that is not a URL
+/// comes back as `***` when it holds a `?` or an `@`, else unchanged.
+pub fn url(url: &str) -> String {
+    let Ok(mut parsed) = reqwest::Url::parse(url) else {
+        return match url.contains(['?', '@']) {
+            true => HIDDEN.into(),
+            false => url.into(),
+        };
+    };
+    if parsed.password().is_some() {
+        let _ = parsed.set_password(Some(HIDDEN));
+    }
+    if parsed.query().is_some() {
+        let pairs: Vec<(String, String)> = parsed
+            .query_pairs()
+            .map(|(k, _)| (k.into_owned(), HIDDEN.to_string()))
+            .collect();
+        parsed.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    parsed.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn urls_lose_passwords_and_query_values() {
+        assert_eq!(
+            super::url("https://u:pw@h.example:8443/p?api_key=s3cr3t&x=1"),
+            "https://u:***@h.example:8443/p?api_key=***&x=***"
+        );
+        assert_eq!(super::url("http://h/p"), "http://h/p");
+        assert_eq!(super::url("not a url?key=s3cr3t"), "***");
+    }
+}
+
+/// A stored target (or `steps`) as a viewer may see it: header values
+/// hidden, URLs through [`url`]; text that is not JSON comes back as `***`.
+pub fn target_text(text: &str) -> String {
+    if text.trim().is_empty() {
+        return text.into();
+    }
+    match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(mut value) => {
+            hide(&mut value);
+            value.to_string()
+        }
+        Err(_) => HIDDEN.into(),
+    }
+}
+
+fn hide(value: &mut serde_json::Value) {
+    use serde_json::Value;
+    match value {
+        Value::Object(map) => {
+            for (key, item) in map.iter_mut() {
+                match (key.as_str(), item) {
+                    ("headers", Value::Object(headers)) => {
+                        headers
+                            .values_mut()
+                            .for_each(|v| *v = Value::String(HIDDEN.into()));
+                    }
+                    ("url", Value::String(u)) => *u = url(u),
+                    (_, item) => hide(item),
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(hide),
+        _ => {}
+    }
+}
+
+/// A `notify_def` row as a viewer may see it ([`target_text`] of its
+/// target and steps).
+pub fn def_row(mut row: crate::entity::notify_def::Model) -> crate::entity::notify_def::Model {
+    row.target = target_text(&row.target);
+    row.steps = target_text(&row.steps);
+    row
+}
+
+#[cfg(test)]
+mod target_tests {
+    #[test]
+    fn header_values_and_url_keys_are_hidden() {
+        let shown = super::target_text(
+            r#"{"url":"http://h/x?api_key=k1","headers":{"Authorization":"Bearer t0k"},"signing_secret":"NAME"}"#,
+        );
+        assert!(!shown.contains("k1") && !shown.contains("t0k"), "{shown}");
+        assert!(
+            shown.contains("Authorization") && shown.contains("NAME"),
+            "{shown}"
+        );
+        let steps = super::target_text(
+            r#"[{"channel":"http","target":{"url":"http://h","headers":{"X-Key":"s3"}}}]"#,
+        );
+        assert!(!steps.contains("s3"), "{steps}");
+    }
+}

@@ -1,0 +1,260 @@
+//! Safe to expose: no credential follows a producer-chosen URL, a
+//! receiver's redirect or a producer-chosen secret name; no secret on a
+//! page, in `errors` or in `Debug`.
+
+use std::sync::Arc;
+
+use sea_orm::ConnectionTrait;
+use serde_json::{Value, json};
+use solid_notify::{
+    AttemptResult, Config, Error, NewNotice, Notifier, Outcome,
+    dashboard::DashboardConfig,
+    def::{Channel, DefSpec, store},
+};
+use wiremock::{Mock, MockServer, ResponseTemplate, matchers::method};
+
+use crate::{
+    db_test,
+    support::{TestDb, test_config},
+};
+
+async fn def(db: &TestDb, name: &str, channel: Channel, target: Value) {
+    let mut spec = DefSpec::new(name, channel, target);
+    spec.retry_interval = "1s".into();
+    spec.max_retry_times = 0;
+    store::sync(&db.db, &[spec]).await.unwrap();
+}
+
+async fn receiver(status: u16) -> MockServer {
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(status))
+        .mount(&server)
+        .await;
+    server
+}
+
+async fn send(notifier: &Notifier, notice: NewNotice) -> AttemptResult {
+    let tx = notifier.begin().await.unwrap();
+    tx.add(notice).await.unwrap();
+    tx.commit_and_wait().await.unwrap().pop().unwrap().result
+}
+
+/// The HTTP definition `billing_hook` with a bearer token and a signing
+/// secret, pointing at `home`; `extra` is merged into its target.
+async fn billing_hook(db: &TestDb, home: &MockServer, extra: Value) -> Notifier {
+    let mut target = json!({
+        "url": format!("{}/billing", home.uri()),
+        "headers": {"Authorization": "Bearer t0ken-of-billing"},
+        "signing_secret": "billing",
+    });
+    for (k, v) in extra.as_object().unwrap() {
+        target[k] = v.clone();
+    }
+    def(db, "billing_hook", Channel::Http, target).await;
+    let mut config = test_config();
+    config
+        .secrets
+        .insert("billing".into(), "s1gning-key".into());
+    db.notifier().config(config).build().unwrap()
+}
+
+db_test!(an_override_needs_the_definitions_leave, |db: Arc<
+    TestDb,
+>| async move {
+    let home = receiver(200).await;
+    let notifier = billing_hook(&db, &home, json!({})).await;
+    let elsewhere = receiver(200).await;
+    // Not allowed: refused at the add, nothing written.
+    let tx = notifier.begin().await.unwrap();
+    let refused = tx
+        .add(
+            NewNotice::new("billing_hook", &json!({}))
+                .target_override(json!({"url": format!("{}/x", elsewhere.uri())})),
+        )
+        .await;
+    assert!(
+        matches!(&refused, Err(Error::InvalidNotice { problem: m, .. }) if m.contains("`url` may not be overridden")),
+        "{refused:?}"
+    );
+    tx.rollback().await.unwrap();
+    // A plain-SQL producer writes one anyway: it fails for good at
+    // delivery, sending nothing.
+    let def_id = db
+        .scalar("SELECT id FROM notify_def WHERE name = 'billing_hook'")
+        .await;
+    db.db
+        .execute_unprepared(&format!(
+            "INSERT INTO notify_msg (def_id, param, next_call_time, target_override) \
+                 VALUES ({def_id}, '{{}}', '2000-01-01 00:00:00', '{{\"url\": \"{}/x\"}}')",
+            elsewhere.uri()
+        ))
+        .await
+        .unwrap();
+    let reports = notifier.sweep_once(10).await.unwrap();
+    assert!(
+        matches!(&reports[0].result, AttemptResult::FinalFailure { reason, .. } if reason.contains("may not be overridden")),
+        "{reports:?}"
+    );
+    assert!(elsewhere.received_requests().await.unwrap().is_empty());
+    // Nor may a definition allow the secret's name to be overridden.
+    let mut spec = DefSpec::new(
+        "oracle",
+        Channel::Http,
+        json!({"url": home.uri(), "overridable": ["signing_secret"]}),
+    );
+    spec.retry_interval = "1s".into();
+    let bad = store::sync(&db.db, &[spec]).await;
+    assert!(
+        format!("{bad:?}").contains("can never be overridden"),
+        "{bad:?}"
+    );
+});
+
+db_test!(credentials_do_not_follow_an_overridden_url, |db: Arc<
+    TestDb,
+>| async move {
+    let home = receiver(200).await;
+    let notifier = billing_hook(&db, &home, json!({"overridable": ["url"]})).await;
+    let elsewhere = receiver(200).await;
+    // Another origin: no token, no signature.
+    let moved = NewNotice::new("billing_hook", &json!({"n": 1}))
+        .target_override(json!({"url": format!("{}/callback", elsewhere.uri())}));
+    assert_eq!(send(&notifier, moved).await, AttemptResult::Succeeded);
+    let got = &elsewhere.received_requests().await.unwrap()[0];
+    assert!(
+        got.headers.get("authorization").is_none(),
+        "{:?}",
+        got.headers
+    );
+    assert!(got.headers.get("x-notice-signature").is_none());
+    // The same origin, another path: they are the definition's own.
+    let same = NewNotice::new("billing_hook", &json!({"n": 2}))
+        .target_override(json!({"url": format!("{}/jobs/7", home.uri())}));
+    assert_eq!(send(&notifier, same).await, AttemptResult::Succeeded);
+    let got = &home.received_requests().await.unwrap()[0];
+    assert_eq!(got.url.path(), "/jobs/7");
+    assert!(got.headers.get("authorization").is_some());
+    assert!(got.headers.get("x-notice-signature").is_some());
+});
+
+db_test!(credentials_follow_when_the_definition_says_so, |db: Arc<
+    TestDb,
+>| async move {
+    let home = receiver(200).await;
+    let notifier = billing_hook(
+        &db,
+        &home,
+        json!({"overridable": ["url"], "credentials_follow_override": true}),
+    )
+    .await;
+    let elsewhere = receiver(200).await;
+    let moved = NewNotice::new("billing_hook", &json!({}))
+        .target_override(json!({"url": format!("{}/callback", elsewhere.uri())}));
+    assert_eq!(send(&notifier, moved).await, AttemptResult::Succeeded);
+    let got = &elsewhere.received_requests().await.unwrap()[0];
+    assert!(got.headers.get("authorization").is_some());
+    assert!(got.headers.get("x-notice-signature").is_some());
+});
+
+db_test!(a_redirect_is_not_followed, |db: Arc<TestDb>| async move {
+    let inside = receiver(200).await;
+    let home = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(
+            ResponseTemplate::new(307)
+                .insert_header("location", format!("{}/internal", inside.uri()).as_str()),
+        )
+        .mount(&home)
+        .await;
+    let notifier = billing_hook(&db, &home, json!({})).await;
+    let result = send(&notifier, NewNotice::new("billing_hook", &json!({}))).await;
+    assert!(
+        matches!(&result, AttemptResult::FinalFailure { reason, .. } if reason.contains("307")),
+        "{result:?}"
+    );
+    assert!(inside.received_requests().await.unwrap().is_empty());
+});
+
+db_test!(
+    a_handler_cannot_be_repointed,
+    |db: Arc<TestDb>| async move {
+        def(&db, "ship", Channel::Handler, json!({"handler": "ship"})).await;
+        let calls = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let admin = calls.clone();
+        let notifier = db
+            .notifier()
+            .config(test_config())
+            .handler("ship", |_n| async { Ok(Outcome::success()) })
+            .handler("admin", move |_n| {
+                admin.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                async { Ok(Outcome::success()) }
+            })
+            .build()
+            .unwrap();
+        let tx = notifier.begin().await.unwrap();
+        let refused = tx
+            .add(NewNotice::new("ship", &json!({})).target_override(json!({"handler": "admin"})))
+            .await;
+        assert!(
+            matches!(refused, Err(Error::InvalidNotice { .. })),
+            "{refused:?}"
+        );
+        tx.rollback().await.unwrap();
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 0);
+    }
+);
+
+db_test!(secrets_stay_off_pages_and_out_of_errors, |db: Arc<
+    TestDb,
+>| async move {
+    // A key in the URL's query, a token in a header.
+    def(
+        &db,
+        "keyed",
+        Channel::Http,
+        json!({
+            "url": "http://127.0.0.1:9/hook?api_key=k3y-in-query",
+            "headers": {"X-Api-Key": "h3ader-key"},
+        }),
+    )
+    .await;
+    let notifier = db.notifier().config(test_config()).build().unwrap();
+    let result = send(&notifier, NewNotice::new("keyed", &json!({}))).await;
+    let AttemptResult::FinalFailure { reason, .. } = &result else {
+        panic!("{result:?}")
+    };
+    assert!(!reason.contains("k3y-in-query"), "{reason}");
+    let (base, stop) = crate::dashboard::serve(&db, DashboardConfig::default()).await;
+    let http = crate::dashboard::client();
+    for page in ["/defs", "/api/defs", "/notices", "/api/notices"] {
+        let text = http
+            .get(format!("{base}{page}"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            !text.contains("k3y-in-query") && !text.contains("h3ader-key"),
+            "{page} shows a secret: {text}"
+        );
+    }
+    stop.cancel();
+});
+
+#[test]
+fn debug_hides_passwords_and_secrets() {
+    let mut config = Config::default();
+    config
+        .secrets
+        .insert("billing".into(), "s1gning-key".into());
+    config.mail.smtp_url = Some("smtp://user:smtp-pa55@127.0.0.1:25".into());
+    config.amqp.url = Some("amqp://guest:amqp-pa55@127.0.0.1:5672/%2f".into());
+    let shown = format!("{config:?}");
+    for secret in ["s1gning-key", "smtp-pa55", "amqp-pa55"] {
+        assert!(!shown.contains(secret), "{shown}");
+    }
+    assert!(shown.contains("billing"), "names stay: {shown}");
+}
