@@ -7,7 +7,8 @@
 /// What stands for a hidden value.
 pub const HIDDEN: &str = "***";
 
-/// `url` without its password and query values; text that is not a URL
+/// `url` without its user name, password, fragment and query values (a
+/// query with a bare key, hidden whole); text that is not a URL
 /// comes back as `***` when it holds a `?` or an `@`, else unchanged.
 pub fn url(url: &str) -> String {
     let Ok(mut parsed) = reqwest::Url::parse(url) else {
@@ -16,15 +17,27 @@ pub fn url(url: &str) -> String {
             false => url.into(),
         };
     };
+    // A user name may be a token too (`https://sk_live_…@host/`).
+    if !parsed.username().is_empty() {
+        let _ = parsed.set_username(HIDDEN);
+    }
     if parsed.password().is_some() {
         let _ = parsed.set_password(Some(HIDDEN));
     }
+    parsed.set_fragment(None);
     if parsed.query().is_some() {
         let pairs: Vec<(String, String)> = parsed
             .query_pairs()
-            .map(|(k, _)| (k.into_owned(), HIDDEN.to_string()))
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
             .collect();
-        parsed.query_pairs_mut().clear().extend_pairs(pairs);
+        // A bare `?S3CR3T` (a key without a value) is hidden whole.
+        match pairs.iter().any(|(_, v)| v.is_empty()) {
+            true => parsed.set_query(Some(HIDDEN)),
+            false => {
+                let hidden = pairs.into_iter().map(|(k, _)| (k, HIDDEN));
+                parsed.query_pairs_mut().clear().extend_pairs(hidden);
+            }
+        }
     }
     parsed.to_string()
 }
@@ -34,8 +47,12 @@ mod tests {
     #[test]
     fn urls_lose_passwords_and_query_values() {
         assert_eq!(
-            super::url("https://u:pw@h.example:8443/p?api_key=s3cr3t&x=1"),
-            "https://u:***@h.example:8443/p?api_key=***&x=***"
+            super::url("https://u:pw@h.example:8443/p?api_key=s3cr3t&x=1#t=f"),
+            "https://***:***@h.example:8443/p?api_key=***&x=***"
+        );
+        assert_eq!(
+            super::url("https://sk_live@h.example/p?S3CR3T"),
+            "https://***@h.example/p?***"
         );
         assert_eq!(super::url("http://h/p"), "http://h/p");
         assert_eq!(super::url("not a url?key=s3cr3t"), "***");
@@ -49,11 +66,12 @@ pub fn target_text(text: &str) -> String {
         return text.into();
     }
     match serde_json::from_str::<serde_json::Value>(text) {
-        Ok(mut value) => {
+        Ok(mut value) if value.is_object() || value.is_array() => {
             hide(&mut value);
             value.to_string()
         }
-        Err(_) => HIDDEN.into(),
+        // Not JSON, or JSON text in a string: shown as nothing.
+        _ => HIDDEN.into(),
     }
 }
 
@@ -68,6 +86,7 @@ fn hide(value: &mut serde_json::Value) {
                             .values_mut()
                             .for_each(|v| *v = Value::String(HIDDEN.into()));
                     }
+                    ("headers", other) => *other = Value::String(HIDDEN.into()),
                     ("url", Value::String(u)) => *u = url(u),
                     (_, item) => hide(item),
                 }
@@ -102,5 +121,11 @@ mod target_tests {
             r#"[{"channel":"http","target":{"url":"http://h","headers":{"X-Key":"s3"}}}]"#,
         );
         assert!(!steps.contains("s3"), "{steps}");
+        for odd in [
+            r#""{\"headers\":{\"A\":\"s3\"}}""#,
+            r#"{"headers":["Authorization: s3"]}"#,
+        ] {
+            assert!(!super::target_text(odd).contains("s3"), "{odd}");
+        }
     }
 }

@@ -52,6 +52,11 @@ pub(crate) fn paused(def: &DefRef) -> Result<(), String> {
     }
 }
 
+/// Request headers an override's `headers` may not set: they would send the
+/// request (and the definition's credentials) to another site behind a
+/// shared front end without moving its URL.
+const ROUTING_HEADERS: [&str; 4] = ["host", "forwarded", "x-forwarded-host", ":authority"];
+
 /// Merges `over` into the definition's target (top-level keys replace),
 /// when the definition allows each of its fields
 /// ([`overrides`](crate::def::overrides)). An HTTP URL moved to another
@@ -77,6 +82,17 @@ pub(crate) fn merged_target(
     };
     for (k, v) in over {
         base.insert(k.clone(), v.clone());
+    }
+    // Headers that route the request elsewhere without moving its URL.
+    if let Some(name) = over
+        .get("headers")
+        .and_then(|h| h.as_object())
+        .and_then(|h| {
+            h.keys()
+                .find(|k| ROUTING_HEADERS.iter().any(|r| k.eq_ignore_ascii_case(r)))
+        })
+    {
+        return Err(format!("header `{name}` may not be overridden"));
     }
     let mut merged = Target::parse(def.target.channel(), &target)?;
     if let (Target::Http(merged), Target::Http(own)) = (&mut merged, &def.target) {
@@ -160,10 +176,21 @@ fn prepare(def: &DefRef, lease: &Lease) -> Result<(Target, Notice), Outcome> {
                 "a target override cannot apply to a definition of several steps",
             ));
         }
-        Some(text) => serde_json::from_str(text)
-            .map_err(|e| e.to_string())
-            .and_then(|over| merged_target(def, &over))
-            .map_err(|e| Outcome::permanent(format!("target override is invalid: {e}")))?,
+        Some(text) => {
+            let over: serde_json::Value = serde_json::from_str(text)
+                .map_err(|e| Outcome::permanent(format!("target override is invalid: {e}")))?;
+            // Retried, not failed for good: a definition that is changed
+            // to allow the field (after an upgrade, say) delivers it.
+            if let Some(field) = over.as_object().and_then(|o| def.overrides.refused(o)) {
+                return Err(Outcome::retry(format!(
+                    "`{field}` may not be overridden: definition `{}` allows overriding {}",
+                    def.name,
+                    def.overrides.describe()
+                )));
+            }
+            merged_target(def, &over)
+                .map_err(|e| Outcome::permanent(format!("target override is invalid: {e}")))?
+        }
     };
     let previous_result = match &row.step_result {
         None => None,

@@ -48,8 +48,8 @@ pub const DEFAULT_ADDR: &str = "127.0.0.1:8080";
 /// Notices per page of a listing, unless the request says otherwise.
 pub const DEFAULT_PAGE: u64 = 50;
 
-/// How the dashboard behaves.
-#[derive(Debug, Clone, Default)]
+/// How the dashboard behaves. `Debug` hides the token.
+#[derive(Clone, Default)]
 pub struct DashboardConfig {
     /// Allow requeue, cancel, bulk actions, pause and resume. Default:
     /// `false` (read-only: the action buttons are not shown and the routes
@@ -61,6 +61,16 @@ pub struct DashboardConfig {
     /// The path the router is mounted under (e.g. `/ops`), for links.
     /// Default: empty (the root).
     pub base_path: String,
+}
+
+impl std::fmt::Debug for DashboardConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DashboardConfig")
+            .field("allow_actions", &self.allow_actions)
+            .field("token", &self.token.as_ref().map(|_| crate::redact::HIDDEN))
+            .field("base_path", &self.base_path)
+            .finish()
+    }
 }
 
 #[derive(Clone)]

@@ -162,7 +162,8 @@ impl Target {
     /// Returns the problem as text; the caller adds where it came from.
     pub fn parse(channel: Channel, target: &Value) -> Result<Target, String> {
         if !target.is_object() {
-            return Err(format!("must be a JSON object, got `{target}`"));
+            // Not echoed: it may hold a secret.
+            return Err("must be a JSON object".into());
         }
         let target = target.clone();
         let parsed = match channel {

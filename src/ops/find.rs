@@ -138,7 +138,8 @@ macro_rules! view_from {
                         .filter(|l| !l.is_empty())
                         .map(str::to_string)
                         .collect(),
-                    target_override: row.target_override,
+                    // A producer's override may carry headers or keys.
+                    target_override: row.target_override.map(|t| crate::redact::target_text(&t)),
                     trace_id: row
                         .trace_context
                         .as_deref()

@@ -258,3 +258,55 @@ fn debug_hides_passwords_and_secrets() {
     }
     assert!(shown.contains("billing"), "names stay: {shown}");
 }
+
+db_test!(an_override_cannot_route_by_host_header, |db: Arc<
+    TestDb,
+>| async move {
+    let home = receiver(200).await;
+    let notifier = billing_hook(&db, &home, json!({"overridable": ["headers"]})).await;
+    let tx = notifier.begin().await.unwrap();
+    let refused = tx
+        .add(
+            NewNotice::new("billing_hook", &json!({}))
+                .target_override(json!({"headers": {"HOST": "attacker.example"}})),
+        )
+        .await;
+    assert!(
+        matches!(&refused, Err(Error::InvalidNotice { problem, .. }) if problem.contains("HOST")),
+        "{refused:?}"
+    );
+    tx.rollback().await.unwrap();
+    assert!(home.received_requests().await.unwrap().is_empty());
+});
+
+db_test!(
+    a_notices_override_is_shown_without_its_secrets,
+    |db: Arc<TestDb>| async move {
+        let home = receiver(200).await;
+        let notifier = billing_hook(&db, &home, json!({"overridable": ["headers"]})).await;
+        let tx = notifier.begin().await.unwrap();
+        let id = tx
+            .add(
+                NewNotice::new("billing_hook", &json!({}))
+                    .target_override(json!({"headers": {"Authorization": "Bearer pr0ducer"}})),
+            )
+            .await
+            .unwrap();
+        tx.commit_and_wait().await.unwrap();
+        let got = &home.received_requests().await.unwrap()[0];
+        assert_eq!(
+            got.headers.get("authorization").unwrap(),
+            "Bearer pr0ducer",
+            "sent as the producer asked"
+        );
+        let (base, stop) = crate::dashboard::serve(&db, DashboardConfig::default()).await;
+        let http = crate::dashboard::client();
+        for page in [format!("/notices/{id}"), format!("/api/notices/{id}")] {
+            let response = http.get(format!("{base}{page}")).send().await.unwrap();
+            assert!(response.status().is_success(), "{page}");
+            let text = response.text().await.unwrap();
+            assert!(!text.contains("pr0ducer"), "{page} shows a secret: {text}");
+        }
+        stop.cancel();
+    }
+);
