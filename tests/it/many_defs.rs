@@ -18,6 +18,17 @@ use crate::{
 /// Copies the definition `template` as `{prefix}{i}` for `i` in `1..n`,
 /// a few hundred rows per statement (SQLite's limit of bound parameters).
 async fn copy_defs(db: &TestDb, template: &str, prefix: &str, n: usize) {
+    copy_defs_with(db, template, prefix, n, |_| {}).await
+}
+
+/// [`copy_defs`], each row changed by `edit` first.
+async fn copy_defs_with(
+    db: &TestDb,
+    template: &str,
+    prefix: &str,
+    n: usize,
+    edit: impl Fn(&mut notify_def::ActiveModel),
+) {
     let model = notify_def::Entity::find()
         .filter(notify_def::Column::Name.eq(template))
         .one(&db.db)
@@ -29,6 +40,7 @@ async fn copy_defs(db: &TestDb, template: &str, prefix: &str, n: usize) {
             let mut row: notify_def::ActiveModel = model.clone().into();
             row.id = NotSet;
             row.name = Set(format!("{prefix}{i}"));
+            edit(&mut row);
             row
         })
         .collect();
@@ -317,27 +329,7 @@ crate::db_test!(
         db.def("r_0", "r", |_| {}).await;
         // Changed ten seconds ago: within the refresh's slack, yet known.
         let earlier = chrono::Utc::now().naive_utc() - chrono::Duration::seconds(10);
-        let model = notify_def::Entity::find()
-            .filter(notify_def::Column::Name.eq("r_0"))
-            .one(&db.db)
-            .await
-            .unwrap()
-            .expect("r_0");
-        let rows: Vec<notify_def::ActiveModel> = (1..DEFS)
-            .map(|i| {
-                let mut row: notify_def::ActiveModel = model.clone().into();
-                row.id = NotSet;
-                row.name = Set(format!("r_{i}"));
-                row.update_time = Set(earlier);
-                row
-            })
-            .collect();
-        for chunk in rows.chunks(500) {
-            notify_def::Entity::insert_many(chunk.to_vec())
-                .exec_without_returning(&db.db)
-                .await
-                .unwrap();
-        }
+        copy_defs_with(&db, "r_0", "r_", DEFS, |row| row.update_time = Set(earlier)).await;
         // A TTL of zero: every use refreshes.
         let cache = DefCache::new(Duration::ZERO);
         let known = cache.known(&db.db).await.unwrap();
