@@ -198,28 +198,73 @@ impl Backoff {
     }
 }
 
+/// When this process last abandoned a database call: milliseconds after
+/// [`EPOCH`], plus one (0: never).
+static ABANDONED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// The process's reference instant for [`ABANDONED`].
+static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+
+fn millis_since_epoch() -> u64 {
+    let epoch = *EPOCH.get_or_init(std::time::Instant::now);
+    u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Whether this process abandoned a database call ([`timed_out`]) within
+/// the last `window`: its pools' idle connections may be cut off too.
+pub(crate) fn abandoned_within(window: Duration) -> bool {
+    use std::sync::atomic::Ordering;
+    match ABANDONED.load(Ordering::Relaxed) {
+        0 => false,
+        at => {
+            let since = millis_since_epoch().saturating_add(1).saturating_sub(at);
+            u128::from(since) < window.as_millis()
+        }
+    }
+}
+
 /// The error of a call that did not answer within `bound`: a lost
-/// connection (transient; its outcome unknown).
+/// connection (transient; its outcome unknown). Noted, so that the pools
+/// of [`pool_options`](crate::worker::pool_options) check each idle
+/// connection before handing it out for a while
+/// ([`SUSPECT_WINDOW`](crate::worker::SUSPECT_WINDOW)).
 pub(crate) fn timed_out(bound: Duration) -> DbErr {
+    ABANDONED.store(
+        millis_since_epoch().saturating_add(1),
+        std::sync::atomic::Ordering::Relaxed,
+    );
     DbErr::Conn(RuntimeErr::Internal(format!(
         "the database did not answer within {bound:?} (Config::db_timeout); the call was abandoned"
     )))
 }
 
-/// Begins a transaction on `pool`, waiting at most `bound`, without ever
-/// abandoning a `BEGIN` half-way: sqlx counts a transaction only once its
-/// `BEGIN` has answered, so one dropped before that could leave the
-/// connection inside a transaction nobody knows of, back in the pool, for
-/// the next caller's statements. The `BEGIN` runs on a task of its own;
-/// past `bound` the caller gets [`timed_out`], and the transaction, should
-/// it begin later, is rolled back by the task (dropped, as sea-orm does).
+/// A `BEGIN` unanswered after this many times its bound is given up by
+/// [`begin_bounded`]'s task: 4.
+pub const BEGIN_ABANDON_FACTOR: u32 = 4;
+
+/// Begins a transaction on `pool`, waiting at most `bound`. sqlx counts a
+/// transaction only once its `BEGIN` has answered, so one dropped before
+/// that could leave the connection inside a transaction nobody knows of,
+/// back in the pool, for the next caller's statements. So the `BEGIN` runs
+/// on a task of its own: past `bound` the caller gets [`timed_out`], and
+/// the transaction, should it begin later, is rolled back by the task
+/// (dropped, as sea-orm does). The task itself gives up after
+/// [`BEGIN_ABANDON_FACTOR`] × `bound`, so a connection cut off by a
+/// partition is not held for as long as TCP takes to notice (minutes): the
+/// connection goes back through the pool's release check, which on a pool
+/// of [`pool_options`](crate::worker::pool_options) closes it unless it
+/// answers, and on MySQL/MariaDB rolls back whatever it began.
 pub(crate) async fn begin_bounded(
     pool: &DatabaseConnection,
     options: TransactionOptions,
     bound: Duration,
 ) -> Result<DatabaseTransaction, DbErr> {
     let pool = pool.clone();
-    let begun = tokio::spawn(async move { pool.begin_with_options(options).await });
+    let abandon = bound * BEGIN_ABANDON_FACTOR;
+    let begun = tokio::spawn(async move {
+        tokio::time::timeout(abandon, pool.begin_with_options(options))
+            .await
+            .unwrap_or_else(|_| Err(timed_out(abandon)))
+    });
     match tokio::time::timeout(bound, begun).await {
         Ok(Ok(begun)) => begun,
         Ok(Err(e)) => Err(DbErr::Custom(format!(

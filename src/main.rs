@@ -813,9 +813,10 @@ async fn bulk(
     }
     let one = args.id.is_some() && args.ids.is_none() && filter == NoticeFilter::default();
     if !one {
-        if filter == NoticeFilter::default() && args.ids.is_none() {
+        if !filter.narrows() && args.ids.is_none() {
             return Err(solid_notify::Error::Config(
-                "give one notice id, --ids FILE, or at least one filter".into(),
+                "give one notice id, --ids FILE, or at least one filter that leaves some notices out"
+                    .into(),
             ));
         }
         if !args.dry_run && args.reason.as_deref().is_none_or(|r| r.trim().is_empty()) {

@@ -272,10 +272,12 @@ pub async fn serve_metrics(addr: SocketAddr, shutdown: CancellationToken) -> Res
             }
         }
     });
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || render(handle.clone())),
-    );
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(move || render(handle.clone())),
+        )
+        .layer(axum::middleware::from_fn(host_checked));
     tokio::spawn(async move {
         let served = axum::serve(listener, app)
             .with_graceful_shutdown(shutdown.cancelled_owned())
@@ -285,6 +287,35 @@ pub async fn serve_metrics(addr: SocketAddr, shutdown: CancellationToken) -> Res
         }
     });
     Ok(bound)
+}
+
+/// Answers only a `Host` that is an IP address or `localhost` (any port):
+/// a page of another site whose name was re-pointed at this address (DNS
+/// rebinding) is refused with 421, as the dashboard does without a token.
+async fn host_checked(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let host = request
+        .headers()
+        .get(axum::http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("");
+    let name = match host.rsplit_once(':') {
+        Some((name, port)) if port.chars().all(|c| c.is_ascii_digit()) => name,
+        _ => host,
+    };
+    let bare = name.trim_start_matches('[').trim_end_matches(']');
+    if name.eq_ignore_ascii_case("localhost") || bare.parse::<std::net::IpAddr>().is_ok() {
+        next.run(request).await
+    } else {
+        (
+            axum::http::StatusCode::MISDIRECTED_REQUEST,
+            "metrics answer only to an IP address or localhost\n",
+        )
+            .into_response()
+    }
 }
 
 async fn render(handle: PrometheusHandle) -> impl axum::response::IntoResponse {

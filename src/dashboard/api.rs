@@ -49,7 +49,7 @@ pub(super) async fn notices(
     State(state): State<AppState>,
     Query(query): Query<NoticeQuery>,
 ) -> Response {
-    match view::find(state.notifier.db(), &query).await {
+    match view::find_bounded(&state, &query).await {
         Ok((_, page, found)) => {
             let next = (found.len() as u64 == page.limit)
                 .then(|| found.last().map(|v| v.id))
@@ -105,22 +105,47 @@ pub(super) async fn defs(
     }
 }
 
-/// The body of an action: why (required), and who (default: the
-/// authenticated user, or `dashboard`).
+/// The body of an action: why (required). Who is the authenticated user
+/// (the basic-auth name, or `dashboard`): never a field of the body.
 #[derive(Debug, Deserialize)]
 pub(super) struct ActionBody {
     reason: String,
-    actor: Option<String>,
 }
 
 impl ActionBody {
+    /// The fields it takes.
+    const FIELDS: &[&str] = &["reason"];
+
     fn audit(self, actor: Actor) -> Result<Audit, Failure> {
-        let reason = self.reason.trim();
-        if reason.is_empty() {
+        let audit = Audit::new(actor.0, self.reason);
+        if audit.reason.is_empty() {
             return Err(Failure::BadRequest("a reason is required".into()));
         }
-        Ok(Audit::new(self.actor.unwrap_or(actor.0), reason))
+        Ok(audit)
     }
+}
+
+/// Longest unknown field name an error repeats, in characters.
+const FIELD_ECHO: usize = 64;
+
+/// `body` as a `T`, refusing (400, naming it) any field that is not one of
+/// `fields`: a typo (`dryRun`, `definition`) never changes or widens an
+/// action by being ignored.
+fn strict<T: serde::de::DeserializeOwned>(
+    body: serde_json::Value,
+    fields: &[&str],
+) -> Result<T, Failure> {
+    let Some(object) = body.as_object() else {
+        return Err(Failure::BadRequest("the body must be a JSON object".into()));
+    };
+    if let Some(unknown) = object.keys().find(|k| !fields.contains(&k.as_str())) {
+        let shown: String = unknown.chars().take(FIELD_ECHO).collect();
+        return Err(Failure::BadRequest(format!(
+            "unknown field `{shown}`; the fields are: {}",
+            fields.join(", ")
+        )));
+    }
+    serde_json::from_value(body).map_err(|e| Failure::BadRequest(format!("body: {e}")))
 }
 
 /// `POST /api/notices/{id}/requeue` with `{"reason": …}`.
@@ -128,7 +153,7 @@ pub(super) async fn requeue(
     State(state): State<AppState>,
     Extension(actor): Extension<Actor>,
     Path(id): Path<i64>,
-    Json(body): Json<ActionBody>,
+    Json(body): Json<serde_json::Value>,
 ) -> Response {
     one(state, actor, id, body, true).await
 }
@@ -138,16 +163,22 @@ pub(super) async fn cancel(
     State(state): State<AppState>,
     Extension(actor): Extension<Actor>,
     Path(id): Path<i64>,
-    Json(body): Json<ActionBody>,
+    Json(body): Json<serde_json::Value>,
 ) -> Response {
     one(state, actor, id, body, false).await
 }
 
-async fn one(state: AppState, actor: Actor, id: i64, body: ActionBody, requeue: bool) -> Response {
+async fn one(
+    state: AppState,
+    actor: Actor,
+    id: i64,
+    body: serde_json::Value,
+    requeue: bool,
+) -> Response {
     if let Err(f) = allowed(&state) {
         return f.json();
     }
-    let audit = match body.audit(actor) {
+    let audit = match strict::<ActionBody>(body, ActionBody::FIELDS).and_then(|b| b.audit(actor)) {
         Ok(audit) => audit,
         Err(f) => return f.json(),
     };
@@ -179,7 +210,6 @@ pub(super) struct BulkBody {
     query: NoticeQuery,
     #[serde(default)]
     reason: String,
-    actor: Option<String>,
     #[serde(default)]
     dry_run: bool,
     #[serde(default)]
@@ -188,20 +218,45 @@ pub(super) struct BulkBody {
     pin: Option<String>,
 }
 
+impl BulkBody {
+    /// The fields it takes: the listing's filters (not its paging), and
+    /// its own.
+    const FIELDS: &[&str] = &[
+        "place",
+        "def",
+        "status",
+        "failing",
+        "q",
+        "since",
+        "until",
+        "older_than",
+        "partition",
+        "key",
+        "param",
+        "reason",
+        "dry_run",
+        "all",
+        "pin",
+    ];
+}
+
 /// `POST /api/bulk`: answers the [`BulkReport`](crate::ops::BulkReport)
 /// (and a dry run's `pin`).
 pub(super) async fn bulk(
     State(state): State<AppState>,
     Extension(actor): Extension<Actor>,
-    Json(body): Json<BulkBody>,
+    Json(body): Json<serde_json::Value>,
 ) -> Response {
     if let Err(f) = allowed(&state) {
         return f.json();
     }
+    let body: BulkBody = match strict(body, BulkBody::FIELDS) {
+        Ok(body) => body,
+        Err(f) => return f.json(),
+    };
     let audit = || {
         ActionBody {
             reason: body.reason.clone(),
-            actor: body.actor.clone(),
         }
         .audit(actor.clone())
     };
@@ -264,6 +319,13 @@ pub(super) async fn bulk(
         Ok(filter) => filter,
         Err(failure) => return failure.json(),
     };
+    // `older_than: "0s"`, `since: "1000000000y"`: given, and matching all.
+    if !body.all && !filter.narrows() {
+        return Failure::BadRequest(
+            "the filters given match every notice: narrow them, or say \"all\": true".into(),
+        )
+        .json();
+    }
     if !body.dry_run {
         // Counted as it goes: each batch is changed as it was read.
         let action = BulkAction::new(filter, audit);
@@ -316,8 +378,7 @@ fn report(
 /// The body of `POST /api/defs/{name}/pause`.
 #[derive(Debug, Deserialize)]
 pub(super) struct PauseBody {
-    #[serde(flatten)]
-    action: ActionBody,
+    reason: String,
     /// A UTC time or a duration from now; absent: until resumed.
     #[serde(default)]
     until: String,
@@ -328,16 +389,24 @@ pub(super) async fn pause(
     State(state): State<AppState>,
     Extension(actor): Extension<Actor>,
     Path(name): Path<String>,
-    Json(body): Json<PauseBody>,
+    Json(body): Json<serde_json::Value>,
 ) -> Response {
     if let Err(f) = allowed(&state) {
         return f.json();
     }
+    let body: PauseBody = match strict(body, &["reason", "until"]) {
+        Ok(body) => body,
+        Err(f) => return f.json(),
+    };
     let end = match pause_end(&body.until) {
         Ok(end) => end,
         Err(failure) => return failure.json(),
     };
-    let audit = match body.action.audit(actor) {
+    let audit = match (ActionBody {
+        reason: body.reason,
+    })
+    .audit(actor)
+    {
         Ok(audit) => audit,
         Err(f) => return f.json(),
     };

@@ -24,6 +24,10 @@ use super::AppState;
 pub const MAX_FAILED_LOGINS: u32 = 5;
 /// The window of [`MAX_FAILED_LOGINS`]: one minute.
 pub const LOGIN_WINDOW: Duration = Duration::from_secs(60);
+/// Failed logins allowed from all addresses together within
+/// [`LOGIN_WINDOW`] (guessing from many addresses); more are refused
+/// with 429 until the window ends: 100.
+pub const MAX_FAILED_LOGINS_TOTAL: u32 = 100;
 
 /// Who made a request: the basic-auth user name, or `dashboard`.
 #[derive(Debug, Clone)]
@@ -38,6 +42,8 @@ const MAX_TRACKED: usize = 10_000;
 #[derive(Debug, Default)]
 pub(super) struct Limiter {
     failed: Mutex<HashMap<IpAddr, (Instant, u32)>>,
+    /// All addresses' failures: when the window started, how many.
+    total: Mutex<Option<(Instant, u32)>>,
 }
 
 /// The key of a client address: IPv4 as is, IPv6 by its /64 (one host
@@ -54,6 +60,12 @@ fn client(ip: IpAddr) -> IpAddr {
 
 impl Limiter {
     fn blocked(&self, ip: IpAddr) -> bool {
+        let total = *self.total.lock().unwrap_or_else(|p| p.into_inner());
+        if total.is_some_and(|(since, n)| {
+            since.elapsed() < LOGIN_WINDOW && n >= MAX_FAILED_LOGINS_TOTAL
+        }) {
+            return true;
+        }
         let ip = client(ip);
         let failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
         failed
@@ -61,7 +73,21 @@ impl Limiter {
             .is_some_and(|(since, n)| since.elapsed() < LOGIN_WINDOW && *n >= MAX_FAILED_LOGINS)
     }
 
+    /// A good login: its address starts again from no failure.
+    fn succeed(&self, ip: IpAddr) {
+        let ip = client(ip);
+        let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+        failed.remove(&ip);
+    }
+
     fn fail(&self, ip: IpAddr) {
+        {
+            let mut total = self.total.lock().unwrap_or_else(|p| p.into_inner());
+            match total.as_mut() {
+                Some((since, n)) if since.elapsed() < LOGIN_WINDOW => *n += 1,
+                _ => *total = Some((Instant::now(), 1)),
+            }
+        }
         let ip = client(ip);
         let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
         if failed.len() >= MAX_TRACKED {
@@ -168,6 +194,7 @@ pub(super) async fn layer(
     }
     match credentials(&request) {
         Some((user, secret)) if same_secret(&secret, token) => {
+            state.logins.succeed(ip);
             request.extensions_mut().insert(Actor(user));
             next.run(request).await
         }

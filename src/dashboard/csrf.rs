@@ -7,6 +7,12 @@
 //! write is also refused (403) when the browser says it comes from another
 //! site or origin (`Sec-Fetch-Site`, `Origin`), which also stops a sibling
 //! subdomain that planted its own cookie.
+//!
+//! Reads are refused (403) when the browser says another site sent them,
+//! unless they are a top-level navigation to a page (following a link):
+//! an `<img>` or `fetch` on another site's page cannot make the
+//! dashboard search. Every response carries [`SECURITY_HEADERS`]: no
+//! framing, no content sniffing, nothing loaded from elsewhere.
 
 use axum::{
     body::{Body, to_bytes},
@@ -60,6 +66,44 @@ fn same_origin(headers: &axum::http::HeaderMap) -> bool {
     }
 }
 
+/// Whether a read may be answered: `Sec-Fetch-Site`, when sent, is
+/// `same-origin` or `none`, or the request is a top-level navigation
+/// (`Sec-Fetch-Mode: navigate`, `Sec-Fetch-Dest: document`) to a page,
+/// not to the API.
+fn readable(headers: &axum::http::HeaderMap, api: bool) -> bool {
+    let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    match get("sec-fetch-site") {
+        None | Some("same-origin" | "none") => true,
+        Some(_) => {
+            !api && get("sec-fetch-mode") == Some("navigate")
+                && get("sec-fetch-dest") == Some("document")
+        }
+    }
+}
+
+/// Headers on every response: the pages are never framed (clickjacking),
+/// never sniffed as another type, load nothing from elsewhere and run no
+/// script, and send no referrer (a listing's URL holds its search).
+pub(super) const SECURITY_HEADERS: [(&str, &str); 4] = [
+    ("x-content-type-options", "nosniff"),
+    (
+        "content-security-policy",
+        "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'",
+    ),
+    ("x-frame-options", "DENY"),
+    ("referrer-policy", "no-referrer"),
+];
+
+/// Sets [`SECURITY_HEADERS`] (the outermost layer: on refusals too).
+pub(super) async fn secure(mut response: Response) -> Response {
+    for (name, value) in SECURITY_HEADERS {
+        response
+            .headers_mut()
+            .insert(name, HeaderValue::from_static(value));
+    }
+    response
+}
+
 /// 128 random bits as hex; `None` when the system has no randomness to give.
 pub(super) fn fresh() -> Option<String> {
     let mut bytes = [0u8; 16];
@@ -71,13 +115,20 @@ fn refuse(status: StatusCode, why: &'static str) -> Response {
     (status, why).into_response()
 }
 
-/// Checks state-changing requests and hands the page its token.
+/// Checks state-changing requests, refuses cross-site reads and hands the
+/// page its token.
 pub(super) async fn layer(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let cookie = from_cookie(&request);
     let (mut parts, body) = request.into_parts();
     // A nested router sees its own paths (the mount point is stripped).
     let api = parts.uri.path().starts_with("/api/");
     let mut body = body;
+    if parts.method != Method::POST && !readable(&parts.headers, api) {
+        return refuse(
+            StatusCode::FORBIDDEN,
+            "cross-site reads are refused (Sec-Fetch-Site); open the dashboard directly\n",
+        );
+    }
     if parts.method == Method::POST {
         if !same_origin(&parts.headers) {
             return refuse(

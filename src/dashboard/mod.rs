@@ -34,8 +34,9 @@ use axum::{
 };
 use tokio_util::sync::CancellationToken;
 
-pub use auth::{LOGIN_WINDOW, MAX_FAILED_LOGINS};
+pub use auth::{LOGIN_WINDOW, MAX_FAILED_LOGINS, MAX_FAILED_LOGINS_TOTAL};
 pub use pins::{MAX_PINNED_TOTAL, MAX_PINS, PIN_TTL};
+pub use view::{MAX_SEARCH_CHARS, MAX_SEARCHES, PARAM_EXCERPT, SEARCH_TIMEOUT};
 
 use crate::{
     Notifier,
@@ -80,6 +81,8 @@ struct AppState {
     logins: Arc<auth::Limiter>,
     /// What bulk confirmations counted, until confirmed.
     pins: Arc<pins::Pins>,
+    /// Listings running now ([`MAX_SEARCHES`]).
+    searches: Arc<tokio::sync::Semaphore>,
 }
 
 impl AppState {
@@ -112,6 +115,7 @@ pub fn router(notifier: Notifier, config: DashboardConfig) -> Router {
         config: Arc::new(config),
         logins: Arc::new(auth::Limiter::default()),
         pins: Arc::default(),
+        searches: Arc::new(tokio::sync::Semaphore::new(MAX_SEARCHES)),
     };
     Router::new()
         .route("/", get(pages::overview))
@@ -141,6 +145,7 @@ pub fn router(notifier: Notifier, config: DashboardConfig) -> Router {
             state.clone(),
             auth::layer,
         ))
+        .layer(axum::middleware::map_response(csrf::secure))
         .with_state(state)
 }
 

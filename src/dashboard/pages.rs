@@ -267,7 +267,7 @@ pub(super) async fn notices(
         Ok(defs) => defs,
         Err(e) => return failure_page(&state, e.into()),
     };
-    let (place, page_, found) = match view::find(state.notifier.db(), &query).await {
+    let (place, page_, found) = match view::find_bounded(&state, &query).await {
         Ok(found) => found,
         Err(failure) => return failure_page(&state, failure),
     };
@@ -345,7 +345,7 @@ fn filter_form(
             label { "Since " input type="text" name="since" value=(value(&q.since)) placeholder="2026-11-23 or 2h" size="12"; }
             label { "Until " input type="text" name="until" value=(value(&q.until)) placeholder="2026-11-24 or 1h" size="12"; }
             label { "Older than " input type="text" name="older_than" value=(value(&q.older_than)) placeholder="1h" size="6"; }
-            label { "Partition " input type="number" name="partition" value=(value(&q.partition)) min="0" style="width:5em"; }
+            label { "Partition " input type="number" name="partition" value=(value(&q.partition)) min="0" class="narrow"; }
             button type="submit" { "Filter" }
         }
     }

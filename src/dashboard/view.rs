@@ -16,6 +16,20 @@ use crate::{
 
 /// Largest page a listing serves.
 pub(super) const MAX_PAGE: u64 = 500;
+/// Longest search text (`q`, `key`, `param`, `def`) a listing takes: 256
+/// characters (a longer one is refused with 400).
+pub const MAX_SEARCH_CHARS: usize = 256;
+/// Characters of each notice's param a listing shows: 1,024 (read so by
+/// the database; a notice's own page shows the whole).
+pub const PARAM_EXCERPT: u32 = 1024;
+/// Listings run at once by one dashboard; more are answered 503 at once:
+/// 4.
+pub const MAX_SEARCHES: usize = 4;
+/// Longest a listing may take before it is answered 503: 10 seconds. On
+/// PostgreSQL its statements are also cancelled then (`statement_timeout`);
+/// elsewhere a statement still running keeps its place among
+/// [`MAX_SEARCHES`] until it ends.
+pub const SEARCH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A listing's query string, as forms send it (empty fields are absent).
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -75,6 +89,19 @@ impl NoticeQuery {
 
     /// The filter, without the search box's text (see [`Search`]).
     pub fn filter(&self) -> Result<NoticeFilter, String> {
+        for (name, field) in [
+            ("q", &self.q),
+            ("key", &self.key),
+            ("param", &self.param),
+            ("def", &self.def),
+        ] {
+            if field
+                .as_deref()
+                .is_some_and(|f| f.chars().count() > MAX_SEARCH_CHARS)
+            {
+                return Err(format!("{name}: at most {MAX_SEARCH_CHARS} characters"));
+            }
+        }
         let time = |field: &Option<String>| given(field).map(When::parse).transpose();
         Ok(NoticeFilter {
             def: given(&self.def).map(str::to_string),
@@ -162,6 +189,8 @@ pub(super) enum Failure {
     NotFound(String),
     Forbidden(&'static str),
     Conflict(String),
+    /// Too busy or too slow: 503.
+    Unavailable(String),
     Internal(String),
 }
 
@@ -186,6 +215,7 @@ impl Failure {
             Failure::NotFound(_) => StatusCode::NOT_FOUND,
             Failure::Forbidden(_) => StatusCode::FORBIDDEN,
             Failure::Conflict(_) => StatusCode::CONFLICT,
+            Failure::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Failure::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -195,6 +225,7 @@ impl Failure {
             Failure::BadRequest(m)
             | Failure::NotFound(m)
             | Failure::Conflict(m)
+            | Failure::Unavailable(m)
             | Failure::Internal(m) => m.clone(),
             Failure::Forbidden(m) => (*m).to_string(),
         }
@@ -217,8 +248,8 @@ pub(super) const READ_ONLY: &str =
 /// The filter a listing query means: its filters, and the search box read
 /// as an id (when a notice of `place` has it), else as an idempotency key
 /// (when one has it), else as param text.
-pub(super) async fn resolved_filter(
-    db: &sea_orm::DatabaseConnection,
+pub(super) async fn resolved_filter<C: sea_orm::ConnectionTrait>(
+    db: &C,
     query: &NoticeQuery,
 ) -> Result<NoticeFilter, Failure> {
     let place = query.place().map_err(Failure::BadRequest)?;
@@ -255,9 +286,10 @@ pub(super) async fn resolved_filter(
     })
 }
 
-/// The notices a listing query finds, newest first, one page.
-pub(super) async fn find(
-    db: &sea_orm::DatabaseConnection,
+/// The notices a listing query finds, newest first, one page, each
+/// param cut to [`PARAM_EXCERPT`].
+async fn find<C: sea_orm::ConnectionTrait>(
+    db: &C,
     query: &NoticeQuery,
 ) -> Result<(Place, Page, Vec<crate::ops::NoticeView>), Failure> {
     let place = query.place().map_err(Failure::BadRequest)?;
@@ -266,6 +298,58 @@ pub(super) async fn find(
     Ok((
         place,
         page,
-        crate::ops::find::list(db, place, &filter, page).await?,
+        crate::ops::find::list_excerpts(db, place, &filter, page, PARAM_EXCERPT).await?,
     ))
+}
+
+/// [`find`], bounded: at most [`MAX_SEARCHES`] at once (503 past that),
+/// answered within [`SEARCH_TIMEOUT`] (503), and on PostgreSQL cancelled
+/// by the server then.
+pub(super) async fn find_bounded(
+    state: &super::AppState,
+    query: &NoticeQuery,
+) -> Result<(Place, Page, Vec<crate::ops::NoticeView>), Failure> {
+    use sea_orm::{ConnectionTrait, TransactionTrait};
+    const BUSY: &str = "too many searches at once; try again in a moment";
+    let Ok(permit) = state.searches.clone().try_acquire_owned() else {
+        return Err(Failure::Unavailable(BUSY.into()));
+    };
+    let db = state.notifier.db().clone();
+    let query = query.clone();
+    let started = std::time::Instant::now();
+    // The permit is held until the database is done, even after the
+    // answer gave up waiting: never more than MAX_SEARCHES statements.
+    let task = tokio::spawn(async move {
+        let _permit = permit;
+        if db.get_database_backend() != sea_orm::DbBackend::Postgres {
+            return find(&db, &query).await;
+        }
+        let txn = db
+            .begin()
+            .await
+            .map_err(|e| Failure::from(Error::from(e)))?;
+        let limit = format!(
+            "SET LOCAL statement_timeout = {}",
+            SEARCH_TIMEOUT.as_millis()
+        );
+        txn.execute_unprepared(&limit)
+            .await
+            .map_err(|e| Failure::from(Error::from(e)))?;
+        let found = find(&txn, &query).await;
+        // Read only: nothing to keep.
+        txn.rollback().await.ok();
+        found
+    });
+    let slow = || {
+        Failure::Unavailable(format!(
+            "the search took more than {} s: narrow it (a definition, a status, a time)",
+            SEARCH_TIMEOUT.as_secs()
+        ))
+    };
+    match tokio::time::timeout(SEARCH_TIMEOUT, task).await {
+        Ok(Ok(Err(Failure::Internal(_)))) if started.elapsed() >= SEARCH_TIMEOUT => Err(slow()),
+        Ok(Ok(found)) => found,
+        Ok(Err(_)) => Err(Failure::Internal("the search stopped".into())),
+        Err(_) => Err(slow()),
+    }
 }

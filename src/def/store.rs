@@ -122,6 +122,9 @@ pub async fn rows<C: ConnectionTrait>(db: &C) -> Result<Vec<notify_def::Model>> 
         .await?)
 }
 
+/// Most definitions [`page`] answers at once: 100,000.
+pub const MAX_DEFS_PAGE: u64 = 100_000;
+
 /// A page of `notify_def` rows by name: those whose name contains
 /// `search` (when given), after the name `after` (when given), at most
 /// `limit`. With 100,000 definitions a page reads what it shows.
@@ -135,6 +138,11 @@ pub async fn page<C: ConnectionTrait>(
         QueryFilter, QuerySelect,
         sea_query::{Expr, ExprTrait},
     };
+    if !(1..=MAX_DEFS_PAGE).contains(&limit) {
+        return Err(crate::Error::Config(format!(
+            "limit: {limit} is not between 1 and {MAX_DEFS_PAGE}"
+        )));
+    }
     let mut select = notify_def::Entity::find().order_by_asc(notify_def::Column::Name);
     if let Some(search) = search.filter(|s| !s.is_empty()) {
         select =

@@ -58,6 +58,32 @@ pub struct NoticeFilter {
     pub key: Option<String>,
 }
 
+impl NoticeFilter {
+    /// Whether the filter leaves any notice out. A field that matches
+    /// every notice counts as none: `older_than` zero, `since` before
+    /// 1970, `until` now or later, an empty `param_contains`. A bulk
+    /// action needs a filter that narrows (or says it means all).
+    pub fn narrows(&self) -> bool {
+        let now = chrono::Utc::now().naive_utc();
+        let epoch = chrono::DateTime::UNIX_EPOCH.naive_utc();
+        self.def.is_some()
+            || self.status.is_some()
+            || self.failing
+            || self.due_before.is_some()
+            || self.older_than.is_some_and(|d| !d.is_zero())
+            || self.partition.is_some()
+            || self.param_contains.as_deref().is_some_and(|p| !p.is_empty())
+            || self.since.is_some_and(|t| t > epoch)
+            // `until: "0s"` is read a moment before this check.
+            || self.until.is_some_and(|t| {
+                t.checked_add_signed(chrono::Duration::seconds(1))
+                    .is_some_and(|t| t < now)
+            })
+            || self.ids.is_some()
+            || self.key.is_some()
+    }
+}
+
 /// One notice as an operator sees it, wherever it is.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct NoticeView {
@@ -262,19 +288,71 @@ impl Default for Page {
     }
 }
 
+/// Largest [`Page::limit`] a listing takes: 100,000 notices.
+pub const MAX_PAGE_LIMIT: u64 = 100_000;
+
 /// Notices in `place` matching `filter`, newest (highest id) first.
+///
+/// # Errors
+/// [`Error::Config`](crate::Error::Config) naming `limit` when it is 0 or
+/// more than [`MAX_PAGE_LIMIT`]; database errors.
 pub async fn list<C: ConnectionTrait>(
     db: &C,
     place: Place,
     filter: &NoticeFilter,
     page: Page,
 ) -> Result<Vec<NoticeView>> {
+    list_with(db, place, filter, page, None).await
+}
+
+/// [`list`], each notice's param cut to its first `chars` characters by
+/// the database: a page of notices with 1 MB params reads and holds
+/// `chars` of each (a listing's excerpt; [`show`] has the whole).
+pub async fn list_excerpts<C: ConnectionTrait>(
+    db: &C,
+    place: Place,
+    filter: &NoticeFilter,
+    page: Page,
+    chars: u32,
+) -> Result<Vec<NoticeView>> {
+    list_with(db, place, filter, page, Some(chars)).await
+}
+
+/// `select` with its `param` column cut to `chars` characters, when given.
+fn excerpt<E: EntityTrait>(select: sea_orm::Select<E>, chars: Option<u32>) -> sea_orm::Select<E> {
+    use sea_orm::{IdenStatic, Iterable};
+    let Some(chars) = chars else {
+        return select;
+    };
+    let others = E::Column::iter().filter(|c| c.as_str() != "param");
+    // Typed as INTEGER: PostgreSQL has no substr(text, bigint, bigint).
+    let chars = i32::try_from(chars).unwrap_or(i32::MAX);
+    let cut = Func::cust("SUBSTR")
+        .arg(Expr::col("param"))
+        .arg(1i32)
+        .arg(chars);
+    select.select_only().columns(others).expr_as(cut, "param")
+}
+
+async fn list_with<C: ConnectionTrait>(
+    db: &C,
+    place: Place,
+    filter: &NoticeFilter,
+    page: Page,
+    chars: Option<u32>,
+) -> Result<Vec<NoticeView>> {
+    if !(1..=MAX_PAGE_LIMIT).contains(&page.limit) {
+        return Err(crate::Error::Config(format!(
+            "limit: {} is not between 1 and {MAX_PAGE_LIMIT}",
+            page.limit
+        )));
+    }
     let mut cond = condition(db, place, filter).await?;
     if let Some(before) = page.before_id {
         cond = cond.add(Expr::col(notify_msg::Column::Id).lt(before));
     }
     let views: Vec<NoticeView> = match place {
-        Place::InFlight => notify_msg::Entity::find()
+        Place::InFlight => excerpt(notify_msg::Entity::find(), chars)
             .filter(cond)
             .order_by_desc(notify_msg::Column::Id)
             .limit(page.limit)
@@ -283,7 +361,7 @@ pub async fn list<C: ConnectionTrait>(
             .into_iter()
             .map(Into::into)
             .collect(),
-        Place::History => notify_msg_history::Entity::find()
+        Place::History => excerpt(notify_msg_history::Entity::find(), chars)
             .filter(cond)
             .order_by_desc(notify_msg_history::Column::Id)
             .limit(page.limit)

@@ -81,6 +81,27 @@ impl When {
     }
 }
 
+/// Longest audit actor kept, in characters: 100.
+pub const MAX_AUDIT_ACTOR: usize = 100;
+/// Longest audit reason kept, in characters: 500.
+pub const MAX_AUDIT_REASON: usize = 500;
+
+/// `text` with control characters (and the bidirectional overrides that
+/// reorder what a terminal shows) as spaces, trimmed, cut to `max`
+/// characters.
+fn clean(text: &str, max: usize) -> String {
+    let hidden = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+    };
+    let one_line: String = text
+        .chars()
+        .map(|c| if hidden(c) { ' ' } else { c })
+        .take(max)
+        .collect();
+    one_line.trim().to_string()
+}
+
 /// Who did an operator action, and why: the audit line's text,
 /// `ACTOR: REASON`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,11 +113,14 @@ pub struct Audit {
 }
 
 impl Audit {
-    /// `actor`, `reason`.
+    /// `actor`, `reason`, cleaned: control characters (newlines, escape
+    /// sequences) become spaces, the ends are trimmed, and each is cut to
+    /// [`MAX_AUDIT_ACTOR`] / [`MAX_AUDIT_REASON`] characters, so an audit
+    /// line is one line of plain text wherever it is printed.
     pub fn new(actor: impl Into<String>, reason: impl Into<String>) -> Self {
         Audit {
-            actor: actor.into(),
-            reason: reason.into(),
+            actor: clean(&actor.into(), MAX_AUDIT_ACTOR),
+            reason: clean(&reason.into(), MAX_AUDIT_REASON),
         }
     }
 

@@ -113,14 +113,15 @@ impl Notifier {
     }
 
     /// Attempts up to `limit` due rows (any definition this process can
-    /// deliver), one at a time, and returns each attempt's report.
+    /// deliver; at most [`MAX_BATCH_SIZE`](crate::worker::MAX_BATCH_SIZE)),
+    /// one at a time, and returns each attempt's report.
     pub async fn sweep_once(&self, limit: u64) -> Result<Vec<AttemptReport>> {
         let filter = DueFilter {
             defs: self.deliverable_defs(&[], &[]).await?,
             ..DueFilter::default()
         };
         let limits = SweepLimits {
-            batch_size: limit,
+            batch_size: limit.min(crate::worker::MAX_BATCH_SIZE),
             concurrency: 1,
             shutdown_timeout: Duration::ZERO,
             max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,

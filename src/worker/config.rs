@@ -12,6 +12,10 @@ use serde::{Deserialize, Serialize};
 pub const DEFAULT_CRON: &str = "* * * * * *";
 /// Default [`WorkerConfig::delay`]: 1 second.
 pub const DEFAULT_DELAY: Duration = Duration::from_secs(1);
+/// Largest [`WorkerConfig::batch_size`] a worker accepts: 100,000 rows.
+pub const MAX_BATCH_SIZE: u64 = 100_000;
+/// Largest [`WorkerConfig::concurrency`] a worker accepts: 10,000.
+pub const MAX_CONCURRENCY: usize = 10_000;
 /// Default [`WorkerConfig::batch_size`]: 1000 rows per claim.
 pub const DEFAULT_BATCH_SIZE: u64 = 1000;
 /// Default [`WorkerConfig::concurrency`]: 32 deliveries at once.
@@ -51,9 +55,10 @@ pub struct WorkerConfig {
     #[serde(with = "humantime_serde")]
     pub initial_delay: Duration,
     /// Rows claimed at a time; a full batch is followed by another claim at
-    /// once. Default [`DEFAULT_BATCH_SIZE`].
+    /// once. Default [`DEFAULT_BATCH_SIZE`]; 1 to [`MAX_BATCH_SIZE`].
     pub batch_size: u64,
-    /// Deliveries running at once. Default [`DEFAULT_CONCURRENCY`].
+    /// Deliveries running at once. Default [`DEFAULT_CONCURRENCY`]; 1 to
+    /// [`MAX_CONCURRENCY`].
     pub concurrency: usize,
     /// Only notices of these definitions (by name). Default: all.
     pub defs: Vec<String>,

@@ -24,7 +24,8 @@ use tracing::Instrument;
 pub use crate::stats::{RECENT_SWEEPS, StatsSnapshot, WorkerStats};
 pub use config::{
     DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, DEFAULT_CRON, DEFAULT_DELAY, DEFAULT_HEARTBEAT_EVERY,
-    DEFAULT_MAX_IN_FLIGHT_BYTES, DEFAULT_SHUTDOWN_TIMEOUT, Mode, WorkerConfig,
+    DEFAULT_MAX_IN_FLIGHT_BYTES, DEFAULT_SHUTDOWN_TIMEOUT, MAX_BATCH_SIZE, MAX_CONCURRENCY, Mode,
+    WorkerConfig,
 };
 
 use crate::{
@@ -49,6 +50,28 @@ pub const MIN_DUE_WAIT: Duration = Duration::from_millis(5);
 /// somebody's latency.
 pub const WARM_CONNECTIONS: u32 = 6;
 
+/// After this process abandoned a database call (one past
+/// [`Config::db_timeout`](crate::Config::db_timeout)), for this long the
+/// pools of [`pool_options`] ping every idle connection before handing it
+/// out: 60 seconds. A partition cuts off every connection opened before
+/// it; without the check each would be handed out in turn and cost a
+/// whole `db_timeout`.
+pub const SUSPECT_WINDOW: Duration = Duration::from_secs(60);
+/// How long that ping may take before the connection is closed (and
+/// another tried, or a new one opened): 500 milliseconds.
+pub const SUSPECT_PING_BOUND: Duration = Duration::from_millis(500);
+
+/// A transaction left idle this long on a connection of [`pool_options`]
+/// is ended by the server, which closes its connection: 30 seconds
+/// (`idle_in_transaction_session_timeout` on PostgreSQL,
+/// `idle_transaction_timeout` on MariaDB; MySQL has no such setting). A
+/// worker cut off by a partition between two statements of a claim would
+/// otherwise keep its rows locked, out of every other worker's reach,
+/// until TCP gives up on the server's side (up to hours). The library's
+/// transactions last milliseconds; a caller's own transaction on such a
+/// pool must not wait this long between statements.
+pub const IDLE_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// A pooled connection idle this long is pinged before use by
 /// [`pool_options`]: 30 seconds.
 pub const POOL_PING_IF_IDLE_FOR: Duration = Duration::from_secs(30);
@@ -66,10 +89,16 @@ pub const RELEASE_PING_BOUND: Duration = Duration::from_secs(5);
 ///   out: a round trip in front of each claim and each write. A connection
 ///   that died meanwhile fails its statement, which the worker retries like
 ///   any lost connection.)
+/// - the server ends a transaction idle for [`IDLE_TRANSACTION_TIMEOUT`]
+///   (PostgreSQL, MariaDB).
+/// - for [`SUSPECT_WINDOW`] after this process abandoned a database call,
+///   every idle connection is pinged before use (within
+///   [`SUSPECT_PING_BOUND`]), and closed if it does not answer.
 /// - waiting for a connection, or opening one, takes at most
 ///   [`DEFAULT_DB_TIMEOUT`](crate::config::DEFAULT_DB_TIMEOUT).
-/// - a connection given back is closed unless it answers a ping within
-///   [`RELEASE_PING_BOUND`] (PostgreSQL, MySQL/MariaDB). sqlx pings each
+/// - a connection given back is closed unless it answers a ping (on
+///   MySQL/MariaDB a `ROLLBACK`, which also ends a transaction whose
+///   `BEGIN` was given up) within [`RELEASE_PING_BOUND`]. sqlx pings each
 ///   connection given back, without a bound: one cut off by a network
 ///   partition, whose statement the library abandoned, would otherwise hold
 ///   its place in the pool until TCP gives up (minutes to hours), and a
@@ -91,12 +120,81 @@ pub fn pool_options(url: impl Into<String>) -> sea_orm::ConnectOptions {
             }
         })
     }
+    // MySQL/MariaDB: a ROLLBACK instead of the ping (one round trip
+    // either way, and harmless outside a transaction): it also ends a
+    // transaction whose BEGIN was given up before it answered.
+    fn rolled_back<'c>(
+        conn: &'c mut sqlx::MySqlConnection,
+        _: sqlx::pool::PoolConnectionMetadata,
+    ) -> futures::future::BoxFuture<'c, std::result::Result<bool, sqlx::Error>> {
+        use sqlx::Executor;
+        Box::pin(async move {
+            match tokio::time::timeout(RELEASE_PING_BOUND, conn.execute("ROLLBACK")).await {
+                Ok(Ok(_)) => Ok(true),
+                Ok(Err(e)) => Err(e),
+                Err(_) => Err(sqlx::Error::PoolTimedOut),
+            }
+        })
+    }
+    // After an abandoned call: a bounded ping before each use; a
+    // connection that does not answer is closed without a goodbye.
+    fn suspect<'c, C: sqlx::Connection>(
+        conn: &'c mut C,
+        _: sqlx::pool::PoolConnectionMetadata,
+    ) -> futures::future::BoxFuture<'c, std::result::Result<bool, sqlx::Error>> {
+        Box::pin(async move {
+            if !crate::db::abandoned_within(SUSPECT_WINDOW) {
+                return Ok(true);
+            }
+            match tokio::time::timeout(SUSPECT_PING_BOUND, conn.ping()).await {
+                Ok(Ok(())) => Ok(true),
+                Ok(Err(e)) => Err(e),
+                Err(_) => Err(sqlx::Error::PoolTimedOut),
+            }
+        })
+    }
+    // Each new connection: the server ends a transaction left idle.
+    fn pg_session<'c>(
+        conn: &'c mut sqlx::PgConnection,
+        _: sqlx::pool::PoolConnectionMetadata,
+    ) -> futures::future::BoxFuture<'c, std::result::Result<(), sqlx::Error>> {
+        use sqlx::Executor;
+        Box::pin(async move {
+            let set = format!(
+                "SET idle_in_transaction_session_timeout = {}",
+                IDLE_TRANSACTION_TIMEOUT.as_millis()
+            );
+            conn.execute(sqlx::AssertSqlSafe(set)).await.map(drop)
+        })
+    }
+    fn mysql_session<'c>(
+        conn: &'c mut sqlx::MySqlConnection,
+        _: sqlx::pool::PoolConnectionMetadata,
+    ) -> futures::future::BoxFuture<'c, std::result::Result<(), sqlx::Error>> {
+        use sqlx::Executor;
+        Box::pin(async move {
+            let set = format!(
+                "SET SESSION idle_transaction_timeout = {}",
+                IDLE_TRANSACTION_TIMEOUT.as_secs()
+            );
+            // MySQL has no such variable: the connection is used as is.
+            if let Err(e) = conn.execute(sqlx::AssertSqlSafe(set)).await {
+                tracing::debug!(error = %e, "no idle_transaction_timeout on this server");
+            }
+            Ok(())
+        })
+    }
     let mut options = sea_orm::ConnectOptions::new(url.into());
     options
         .test_before_acquire_if_idle_for(POOL_PING_IF_IDLE_FOR)
         .acquire_timeout(crate::config::DEFAULT_DB_TIMEOUT)
-        .map_sqlx_postgres_pool_opts(|o| o.after_release(alive::<sqlx::PgConnection>))
-        .map_sqlx_mysql_pool_opts(|o| o.after_release(alive::<sqlx::MySqlConnection>));
+        .map_sqlx_postgres_before_acquire(suspect::<sqlx::PgConnection>)
+        .map_sqlx_mysql_before_acquire(suspect::<sqlx::MySqlConnection>)
+        .map_sqlx_postgres_pool_opts(|o| {
+            o.after_connect(pg_session)
+                .after_release(alive::<sqlx::PgConnection>)
+        })
+        .map_sqlx_mysql_pool_opts(|o| o.after_connect(mysql_session).after_release(rolled_back));
     options
 }
 
@@ -165,6 +263,8 @@ pub struct Worker {
     /// cache's rows it holds: again only when those change, not on every
     /// sweep (at 100,000 definitions that walk was a tenth of a drain's CPU).
     selection: Mutex<Option<(KnownDefs, DefSelect)>>,
+    /// Whether the pool's connections were warmed up (once per worker).
+    warmed: std::sync::atomic::AtomicBool,
 }
 
 /// The definition cache's rows, as shared by its snapshot.
@@ -175,10 +275,19 @@ impl Worker {
     pub fn new(notifier: Notifier, config: WorkerConfig) -> Result<Worker> {
         let cron = cron::Schedule::from_str(&config.cron)
             .map_err(|e| Error::Config(format!("cron `{}`: {e}", config.cron)))?;
-        if config.batch_size == 0 || config.concurrency == 0 {
-            return Err(Error::Config(
-                "batch_size and concurrency must be at least 1".into(),
-            ));
+        if !(1..=config::MAX_BATCH_SIZE).contains(&config.batch_size) {
+            return Err(Error::Config(format!(
+                "batch_size: {} is not between 1 and {}",
+                config.batch_size,
+                config::MAX_BATCH_SIZE
+            )));
+        }
+        if !(1..=config::MAX_CONCURRENCY).contains(&config.concurrency) {
+            return Err(Error::Config(format!(
+                "concurrency: {} is not between 1 and {}",
+                config.concurrency,
+                config::MAX_CONCURRENCY
+            )));
         }
         if config.partitions.iter().any(|p| *p < 0) {
             return Err(Error::Config("partitions must not be negative".into()));
@@ -191,7 +300,30 @@ impl Worker {
             last_park_check: Mutex::new(None),
             alerted: std::sync::atomic::AtomicBool::new(false),
             selection: Mutex::new(None),
+            warmed: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Gets ready to sweep: opens and warms up to [`WARM_CONNECTIONS`] of
+    /// the pool's connections, reads the definitions, works out which of
+    /// them this worker takes, and parks the notices of unknown or invalid
+    /// definitions. [`Worker::run`] does it before its first sweep when it
+    /// was not done; a caller that wants that sweep at full speed (a rolling
+    /// deploy, a benchmark) awaits it first. At 100,000 definitions this is
+    /// the one-off part of a start (about 1.5 s on PostgreSQL, most of it
+    /// reading the definitions).
+    ///
+    /// # Errors
+    /// The definitions could not be read; nothing was claimed, and the
+    /// sweeps try again.
+    pub async fn prepare(&self) -> Result<()> {
+        use std::sync::atomic::Ordering;
+        if !self.warmed.swap(true, Ordering::Relaxed) {
+            warm_up(self.notifier.db()).await;
+        }
+        self.filter().await?;
+        self.park_check().await;
+        Ok(())
     }
 
     /// The worker's counters.
@@ -295,7 +427,13 @@ impl Worker {
         if !sleep_or_stop(self.config.initial_delay, shutdown).await {
             return;
         }
-        warm_up(self.notifier.db()).await;
+        // A database that does not answer holds the start, never a shutdown.
+        tokio::select! {
+            prepared = self.prepare() => if let Err(e) = prepared {
+                tracing::warn!(error = %e, "cannot read the definitions before the first sweep");
+            },
+            () = shutdown.cancelled() => return,
+        }
         let mut wakes = self.notifier.subscribe_wakes();
         wakes.mark_unchanged();
         let mut hints = self.notifier.subscribe_due_hint();

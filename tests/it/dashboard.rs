@@ -145,7 +145,7 @@ db_test!(pages_and_api_read_only, |db: Arc<TestDb>| async move {
             .unwrap(),
     )
     .await;
-    assert_eq!(status, StatusCode::OK);
+    assert_eq!(status, StatusCode::OK, "{page}");
     for id in &seeded.final_failures {
         assert!(page.contains(&format!(r#"data-id="{id}""#)), "{id}: {page}");
     }
@@ -406,10 +406,10 @@ db_test!(actions_need_auth_csrf_and_leave_audit_lines, |db: Arc<
     assert!(page.contains(r#"data-matched="2""#), "{page}");
     let report: Value = http
         .post(format!("{base}/api/bulk"))
-        .bearer_auth("s3cret")
+        .basic_auth("bob", Some("s3cret"))
         .json(&json!({
             "place": "history", "def": "billing", "status": "final_failure",
-            "reason": "bulk replay", "actor": "bob"
+            "reason": "bulk replay"
         }))
         .send()
         .await

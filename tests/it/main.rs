@@ -17,6 +17,7 @@ mod defs;
 mod due_index;
 mod exposure;
 mod faults;
+mod hardening;
 mod history;
 mod http;
 mod idempotent;

@@ -289,7 +289,13 @@ server_test!(
         http_def(&db, "hook", &receiver.url, |_| {}).await;
         db.insert_due("hook", N, |_| 0).await;
         let proxy = Proxy::start(db.server_addr()).await;
-        let pool = TestDb::connect_to(&db.url_via(proxy.port)).await;
+        // A worker's pool: a transaction the freeze leaves open (a claim
+        // between its statements, holding its rows' locks) is ended by the
+        // server after IDLE_TRANSACTION_TIMEOUT, so B can take its rows.
+        let pool =
+            sea_orm::Database::connect(solid_notify::worker::pool_options(db.url_via(proxy.port)))
+                .await
+                .unwrap();
         // Worker A: its writes wait for the database longer than the
         // freeze, so they arrive after the thaw.
         let frozen_side = Notifier::builder(pool)
