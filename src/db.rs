@@ -109,10 +109,11 @@ pub(crate) fn is_transient(e: &DbErr) -> bool {
                 // 08: connection exception; 57P01-03: admin shutdown, crash
                 // shutdown, cannot connect now; 53300: too many connections;
                 // 57014: statement cancelled (statement_timeout,
-                // pg_cancel_backend); 55P03: lock not available (lock_timeout).
+                // pg_cancel_backend); 55P03: lock not available (lock_timeout);
+                // 25P03: idle in transaction too long (the session ended).
                 code.starts_with("08")
                     || code.starts_with("57P")
-                    || matches!(code.as_str(), "53300" | "57014" | "55P03")
+                    || matches!(code.as_str(), "53300" | "57014" | "55P03" | "25P03")
             }) || mysql_code(e).is_some_and(|n| {
                 // 1040 too many connections, 1053 server shutdown, 1158-1161
                 // network read/write errors, 1317 query interrupted, 1927
@@ -142,8 +143,9 @@ pub(crate) fn connection_lost(e: &DbErr) -> bool {
     match sqlx {
         S::Io(_) | S::Tls(_) | S::Protocol(_) | S::WorkerCrashed => true,
         S::Database(_) => {
-            sql_state(e).is_some_and(|code| code.starts_with("08") || code.starts_with("57P"))
-                || mysql_code(e).is_some_and(|n| matches!(n, 1053 | 1927 | 2006 | 2013))
+            sql_state(e).is_some_and(|code| {
+                code.starts_with("08") || code.starts_with("57P") || code == "25P03"
+            }) || mysql_code(e).is_some_and(|n| matches!(n, 1053 | 1927 | 2006 | 2013))
         }
         _ => false,
     }
@@ -237,34 +239,24 @@ pub(crate) fn timed_out(bound: Duration) -> DbErr {
     )))
 }
 
-/// A `BEGIN` unanswered after this many times its bound is given up by
-/// [`begin_bounded`]'s task: 4.
-pub const BEGIN_ABANDON_FACTOR: u32 = 4;
-
-/// Begins a transaction on `pool`, waiting at most `bound`. sqlx counts a
-/// transaction only once its `BEGIN` has answered, so one dropped before
-/// that could leave the connection inside a transaction nobody knows of,
-/// back in the pool, for the next caller's statements. So the `BEGIN` runs
-/// on a task of its own: past `bound` the caller gets [`timed_out`], and
-/// the transaction, should it begin later, is rolled back by the task
-/// (dropped, as sea-orm does). The task itself gives up after
-/// [`BEGIN_ABANDON_FACTOR`] × `bound`, so a connection cut off by a
-/// partition is not held for as long as TCP takes to notice (minutes): the
-/// connection goes back through the pool's release check, which on a pool
-/// of [`pool_options`](crate::worker::pool_options) closes it unless it
-/// answers, and on MySQL/MariaDB rolls back whatever it began.
+/// Begins a transaction on `pool`, waiting at most `bound`, without ever
+/// abandoning a `BEGIN` half-way: sqlx counts a transaction only once its
+/// `BEGIN` has answered, so one dropped before that could leave the
+/// connection inside a transaction nobody knows of, back in the pool, for
+/// the next caller's statements. The `BEGIN` runs on a task of its own;
+/// past `bound` the caller gets [`timed_out`], and the transaction, should
+/// it begin later, is rolled back by the task (dropped, as sea-orm does).
+/// A `BEGIN` sent on a connection a partition cut off holds that
+/// connection until TCP gives up; the pools of
+/// [`pool_options`](crate::worker::pool_options) ping each idle connection
+/// after such a call, so the next ones go to connections that answer.
 pub(crate) async fn begin_bounded(
     pool: &DatabaseConnection,
     options: TransactionOptions,
     bound: Duration,
 ) -> Result<DatabaseTransaction, DbErr> {
     let pool = pool.clone();
-    let abandon = bound * BEGIN_ABANDON_FACTOR;
-    let begun = tokio::spawn(async move {
-        tokio::time::timeout(abandon, pool.begin_with_options(options))
-            .await
-            .unwrap_or_else(|_| Err(timed_out(abandon)))
-    });
+    let begun = tokio::spawn(async move { pool.begin_with_options(options).await });
     match tokio::time::timeout(bound, begun).await {
         Ok(Ok(begun)) => begun,
         Ok(Err(e)) => Err(DbErr::Custom(format!(

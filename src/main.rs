@@ -813,13 +813,18 @@ async fn bulk(
     }
     let one = args.id.is_some() && args.ids.is_none() && filter == NoticeFilter::default();
     if !one {
-        if !filter.narrows() && args.ids.is_none() {
+        if !filter.narrows() && args.ids.is_none() && args.id.is_none() {
             return Err(solid_notify::Error::Config(
                 "give one notice id, --ids FILE, or at least one filter that leaves some notices out"
                     .into(),
             ));
         }
-        if !args.dry_run && args.reason.as_deref().is_none_or(|r| r.trim().is_empty()) {
+        if !args.dry_run
+            && args
+                .reason
+                .as_deref()
+                .is_none_or(|r| Audit::new("", r).reason.is_empty())
+        {
             return Err(solid_notify::Error::Config(
                 "--reason is required for a bulk action".into(),
             ));
@@ -923,12 +928,13 @@ async fn bulk_pinned(
         )));
     }
     let reason = args.reason.clone().unwrap_or_default();
-    if reason.trim().is_empty() {
+    let audit = Audit::new(args.actor.clone().unwrap_or_else(default_actor), reason);
+    // Checked as written: control characters count as no reason.
+    if audit.reason.is_empty() {
         return Err(solid_notify::Error::Config(
             "--reason is required for a bulk action".into(),
         ));
     }
-    let audit = Audit::new(args.actor.clone().unwrap_or_else(default_actor), reason);
     let notifier = Notifier::builder(db.clone()).build()?;
     let report = notifier
         .apply_pinned(&pinned, &audit, args.batch_size, false)

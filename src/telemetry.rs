@@ -277,7 +277,11 @@ pub async fn serve_metrics(addr: SocketAddr, shutdown: CancellationToken) -> Res
             "/metrics",
             axum::routing::get(move || render(handle.clone())),
         )
-        .layer(axum::middleware::from_fn(host_checked));
+        .layer(axum::middleware::from_fn(
+            move |request: axum::extract::Request, next: axum::middleware::Next| {
+                host_checked(bound.ip().is_loopback(), request, next)
+            },
+        ));
     tokio::spawn(async move {
         let served = axum::serve(listener, app)
             .with_graceful_shutdown(shutdown.cancelled_owned())
@@ -289,22 +293,30 @@ pub async fn serve_metrics(addr: SocketAddr, shutdown: CancellationToken) -> Res
     Ok(bound)
 }
 
-/// Answers only a `Host` that is an IP address or `localhost` (any port):
-/// a page of another site whose name was re-pointed at this address (DNS
-/// rebinding) is refused with 421, as the dashboard does without a token.
+/// On a loopback address, answers only a `Host` that is an IP address or
+/// `localhost` (any port): a page of another site whose name was
+/// re-pointed at 127.0.0.1 (DNS rebinding) is refused with 421, as the
+/// dashboard does without a token. On another address every name is
+/// answered (scrapers use service names).
 async fn host_checked(
+    loopback: bool,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
+    if !loopback {
+        return next.run(request).await;
+    }
     let host = request
         .headers()
         .get(axum::http::header::HOST)
         .and_then(|h| h.to_str().ok())
-        .unwrap_or("");
+        .or_else(|| request.uri().host())
+        .unwrap_or("")
+        .to_string();
     let name = match host.rsplit_once(':') {
         Some((name, port)) if port.chars().all(|c| c.is_ascii_digit()) => name,
-        _ => host,
+        _ => host.as_str(),
     };
     let bare = name.trim_start_matches('[').trim_end_matches(']');
     if name.eq_ignore_ascii_case("localhost") || bare.parse::<std::net::IpAddr>().is_ok() {
@@ -312,7 +324,7 @@ async fn host_checked(
     } else {
         (
             axum::http::StatusCode::MISDIRECTED_REQUEST,
-            "metrics answer only to an IP address or localhost\n",
+            "on a loopback address the metrics answer only to an IP address or localhost\n",
         )
             .into_response()
     }

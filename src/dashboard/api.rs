@@ -145,7 +145,11 @@ fn strict<T: serde::de::DeserializeOwned>(
             fields.join(", ")
         )));
     }
-    serde_json::from_value(body).map_err(|e| Failure::BadRequest(format!("body: {e}")))
+    serde_json::from_value(body).map_err(|e| {
+        // serde quotes the value it refused: at most an excerpt of it.
+        let said: String = e.to_string().chars().take(200).collect();
+        Failure::BadRequest(format!("body: {said}"))
+    })
 }
 
 /// `POST /api/notices/{id}/requeue` with `{"reason": …}`.
@@ -319,6 +323,20 @@ pub(super) async fn bulk(
         Ok(filter) => filter,
         Err(failure) => return failure.json(),
     };
+    // A search text that found no notice id or key would act at once on
+    // every notice whose param contains it: that needs `param`, said
+    // outright (a dry run shows what it would count).
+    if !body.dry_run
+        && query.search() != view::Search::None
+        && filter.ids.is_none()
+        && filter.key.is_none()
+        && query.param.is_none()
+    {
+        return Failure::BadRequest(
+            "`q` matched no notice id or idempotency key here; give `param` to act on the notices whose param contains it".into(),
+        )
+        .json();
+    }
     // `older_than: "0s"`, `since: "1000000000y"`: given, and matching all.
     if !body.all && !filter.narrows() {
         return Failure::BadRequest(

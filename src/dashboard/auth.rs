@@ -25,8 +25,9 @@ pub const MAX_FAILED_LOGINS: u32 = 5;
 /// The window of [`MAX_FAILED_LOGINS`]: one minute.
 pub const LOGIN_WINDOW: Duration = Duration::from_secs(60);
 /// Failed logins allowed from all addresses together within
-/// [`LOGIN_WINDOW`] (guessing from many addresses); more are refused
-/// with 429 until the window ends: 100.
+/// [`LOGIN_WINDOW`] (guessing from many addresses); past it every address
+/// that has not logged in within the last hour is refused with 429 until
+/// the window ends: 100.
 pub const MAX_FAILED_LOGINS_TOTAL: u32 = 100;
 
 /// Who made a request: the basic-auth user name, or `dashboard`.
@@ -44,7 +45,13 @@ pub(super) struct Limiter {
     failed: Mutex<HashMap<IpAddr, (Instant, u32)>>,
     /// All addresses' failures: when the window started, how many.
     total: Mutex<Option<(Instant, u32)>>,
+    /// Addresses that logged in within [`TRUSTED_FOR`]: the global cap does
+    /// not lock them out.
+    trusted: Mutex<HashMap<IpAddr, Instant>>,
 }
+
+/// How long a good login exempts its address from the global cap: an hour.
+const TRUSTED_FOR: Duration = Duration::from_secs(3600);
 
 /// The key of a client address: IPv4 as is, IPv6 by its /64 (one host
 /// usually holds a whole /64).
@@ -60,13 +67,20 @@ fn client(ip: IpAddr) -> IpAddr {
 
 impl Limiter {
     fn blocked(&self, ip: IpAddr) -> bool {
-        let total = *self.total.lock().unwrap_or_else(|p| p.into_inner());
-        if total.is_some_and(|(since, n)| {
-            since.elapsed() < LOGIN_WINDOW && n >= MAX_FAILED_LOGINS_TOTAL
-        }) {
-            return true;
-        }
         let ip = client(ip);
+        let total = *self.total.lock().unwrap_or_else(|p| p.into_inner());
+        let flooded = total.is_some_and(|(since, n)| {
+            since.elapsed() < LOGIN_WINDOW && n >= MAX_FAILED_LOGINS_TOTAL
+        });
+        if flooded {
+            let trusted = self.trusted.lock().unwrap_or_else(|p| p.into_inner());
+            if trusted
+                .get(&ip)
+                .is_none_or(|at| at.elapsed() >= TRUSTED_FOR)
+            {
+                return true;
+            }
+        }
         let failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
         failed
             .get(&ip)
@@ -76,8 +90,18 @@ impl Limiter {
     /// A good login: its address starts again from no failure.
     fn succeed(&self, ip: IpAddr) {
         let ip = client(ip);
-        let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
-        failed.remove(&ip);
+        self.failed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&ip);
+        let mut trusted = self.trusted.lock().unwrap_or_else(|p| p.into_inner());
+        if trusted.len() >= MAX_TRACKED {
+            trusted.retain(|_, at| at.elapsed() < TRUSTED_FOR);
+            if trusted.len() >= MAX_TRACKED {
+                trusted.clear();
+            }
+        }
+        trusted.insert(ip, Instant::now());
     }
 
     fn fail(&self, ip: IpAddr) {
@@ -210,5 +234,42 @@ pub(super) async fn layer(
             );
             response
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn a_flood_locks_out_strangers_but_not_who_logged_in() {
+        let limiter = Limiter::default();
+        let operator: IpAddr = "10.0.0.1".parse().unwrap();
+        limiter.succeed(operator);
+        for i in 0..MAX_FAILED_LOGINS_TOTAL {
+            let guesser = IpAddr::V4(Ipv4Addr::new(192, 0, 2, (i % 200) as u8));
+            assert!(!limiter.blocked("198.51.100.7".parse().unwrap()), "{i}");
+            limiter.fail(guesser);
+        }
+        assert!(limiter.blocked("198.51.100.7".parse().unwrap()));
+        assert!(!limiter.blocked(operator));
+    }
+
+    #[test]
+    fn a_good_login_clears_its_address() {
+        let limiter = Limiter::default();
+        let ip: IpAddr = "10.0.0.2".parse().unwrap();
+        for _ in 1..MAX_FAILED_LOGINS {
+            limiter.fail(ip);
+        }
+        assert!(!limiter.blocked(ip));
+        limiter.succeed(ip);
+        for _ in 1..MAX_FAILED_LOGINS {
+            limiter.fail(ip);
+        }
+        assert!(!limiter.blocked(ip), "counted from the good login");
+        limiter.fail(ip);
+        assert!(limiter.blocked(ip));
     }
 }

@@ -69,7 +69,7 @@ fn same_origin(headers: &axum::http::HeaderMap) -> bool {
 /// Whether a read may be answered: `Sec-Fetch-Site`, when sent, is
 /// `same-origin` or `none`, or the request is a top-level navigation
 /// (`Sec-Fetch-Mode: navigate`, `Sec-Fetch-Dest: document`) to a page,
-/// not to the API.
+/// not to the API nor to the bulk confirmation (which counts and pins).
 fn readable(headers: &axum::http::HeaderMap, api: bool) -> bool {
     let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     match get("sec-fetch-site") {
@@ -83,7 +83,8 @@ fn readable(headers: &axum::http::HeaderMap, api: bool) -> bool {
 
 /// Headers on every response: the pages are never framed (clickjacking),
 /// never sniffed as another type, load nothing from elsewhere and run no
-/// script, and send no referrer (a listing's URL holds its search).
+/// script, and send no referrer to another site (a listing's URL holds its
+/// search).
 pub(super) const SECURITY_HEADERS: [(&str, &str); 4] = [
     ("x-content-type-options", "nosniff"),
     (
@@ -91,7 +92,9 @@ pub(super) const SECURITY_HEADERS: [(&str, &str); 4] = [
         "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'",
     ),
     ("x-frame-options", "DENY"),
-    ("referrer-policy", "no-referrer"),
+    // `no-referrer` would make the browser send `Origin: null` with the
+    // dashboard's own forms (refused as cross-origin).
+    ("referrer-policy", "same-origin"),
 ];
 
 /// Sets [`SECURITY_HEADERS`] (the outermost layer: on refusals too).
@@ -123,7 +126,8 @@ pub(super) async fn layer(State(state): State<AppState>, request: Request, next:
     // A nested router sees its own paths (the mount point is stripped).
     let api = parts.uri.path().starts_with("/api/");
     let mut body = body;
-    if parts.method != Method::POST && !readable(&parts.headers, api) {
+    let counts = api || parts.uri.path() == "/bulk";
+    if parts.method != Method::POST && !readable(&parts.headers, counts) {
         return refuse(
             StatusCode::FORBIDDEN,
             "cross-site reads are refused (Sec-Fetch-Site); open the dashboard directly\n",

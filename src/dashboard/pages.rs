@@ -476,11 +476,12 @@ fn allowed(state: &AppState) -> Result<(), Failure> {
 /// An action may run (actions allowed, a reason given): the reason.
 fn permitted(state: &AppState, reason: &str) -> Result<String, Failure> {
     allowed(state)?;
-    let reason = reason.trim();
+    // Checked as it will be written: control characters count as none.
+    let reason = Audit::new("", reason).reason;
     if reason.is_empty() {
         return Err(Failure::BadRequest("a reason is required".into()));
     }
-    Ok(reason.to_string())
+    Ok(reason)
 }
 
 /// `POST /notices/{id}/requeue`.

@@ -317,10 +317,10 @@ pub(super) async fn find_bounded(
     let db = state.notifier.db().clone();
     let query = query.clone();
     let started = std::time::Instant::now();
-    // The permit is held until the database is done, even after the
-    // answer gave up waiting: never more than MAX_SEARCHES statements.
-    let task = tokio::spawn(async move {
-        let _permit = permit;
+    // The permit is held until the database is done (or twice
+    // SEARCH_TIMEOUT), even after the answer gave up waiting: never more
+    // than MAX_SEARCHES statements.
+    let search = async move {
         if db.get_database_backend() != sea_orm::DbBackend::Postgres {
             return find(&db, &query).await;
         }
@@ -339,6 +339,14 @@ pub(super) async fn find_bounded(
         // Read only: nothing to keep.
         txn.rollback().await.ok();
         found
+    };
+    let task = tokio::spawn(async move {
+        let _permit = permit;
+        // A database that stops answering (no reset, no timeout of its
+        // own) gives the place back after twice the answer's time.
+        tokio::time::timeout(SEARCH_TIMEOUT * 2, search)
+            .await
+            .unwrap_or_else(|_| Err(Failure::Unavailable(BUSY.into())))
     });
     let slow = || {
         Failure::Unavailable(format!(

@@ -113,8 +113,12 @@ pub struct NoticeView {
     pub idempotency_key: Option<String>,
     /// The producer's ordering key (`ordering = "per_key"` definitions).
     pub ordering_key: Option<String>,
-    /// The param: JSON, or the stored text when it is not JSON.
+    /// The param: JSON, or the stored text when it is not JSON (or, in a
+    /// listing of [`list_excerpts`], when it was cut).
     pub param: serde_json::Value,
+    /// Whether `param` may be only the first characters of the stored
+    /// param ([`list_excerpts`]; a notice's own view has it whole).
+    pub param_cut: bool,
     /// The producer's description (plus handlers' success notes).
     pub description: String,
     /// The failure and audit log, one entry per line, oldest first.
@@ -157,6 +161,7 @@ macro_rules! view_from {
                     ordering_key: row.ordering_key,
                     param: serde_json::from_str(&row.param)
                         .unwrap_or(serde_json::Value::String(row.param)),
+                    param_cut: false,
                     description: row.description,
                     errors: row
                         .errors
@@ -370,6 +375,21 @@ async fn list_with<C: ConnectionTrait>(
             .into_iter()
             .map(Into::into)
             .collect(),
+    };
+    let views = match chars {
+        // Exactly `chars` characters came back: the param may go on.
+        Some(chars) => views
+            .into_iter()
+            .map(|mut v| {
+                let text = match &v.param {
+                    serde_json::Value::String(text) => text.chars().count(),
+                    other => other.to_string().chars().count(),
+                };
+                v.param_cut = text >= chars as usize;
+                v
+            })
+            .collect(),
+        None => views,
     };
     Ok(named(views, &def_names(db).await?))
 }

@@ -86,13 +86,20 @@ pub const MAX_AUDIT_ACTOR: usize = 100;
 /// Longest audit reason kept, in characters: 500.
 pub const MAX_AUDIT_REASON: usize = 500;
 
-/// `text` with control characters (and the bidirectional overrides that
-/// reorder what a terminal shows) as spaces, trimmed, cut to `max`
-/// characters.
+/// `text` with control characters (and the line separators, invisible
+/// characters and bidirectional overrides that break or reorder what a
+/// terminal shows) as spaces, trimmed, cut to `max` characters.
 fn clean(text: &str, max: usize) -> String {
     let hidden = |c: char| {
         c.is_control()
-            || matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+            || matches!(
+                c,
+                '\u{061C}'
+                    | '\u{200B}'..='\u{200F}'
+                    | '\u{2028}'..='\u{202E}'
+                    | '\u{2060}'..='\u{2069}'
+                    | '\u{FEFF}'
+            )
     };
     let one_line: String = text
         .chars()

@@ -1,9 +1,10 @@
 // Drives the dashboard in Debian's headless Chromium (never a downloaded
 // browser): overview counts, filter to final failures, bulk requeue with a
-// reason. Prints one JSON line of what it saw; saves a screenshot of each
+// reason; another site's image, fetch and frame of it refused. Prints one JSON line of what it saw; saves a screenshot of each
 // page. Usage: node dashboard.mjs BASE_URL SCREENSHOT_DIR
 import { chromium } from 'playwright-core';
 import { mkdtempSync, mkdirSync, rmSync } from 'node:fs';
+import { createServer } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
@@ -69,6 +70,38 @@ try {
   await page.getByRole('link', { name: 'In flight' }).click();
   seen.in_flight_rows = await page.locator('tr[data-id]').count();
   await shot('in-flight');
+
+  // 4. Another site's page (served on localhost, another site than
+  // 127.0.0.1): its image, fetch and frame of the dashboard are refused,
+  // and nothing of the dashboard renders in its frame.
+  const html = `<h1>another site</h1><img src="${base}/api/notices?q=by-img">`
+    + `<iframe src="${base}/notices?q=by-frame"></iframe>`
+    + `<script>fetch("${base}/api/notices?q=by-fetch", {mode: "no-cors"}).catch(() => {})</script>`;
+  const other = createServer((req, res) => {
+    res.setHeader('content-type', 'text/html');
+    res.end(html);
+  });
+  await new Promise((ready) => other.listen(0, '127.0.0.1', ready));
+  const evil = `http://localhost:${other.address().port}/`;
+  // What each request got: its status, or why the browser dropped it
+  // first (an image's text answer is blocked by ORB before the page).
+  const results = {};
+  const tagOf = (r) => r.url().match(/q=(by-\w+)/)?.[1];
+  page.on('response', (r) => { const tag = tagOf(r); if (tag) results[tag] ??= r.status(); });
+  page.on('requestfailed', (r) => {
+    const tag = tagOf(r);
+    if (tag) results[tag] ??= r.failure()?.errorText ?? 'failed';
+  });
+  await page.goto(evil);
+  for (const deadline = Date.now() + 20000; Object.keys(results).length < 3;) {
+    if (Date.now() > deadline) throw new Error(`cross-site requests seen: ${JSON.stringify(results)}`);
+    await page.waitForTimeout(50);
+  }
+  seen.cross_site = { img: results['by-img'], frame: results['by-frame'], fetch: results['by-fetch'] };
+  const framed = page.frames().find((f) => f.url().includes('by-frame'));
+  seen.framed_rows = framed ? await framed.locator('tr[data-id], h1').count() : 0;
+  await shot('cross-site');
+  other.close();
 } finally {
   await context.close();
   rmSync(profile, { recursive: true, force: true });

@@ -94,4 +94,13 @@ pg_test!(a_browser_sees_the_counts_and_bulk_requeues, |db: Arc<
         );
     }
     assert_eq!(seen["in_flight_rows"], 3 + 2 + 3, "{seen}");
+    // 5. Another site's image, fetch and frame: refused, nothing framed.
+    assert_eq!(seen["cross_site"]["frame"], 403, "{seen}");
+    assert_eq!(seen["cross_site"]["fetch"], 403, "{seen}");
+    // An image's answer is 403, or dropped by the browser before the page.
+    assert!(
+        seen["cross_site"]["img"] == 403 || seen["cross_site"]["img"].is_string(),
+        "{seen}"
+    );
+    assert_eq!(seen["framed_rows"], 0, "{seen}");
 });

@@ -71,6 +71,16 @@ db_test!(
             assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
             assert!(text.contains(&format!("`{field}`")), "{text}");
         }
+        // Search text that finds no id or key would act on every notice whose
+        // param holds it: refused unless said with `param` (a dry run counts).
+        let (status, text) = post(
+            &base,
+            "/api/bulk",
+            json!({"place": "in_flight", "q": "987654", "reason": "meant an id"}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+        assert!(text.contains("`param`"), "{text}");
         // Filters given that match everything count as none.
         for body in [
             json!({"place": "in_flight", "older_than": "0s", "reason": "r"}),
@@ -210,6 +220,16 @@ db_test!(
         assert!(secured(&page));
         let api = fetch(&base, "/api/notices", "cross-site", "navigate", "document").await;
         assert_eq!(api.status(), StatusCode::FORBIDDEN);
+        // Nor the bulk confirmation, which counts and pins.
+        let bulk = fetch(
+            &base,
+            "/bulk?place=history&param=x",
+            "cross-site",
+            "navigate",
+            "document",
+        )
+        .await;
+        assert_eq!(bulk.status(), StatusCode::FORBIDDEN);
         // The dashboard's own pages and tools without the headers are served.
         let own = fetch(&base, "/api/notices", "same-origin", "cors", "empty").await;
         assert_eq!(own.status(), StatusCode::OK);
@@ -293,6 +313,7 @@ db_test!(
             shown.len()
         );
         assert!(shown.contains("xxxx"), "{shown}");
+        assert_eq!(notices[0]["param_cut"], true);
         let whole: Value = http
             .get(format!("{base}/api/notices/{id}"))
             .send()
@@ -305,6 +326,7 @@ db_test!(
             whole["param"]["blob"].as_str().map(str::len),
             Some(1_000_000)
         );
+        assert_eq!(whole["param_cut"], false);
         stop.cancel();
     }
 );

@@ -807,6 +807,25 @@ db_test!(
             Some(0.0),
             "no lost claims in a one-worker run"
         );
+        // A page of another site whose name points here (DNS rebinding)
+        // is refused; an IP address or localhost is answered.
+        let http = reqwest::Client::new();
+        for (host, answered) in [
+            ("evil.example:9464", false),
+            ("localhost.evil.example", false),
+            ("127.0.0.1:9464", true),
+            ("localhost:9464", true),
+            ("[::1]:9464", true),
+        ] {
+            let status = http
+                .get(&addr)
+                .header(reqwest::header::HOST, host)
+                .send()
+                .await
+                .unwrap()
+                .status();
+            assert_eq!(status.is_success(), answered, "{host}: {status}");
+        }
         let _ = child.0.kill();
     }
 );
