@@ -277,12 +277,9 @@ pub async fn serve_metrics(addr: SocketAddr, shutdown: CancellationToken) -> Res
             "/metrics",
             axum::routing::get(move || render(handle.clone())),
         )
-        .layer(axum::middleware::from_fn(
-            move |request: axum::extract::Request, next: axum::middleware::Next| {
-                host_checked(bound.ip().is_loopback(), request, next)
-            },
-        ));
+        .layer(axum::middleware::from_fn(host_checked));
     tokio::spawn(async move {
+        let app = app.into_make_service_with_connect_info::<SocketAddr>();
         let served = axum::serve(listener, app)
             .with_graceful_shutdown(shutdown.cancelled_owned())
             .await;
@@ -293,18 +290,21 @@ pub async fn serve_metrics(addr: SocketAddr, shutdown: CancellationToken) -> Res
     Ok(bound)
 }
 
-/// On a loopback address, answers only a `Host` that is an IP address or
-/// `localhost` (any port): a page of another site whose name was
+/// To a client on this host, answers only a `Host` that is an IP address
+/// or `localhost` (any port): a page of another site whose name was
 /// re-pointed at 127.0.0.1 (DNS rebinding) is refused with 421, as the
-/// dashboard does without a token. On another address every name is
-/// answered (scrapers use service names).
+/// dashboard does without a token. Other clients (scrapers, which use
+/// service names) are answered whatever the name.
 async fn host_checked(
-    loopback: bool,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
-    if !loopback {
+    let local = request
+        .extensions()
+        .get::<axum::extract::ConnectInfo<SocketAddr>>()
+        .is_none_or(|peer| peer.0.ip().to_canonical().is_loopback());
+    if !local {
         return next.run(request).await;
     }
     let host = request
@@ -324,7 +324,7 @@ async fn host_checked(
     } else {
         (
             axum::http::StatusCode::MISDIRECTED_REQUEST,
-            "on a loopback address the metrics answer only to an IP address or localhost\n",
+            "to a client on this host the metrics answer only to an IP address or localhost\n",
         )
             .into_response()
     }

@@ -326,16 +326,19 @@ pub(super) async fn bulk(
     // A search text that found no notice id or key would act at once on
     // every notice whose param contains it: that needs `param`, said
     // outright (a dry run shows what it would count).
-    if !body.dry_run
-        && query.search() != view::Search::None
-        && filter.ids.is_none()
-        && filter.key.is_none()
-        && query.param.is_none()
-    {
-        return Failure::BadRequest(
-            "`q` matched no notice id or idempotency key here; give `param` to act on the notices whose param contains it".into(),
-        )
-        .json();
+    if query.search() != view::Search::None {
+        if query.key.as_deref().is_some_and(|k| !k.trim().is_empty())
+            || query.param.as_deref().is_some_and(|p| !p.trim().is_empty())
+        {
+            return Failure::BadRequest("give `q` alone, or `key` / `param` without `q`".into())
+                .json();
+        }
+        if !body.dry_run && filter.ids.is_none() && filter.key.is_none() {
+            return Failure::BadRequest(
+                "`q` matched no notice id or idempotency key here; give `param` to act on the notices whose param contains it".into(),
+            )
+            .json();
+        }
     }
     // `older_than: "0s"`, `since: "1000000000y"`: given, and matching all.
     if !body.all && !filter.narrows() {

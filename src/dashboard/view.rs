@@ -28,7 +28,7 @@ pub const MAX_SEARCHES: usize = 4;
 /// Longest a listing may take before it is answered 503: 10 seconds. On
 /// PostgreSQL its statements are also cancelled then (`statement_timeout`);
 /// elsewhere a statement still running keeps its place among
-/// [`MAX_SEARCHES`] until it ends.
+/// [`MAX_SEARCHES`] until it ends (MySQL and SQLite cannot cancel it here).
 pub const SEARCH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A listing's query string, as forms send it (empty fields are absent).
@@ -309,7 +309,7 @@ pub(super) async fn find_bounded(
     state: &super::AppState,
     query: &NoticeQuery,
 ) -> Result<(Place, Page, Vec<crate::ops::NoticeView>), Failure> {
-    use sea_orm::{ConnectionTrait, TransactionTrait};
+    use sea_orm::ConnectionTrait;
     const BUSY: &str = "too many searches at once; try again in a moment";
     let Ok(permit) = state.searches.clone().try_acquire_owned() else {
         return Err(Failure::Unavailable(BUSY.into()));
@@ -317,36 +317,41 @@ pub(super) async fn find_bounded(
     let db = state.notifier.db().clone();
     let query = query.clone();
     let started = std::time::Instant::now();
-    // The permit is held until the database is done (or twice
-    // SEARCH_TIMEOUT), even after the answer gave up waiting: never more
-    // than MAX_SEARCHES statements.
+    // The permit is held until the database is done (on PostgreSQL at most
+    // twice SEARCH_TIMEOUT), even after the answer gave up waiting: never
+    // more than MAX_SEARCHES statements.
     let search = async move {
         if db.get_database_backend() != sea_orm::DbBackend::Postgres {
+            // No cancel on the server here: the place is kept until the
+            // statement ends, whatever the answer did.
             return find(&db, &query).await;
         }
-        let txn = db
-            .begin()
+        // Never a BEGIN dropped half-way (see `db::begin_bounded`).
+        let txn = crate::db::begin_bounded(&db, Default::default(), SEARCH_TIMEOUT)
             .await
             .map_err(|e| Failure::from(Error::from(e)))?;
         let limit = format!(
             "SET LOCAL statement_timeout = {}",
             SEARCH_TIMEOUT.as_millis()
         );
-        txn.execute_unprepared(&limit)
-            .await
-            .map_err(|e| Failure::from(Error::from(e)))?;
-        let found = find(&txn, &query).await;
+        // Once begun, a statement dropped mid-way is safe: its transaction
+        // is rolled back on the way back to the pool. A server that stops
+        // answering gives the place back after twice the answer's time.
+        let found = tokio::time::timeout(SEARCH_TIMEOUT * 2, async {
+            txn.execute_unprepared(&limit)
+                .await
+                .map_err(|e| Failure::from(Error::from(e)))?;
+            find(&txn, &query).await
+        })
+        .await
+        .unwrap_or_else(|_| Err(Failure::Unavailable(BUSY.into())));
         // Read only: nothing to keep.
         txn.rollback().await.ok();
         found
     };
     let task = tokio::spawn(async move {
         let _permit = permit;
-        // A database that stops answering (no reset, no timeout of its
-        // own) gives the place back after twice the answer's time.
-        tokio::time::timeout(SEARCH_TIMEOUT * 2, search)
-            .await
-            .unwrap_or_else(|_| Err(Failure::Unavailable(BUSY.into())))
+        search.await
     });
     let slow = || {
         Failure::Unavailable(format!(

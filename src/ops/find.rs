@@ -339,6 +339,21 @@ fn excerpt<E: EntityTrait>(select: sea_orm::Select<E>, chars: Option<u32>) -> se
     select.select_only().columns(others).expr_as(cut, "param")
 }
 
+/// Cuts `param` to `chars` characters (when given); whether it was longer.
+fn cut_to(param: &mut String, chars: Option<u32>) -> bool {
+    let Some(chars) = chars else {
+        return false;
+    };
+    let keep = usize::try_from(chars).unwrap_or(usize::MAX);
+    match param.char_indices().nth(keep) {
+        Some((at, _)) => {
+            param.truncate(at);
+            true
+        }
+        None => false,
+    }
+}
+
 async fn list_with<C: ConnectionTrait>(
     db: &C,
     place: Place,
@@ -356,40 +371,39 @@ async fn list_with<C: ConnectionTrait>(
     if let Some(before) = page.before_id {
         cond = cond.add(Expr::col(notify_msg::Column::Id).lt(before));
     }
+    // One character more than shown: whether the param goes on is known.
+    let asked = chars.map(|n| n.saturating_add(1));
     let views: Vec<NoticeView> = match place {
-        Place::InFlight => excerpt(notify_msg::Entity::find(), chars)
+        Place::InFlight => excerpt(notify_msg::Entity::find(), asked)
             .filter(cond)
             .order_by_desc(notify_msg::Column::Id)
             .limit(page.limit)
             .all(db)
             .await?
             .into_iter()
-            .map(Into::into)
+            .map(|mut row| {
+                let cut = cut_to(&mut row.param, chars);
+                NoticeView {
+                    param_cut: cut,
+                    ..row.into()
+                }
+            })
             .collect(),
-        Place::History => excerpt(notify_msg_history::Entity::find(), chars)
+        Place::History => excerpt(notify_msg_history::Entity::find(), asked)
             .filter(cond)
             .order_by_desc(notify_msg_history::Column::Id)
             .limit(page.limit)
             .all(db)
             .await?
             .into_iter()
-            .map(Into::into)
-            .collect(),
-    };
-    let views = match chars {
-        // Exactly `chars` characters came back: the param may go on.
-        Some(chars) => views
-            .into_iter()
-            .map(|mut v| {
-                let text = match &v.param {
-                    serde_json::Value::String(text) => text.chars().count(),
-                    other => other.to_string().chars().count(),
-                };
-                v.param_cut = text >= chars as usize;
-                v
+            .map(|mut row| {
+                let cut = cut_to(&mut row.param, chars);
+                NoticeView {
+                    param_cut: cut,
+                    ..row.into()
+                }
             })
             .collect(),
-        None => views,
     };
     Ok(named(views, &def_names(db).await?))
 }

@@ -94,11 +94,19 @@ fn clean(text: &str, max: usize) -> String {
         c.is_control()
             || matches!(
                 c,
-                '\u{061C}'
+                '\u{00AD}'
+                    | '\u{061C}'
+                    | '\u{115F}'..='\u{1160}'
+                    | '\u{180E}'
                     | '\u{200B}'..='\u{200F}'
                     | '\u{2028}'..='\u{202E}'
-                    | '\u{2060}'..='\u{2069}'
+                    | '\u{2060}'..='\u{206F}'
+                    | '\u{3164}'
+                    | '\u{FE00}'..='\u{FE0F}'
                     | '\u{FEFF}'
+                    | '\u{FFA0}'
+                    | '\u{FFF9}'..='\u{FFFB}'
+                    | '\u{E0000}'..='\u{E0FFF}'
             )
     };
     let one_line: String = text

@@ -85,7 +85,8 @@ pub const RELEASE_PING_BOUND: Duration = Duration::from_secs(5);
 /// defaults, except that
 ///
 /// - a connection is pinged before use only after it was idle for
-///   [`POOL_PING_IF_IDLE_FOR`]. (sea-orm pings every connection it hands
+///   [`POOL_PING_IF_IDLE_FOR`], and closed unless it answers within
+///   [`RELEASE_PING_BOUND`]. (sea-orm pings every connection it hands
 ///   out: a round trip in front of each claim and each write. A connection
 ///   that died meanwhile fails its statement, which the worker retries like
 ///   any lost connection.)
@@ -136,17 +137,23 @@ pub fn pool_options(url: impl Into<String>) -> sea_orm::ConnectOptions {
             }
         })
     }
-    // After an abandoned call: a bounded ping before each use; a
-    // connection that does not answer is closed without a goodbye.
-    fn suspect<'c, C: sqlx::Connection>(
+    // Before use, a bounded ping: of a connection idle for
+    // POOL_PING_IF_IDLE_FOR, and of every one for SUSPECT_WINDOW after an
+    // abandoned call (more briefly); one that does not answer is closed
+    // without a goodbye, and another tried.
+    fn checked<'c, C: sqlx::Connection>(
         conn: &'c mut C,
-        _: sqlx::pool::PoolConnectionMetadata,
+        meta: sqlx::pool::PoolConnectionMetadata,
     ) -> futures::future::BoxFuture<'c, std::result::Result<bool, sqlx::Error>> {
         Box::pin(async move {
-            if !crate::db::abandoned_within(SUSPECT_WINDOW) {
+            let bound = if crate::db::abandoned_within(SUSPECT_WINDOW) {
+                SUSPECT_PING_BOUND
+            } else if meta.idle_for >= POOL_PING_IF_IDLE_FOR {
+                RELEASE_PING_BOUND
+            } else {
                 return Ok(true);
-            }
-            match tokio::time::timeout(SUSPECT_PING_BOUND, conn.ping()).await {
+            };
+            match tokio::time::timeout(bound, conn.ping()).await {
                 Ok(Ok(())) => Ok(true),
                 Ok(Err(e)) => Err(e),
                 Err(_) => Err(sqlx::Error::PoolTimedOut),
@@ -186,10 +193,10 @@ pub fn pool_options(url: impl Into<String>) -> sea_orm::ConnectOptions {
     }
     let mut options = sea_orm::ConnectOptions::new(url.into());
     options
-        .test_before_acquire_if_idle_for(POOL_PING_IF_IDLE_FOR)
+        .test_before_acquire(false)
         .acquire_timeout(crate::config::DEFAULT_DB_TIMEOUT)
-        .map_sqlx_postgres_before_acquire(suspect::<sqlx::PgConnection>)
-        .map_sqlx_mysql_before_acquire(suspect::<sqlx::MySqlConnection>)
+        .map_sqlx_postgres_before_acquire(checked::<sqlx::PgConnection>)
+        .map_sqlx_mysql_before_acquire(checked::<sqlx::MySqlConnection>)
         .map_sqlx_postgres_pool_opts(|o| {
             o.after_connect(pg_session)
                 .after_release(alive::<sqlx::PgConnection>)

@@ -81,6 +81,16 @@ db_test!(
         .await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
         assert!(text.contains("`param`"), "{text}");
+        // q with an empty or a real param/key; a reason of invisible
+        // characters only.
+        for body in [
+            json!({"place": "in_flight", "q": "987654", "param": " ", "reason": "r"}),
+            json!({"place": "in_flight", "q": "foo", "param": "bar", "reason": "r"}),
+            json!({"place": "in_flight", "def": "billing", "reason": "\u{200b}\u{ad}\u{1}"}),
+        ] {
+            let (status, text) = post(&base, "/api/bulk", body.clone()).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {text}");
+        }
         // Filters given that match everything count as none.
         for body in [
             json!({"place": "in_flight", "older_than": "0s", "reason": "r"}),
