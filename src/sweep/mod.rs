@@ -58,6 +58,11 @@ const RECLAIM_WHILE_CHAINING: Duration = Duration::from_millis(100);
 /// Default [`SweepLimits::max_in_flight_bytes`]: 64 MiB.
 pub const DEFAULT_MAX_IN_FLIGHT_BYTES: u64 = 64 * 1024 * 1024;
 
+/// Largest batch a sweep claims at once (and largest
+/// [`WorkerConfig::batch_size`](crate::WorkerConfig::batch_size) a worker
+/// accepts): 100,000 rows.
+pub const MAX_BATCH_SIZE: u64 = 100_000;
+
 /// Limits of one sweep.
 #[derive(Debug, Clone)]
 pub struct SweepLimits {
@@ -113,7 +118,7 @@ impl Notifier {
     }
 
     /// Attempts up to `limit` due rows (any definition this process can
-    /// deliver; at most [`MAX_BATCH_SIZE`](crate::worker::MAX_BATCH_SIZE)),
+    /// deliver; at most [`MAX_BATCH_SIZE`]),
     /// one at a time, and returns each attempt's report.
     pub async fn sweep_once(&self, limit: u64) -> Result<Vec<AttemptReport>> {
         let filter = DueFilter {
@@ -121,7 +126,7 @@ impl Notifier {
             ..DueFilter::default()
         };
         let limits = SweepLimits {
-            batch_size: limit.min(crate::worker::MAX_BATCH_SIZE),
+            batch_size: limit.min(MAX_BATCH_SIZE),
             concurrency: 1,
             shutdown_timeout: Duration::ZERO,
             max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,

@@ -12,8 +12,7 @@ use serde::{Deserialize, Serialize};
 pub const DEFAULT_CRON: &str = "* * * * * *";
 /// Default [`WorkerConfig::delay`]: 1 second.
 pub const DEFAULT_DELAY: Duration = Duration::from_secs(1);
-/// Largest [`WorkerConfig::batch_size`] a worker accepts: 100,000 rows.
-pub const MAX_BATCH_SIZE: u64 = 100_000;
+pub use crate::sweep::MAX_BATCH_SIZE;
 /// Largest [`WorkerConfig::concurrency`] a worker accepts: 10,000.
 pub const MAX_CONCURRENCY: usize = 10_000;
 /// Default [`WorkerConfig::batch_size`]: 1000 rows per claim.
