@@ -107,19 +107,24 @@ pub const RELEASE_PING_BOUND: Duration = Duration::from_secs(5);
 ///   once the network is back.
 pub fn pool_options(url: impl Into<String>) -> sea_orm::ConnectOptions {
     use sea_orm::sqlx;
+    // Whether a check answered within `bound`: past it an error, not
+    // `false`, so the pool closes the connection without a goodbye (which
+    // could hang too).
+    async fn answered<T>(
+        bound: Duration,
+        check: impl std::future::Future<Output = std::result::Result<T, sqlx::Error>>,
+    ) -> std::result::Result<bool, sqlx::Error> {
+        match tokio::time::timeout(bound, check).await {
+            Ok(Ok(_)) => Ok(true),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(sqlx::Error::PoolTimedOut),
+        }
+    }
     fn alive<'c, C: sqlx::Connection>(
         conn: &'c mut C,
         _: sqlx::pool::PoolConnectionMetadata,
     ) -> futures::future::BoxFuture<'c, std::result::Result<bool, sqlx::Error>> {
-        Box::pin(async move {
-            match tokio::time::timeout(RELEASE_PING_BOUND, conn.ping()).await {
-                Ok(Ok(_)) => Ok(true),
-                Ok(Err(e)) => Err(e),
-                // An error, not `false`: closed without a goodbye, which
-                // could hang too.
-                Err(_) => Err(sqlx::Error::PoolTimedOut),
-            }
-        })
+        Box::pin(answered(RELEASE_PING_BOUND, conn.ping()))
     }
     // MySQL/MariaDB: a ROLLBACK instead of the ping (one round trip
     // either way, and harmless outside a transaction): it also ends a
@@ -129,13 +134,7 @@ pub fn pool_options(url: impl Into<String>) -> sea_orm::ConnectOptions {
         _: sqlx::pool::PoolConnectionMetadata,
     ) -> futures::future::BoxFuture<'c, std::result::Result<bool, sqlx::Error>> {
         use sqlx::Executor;
-        Box::pin(async move {
-            match tokio::time::timeout(RELEASE_PING_BOUND, conn.execute("ROLLBACK")).await {
-                Ok(Ok(_)) => Ok(true),
-                Ok(Err(e)) => Err(e),
-                Err(_) => Err(sqlx::Error::PoolTimedOut),
-            }
-        })
+        Box::pin(answered(RELEASE_PING_BOUND, conn.execute("ROLLBACK")))
     }
     // Before use, a bounded ping: of a connection idle for
     // POOL_PING_IF_IDLE_FOR, and of every one for SUSPECT_WINDOW after an
@@ -153,11 +152,7 @@ pub fn pool_options(url: impl Into<String>) -> sea_orm::ConnectOptions {
             } else {
                 return Ok(true);
             };
-            match tokio::time::timeout(bound, conn.ping()).await {
-                Ok(Ok(())) => Ok(true),
-                Ok(Err(e)) => Err(e),
-                Err(_) => Err(sqlx::Error::PoolTimedOut),
-            }
+            answered(bound, conn.ping()).await
         })
     }
     // Each new connection: the server ends a transaction left idle.

@@ -306,14 +306,11 @@ db_test!(
         assert_eq!(response.status(), StatusCode::OK);
         // A listing holds an excerpt of each param; the notice's own page the
         // whole.
-        let listing: Value = http
-            .get(format!("{base}/api/notices?limit=500"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let get_json = async |path: String| -> Value {
+            let response = http.get(format!("{base}{path}")).send().await.unwrap();
+            response.json().await.unwrap()
+        };
+        let listing = get_json("/api/notices?limit=500".into()).await;
         let notices = listing["notices"].as_array().unwrap();
         assert_eq!(notices.len(), 1);
         let shown = notices[0]["param"].to_string();
@@ -324,14 +321,7 @@ db_test!(
         );
         assert!(shown.contains("xxxx"), "{shown}");
         assert_eq!(notices[0]["param_cut"], true);
-        let whole: Value = http
-            .get(format!("{base}/api/notices/{id}"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let whole = get_json(format!("/api/notices/{id}")).await;
         assert_eq!(
             whole["param"]["blob"].as_str().map(str::len),
             Some(1_000_000)
