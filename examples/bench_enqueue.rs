@@ -65,6 +65,8 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let build = |immediate: bool| {
         Notifier::builder(db.clone())
             .config(Config {
+                // The receivers listen on 127.0.0.1.
+                allow_private_network: true,
                 immediate_attempt: immediate,
                 ..Config::default()
             })

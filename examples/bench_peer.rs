@@ -164,6 +164,8 @@ fn notifier(
 ) -> BoxResult<Notifier> {
     Ok(Notifier::builder(db)
         .config(Config {
+            // The receivers listen on 127.0.0.1.
+            allow_private_network: true,
             immediate_attempt: immediate,
             ..Config::default()
         })

@@ -473,6 +473,8 @@ async fn drain(
     let started = Instant::now();
     let notifier = Notifier::builder(db.clone())
         .config(Config {
+            // The receivers listen on 127.0.0.1.
+            allow_private_network: true,
             immediate_attempt: false,
             ..Config::default()
         })

@@ -145,6 +145,7 @@ fn spawn_worker(bin: &PathBuf, url: &str) -> BoxResult<Child> {
     Ok(Command::new(bin)
         .args([
             "worker",
+            "--allow-private-network",
             "--database-url",
             url,
             "--mode",

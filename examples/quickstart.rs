@@ -50,6 +50,9 @@ async fn main() -> Result<(), Box<dyn Error>> {
     // The flaky mailer fails the first two attempts of each notice.
     let notifier = Notifier::builder(db.clone())
         .config(Config {
+            // The quickstart's receiver listens on 127.0.0.1: without this,
+            // requests go to public addresses only.
+            allow_private_network: true,
             lease: Duration::from_secs(5),
             attempt_timeout: Duration::from_secs(2),
             mail: MailConfig {

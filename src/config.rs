@@ -85,6 +85,14 @@ pub struct Config {
     /// still leases its rows, to nobody, for a whole lease. Default
     /// [`DEFAULT_DB_TIMEOUT`].
     pub db_timeout: Duration,
+    /// Let HTTP requests go to private, loopback, link-local and other
+    /// non-public addresses, for every definition (one definition opts in
+    /// with its target's `allow_private_network`). Off, a host is resolved
+    /// and only its public addresses are connected to (see
+    /// [`crate::channel::http`]), so a producer's URL cannot reach the
+    /// internal network. Default `false`; the tests and the quickstart,
+    /// whose receivers listen on 127.0.0.1, turn it on.
+    pub allow_private_network: bool,
 }
 
 impl Default for Config {
@@ -101,6 +109,7 @@ impl Default for Config {
             amqp: AmqpConfig::default(),
             max_param_bytes: DEFAULT_MAX_PARAM_BYTES,
             db_timeout: DEFAULT_DB_TIMEOUT,
+            allow_private_network: false,
         }
     }
 }
@@ -121,6 +130,7 @@ impl std::fmt::Debug for Config {
             .field("secrets", &secrets)
             .field("amqp", &self.amqp)
             .field("db_timeout", &self.db_timeout)
+            .field("allow_private_network", &self.allow_private_network)
             .finish()
     }
 }

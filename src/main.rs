@@ -104,7 +104,8 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
         /// Rows per batch.
-        #[arg(long, default_value_t = solid_notify::ops::purge::DEFAULT_PURGE_BATCH)]
+        #[arg(long, default_value_t = solid_notify::ops::purge::DEFAULT_PURGE_BATCH,
+              value_parser = clap::value_parser!(u64).range(1..=solid_notify::ops::bulk::MAX_BATCH_SIZE))]
         batch_size: u64,
         /// Print JSON.
         #[arg(long)]
@@ -240,7 +241,8 @@ struct BulkArgs {
     #[arg(long, value_name = "FILE", conflicts_with_all = ["dry_run", "ids", "id"])]
     pinned: Option<PathBuf>,
     /// Rows per batch.
-    #[arg(long, default_value_t = solid_notify::ops::bulk::DEFAULT_BATCH_SIZE)]
+    #[arg(long, default_value_t = solid_notify::ops::bulk::DEFAULT_BATCH_SIZE,
+          value_parser = clap::value_parser!(u64).range(1..=solid_notify::ops::bulk::MAX_BATCH_SIZE))]
     batch_size: u64,
     /// Print JSON.
     #[arg(long)]
@@ -281,7 +283,8 @@ impl FilterArgs {
 #[derive(clap::Args)]
 struct WorkerArgs {
     /// TOML file with a `[worker]` table (WorkerConfig keys) and a `[notifier]`
-    /// table (`lease`, `attempt_timeout`, `def_cache_ttl`, `db_timeout`).
+    /// table (`lease`, `attempt_timeout`, `def_cache_ttl`, `db_timeout`,
+    /// `allow_private_network`).
     #[arg(long, env = "SOLID_NOTIFY_CONFIG")]
     config: Option<PathBuf>,
     /// fixed-rate (sweep at every cron tick) or fixed-delay (pause after each sweep).
@@ -328,6 +331,10 @@ struct WorkerArgs {
     /// call counts as a lost connection.
     #[arg(long, env = "SOLID_NOTIFY_DB_TIMEOUT", value_parser = humantime::parse_duration)]
     db_timeout: Option<Duration>,
+    /// Let HTTP requests reach private, loopback and link-local addresses
+    /// for every definition (default: public addresses only).
+    #[arg(long, env = "SOLID_NOTIFY_ALLOW_PRIVATE_NETWORK")]
+    allow_private_network: bool,
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464;
     /// port 0 picks a free port, printed on stderr). Default: off.
     #[arg(long, env = "SOLID_NOTIFY_METRICS_ADDR")]
@@ -358,6 +365,7 @@ struct NotifierFile {
     def_cache_ttl: Option<Duration>,
     #[serde(with = "humantime_serde")]
     db_timeout: Option<Duration>,
+    allow_private_network: Option<bool>,
 }
 
 fn parse_mode(text: &str) -> Result<Mode, String> {
@@ -394,6 +402,8 @@ impl WorkerArgs {
         set!(n.def_cache_ttl, file.notifier.def_cache_ttl);
         set!(n.db_timeout, file.notifier.db_timeout);
         set!(n.db_timeout, self.db_timeout);
+        set!(n.allow_private_network, file.notifier.allow_private_network);
+        n.allow_private_network |= self.allow_private_network;
         set!(n.lease, self.lease);
         set!(n.attempt_timeout, self.attempt_timeout);
         set!(w.mode, self.mode);
@@ -408,6 +418,23 @@ impl WorkerArgs {
         set!(w.shutdown_timeout, self.shutdown_timeout);
         set!(w.max_in_flight_bytes, self.max_in_flight_bytes);
         Ok((n, w, file.retention))
+    }
+}
+
+/// Serves every allocation of 128 KiB or more (a large param, its parsed
+/// copy, a request body) by its own mapping, returned to the system when
+/// freed. glibc otherwise raises that threshold as such blocks are freed,
+/// up to 32 MiB, and keeps them in its per-thread arenas: a worker that
+/// delivered 1 MiB payloads then held up to twice its bound in bytes
+/// (`max_in_flight_bytes`) under load. Embedders may do the same, or set
+/// `MALLOC_MMAP_THRESHOLD_=131072` in the environment.
+#[allow(unsafe_code)]
+fn return_large_payloads_to_the_os() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets an allocator parameter; it is called once,
+    // before the worker allocates payloads, and any value is safe.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
     }
 }
 
@@ -464,6 +491,7 @@ enum DefsCommand {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    return_large_payloads_to_the_os();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
@@ -644,9 +672,9 @@ async fn run(cli: Cli) -> solid_notify::Result<()> {
                 let rows: Vec<_> = store::page(&db, name.as_deref(), after.as_deref(), limit)
                     .await?
                     .into_iter()
-                    .map(|row| {
-                        let def = store::validate_row(&row);
-                        (row, def)
+                    .map(|stored| {
+                        let def = stored.validate();
+                        (stored.row, def)
                     })
                     .collect();
                 let next = (rows.len() as u64 == limit)

@@ -94,10 +94,33 @@ pub(crate) fn merged_target(
     {
         return Err(format!("header `{name}` may not be overridden"));
     }
+    // A secret reference would send any secret of the process where the
+    // notice says.
+    if let Some(name) = over
+        .get("headers")
+        .and_then(|h| h.as_object())
+        .and_then(|h| h.iter().find(|(_, v)| !v.is_string()).map(|(k, _)| k))
+    {
+        return Err(format!(
+            "header `{name}`: an override's header value must be text (it may not name a secret)"
+        ));
+    }
     let mut merged = Target::parse(def.target.channel(), &target)?;
     if let (Target::Http(merged), Target::Http(own)) = (&mut merged, &def.target) {
         let moved = crate::def::overrides::origin(&merged.url)
             .is_none_or(|to| Some(to) != crate::def::overrides::origin(&own.url));
+        // The definition's leave to reach private addresses is for its own
+        // URL's origin only.
+        if moved {
+            merged.allow_private_network = false;
+        }
+        // A secret reference stays with its own origin, whatever the
+        // definition lets follow: its value never goes where a notice says.
+        if moved {
+            merged
+                .headers
+                .retain(|_, value| !matches!(value, crate::def::HeaderValue::Secret(_)));
+        }
         if moved && !def.overrides.credentials_follow {
             if !over.contains_key("headers") {
                 merged.headers.clear();

@@ -15,18 +15,41 @@
 //! Redirects are not followed: a 3xx is a failure, retried, so a receiver
 //! cannot send the request, its headers and signature elsewhere.
 //!
+//! Header values may name a secret (`{ secret = "NAME" }`), looked up the
+//! same way when sending.
+//!
+//! The network guard: a request goes only to public addresses. A host
+//! name is resolved and its private, loopback, link-local, shared
+//! (100.64/10), reserved, multicast and documentation addresses are
+//! dropped ([`is_public`]); an IP literal is checked as given. With no
+//! address left the notice fails for good, naming the host and the
+//! setting. [`Config::allow_private_network`](crate::Config) lifts the
+//! guard for every definition, a target's `allow_private_network` for its
+//! own URL. The addresses checked are the ones connected to (no second
+//! lookup for a rebinding DNS to answer). The guarded client ignores the
+//! environment's proxy (`HTTP_PROXY`, …), which would resolve names where
+//! the guard cannot see them; a worker that must go out through a proxy
+//! lifts the guard and leaves egress to the proxy. A refusal is retried
+//! like any failure an operator can fix (the notice fails for good once
+//! its retries are spent), as is a request that cannot be built.
+//!
 //! Outcomes: 2xx is success (when `expected_body` is set, the trimmed body
 //! must equal it); connection errors, timeouts, 408, 429 and 5xx are retried;
 //! other 4xx fail for good unless the target sets `retry_4xx`.
 
-use std::{collections::HashMap, time::Duration};
+use std::{
+    collections::HashMap,
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    sync::Arc,
+    time::Duration,
+};
 
 use hmac::{Hmac, Mac};
 use reqwest::{Method, StatusCode};
 use sha2::Sha256;
 
 use crate::{
-    def::HttpTarget,
+    def::{HeaderValue, HttpTarget},
     error::{Error, Result},
     handler::{Notice, Outcome},
 };
@@ -40,20 +63,49 @@ pub const SECRET_ENV_PREFIX: &str = "SOLID_NOTIFY_SECRET_";
 /// Bytes of the response body quoted in a failure reason.
 pub const BODY_EXCERPT: usize = 200;
 
-/// The shared HTTP client (one connection pool for every notice).
+/// The shared HTTP clients (one connection pool for every notice).
 pub(crate) struct HttpChannel {
+    /// Guarded by [`Guard`] unless the config lifts the guard.
     client: reqwest::Client,
+    /// Unguarded, for targets that allow private addresses; `None` when
+    /// `client` is unguarded already.
+    open: Option<reqwest::Client>,
     secrets: HashMap<String, String>,
 }
 
 impl HttpChannel {
-    pub fn new(secrets: HashMap<String, String>) -> Result<Self> {
-        let client = reqwest::Client::builder()
-            .user_agent(concat!("solid-notify/", env!("CARGO_PKG_VERSION")))
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .map_err(|e| Error::Config(format!("HTTP client: {e}")))?;
-        Ok(HttpChannel { client, secrets })
+    pub fn new(secrets: HashMap<String, String>, allow_private_network: bool) -> Result<Self> {
+        let builder = || {
+            reqwest::Client::builder()
+                .user_agent(concat!("solid-notify/", env!("CARGO_PKG_VERSION")))
+                .redirect(reqwest::redirect::Policy::none())
+        };
+        let build = |b: reqwest::ClientBuilder| {
+            b.build()
+                .map_err(|e| Error::Config(format!("HTTP client: {e}")))
+        };
+        let (client, open) = match allow_private_network {
+            true => (build(builder())?, None),
+            false => (
+                build(builder().no_proxy().dns_resolver(Arc::new(Guard)))?,
+                Some(build(builder())?),
+            ),
+        };
+        Ok(HttpChannel {
+            client,
+            open,
+            secrets,
+        })
+    }
+
+    /// The secret `name`: from the config, else `SOLID_NOTIFY_SECRET_<NAME>`;
+    /// an empty one counts as missing.
+    fn secret(&self, name: &str) -> Option<String> {
+        self.secrets
+            .get(name)
+            .cloned()
+            .or_else(|| std::env::var(format!("{SECRET_ENV_PREFIX}{name}")).ok())
+            .filter(|secret| !secret.is_empty())
     }
 
     /// Sends one request, bounded by the target's timeout and the attempt's.
@@ -71,8 +123,20 @@ impl HttpChannel {
             .and_then(|t| crate::schedule::parse_interval(t).ok())
             .unwrap_or(DEFAULT_TIMEOUT)
             .min(attempt_timeout);
-        let mut request = self
-            .client
+        let client = match (&self.open, target.allow_private_network) {
+            (Some(open), true) => open,
+            (None, _) => &self.client,
+            (Some(_), false) => {
+                if let Some(refused) = reqwest::Url::parse(&target.url)
+                    .ok()
+                    .and_then(|url| refused_literal(&url))
+                {
+                    return Outcome::retry(format!("HTTP request refused: {refused}"));
+                }
+                &self.client
+            }
+        };
+        let mut request = client
             .request(method, &target.url)
             .timeout(timeout)
             .header("content-type", "application/json")
@@ -88,17 +152,26 @@ impl HttpChannel {
             .trace_headers
             .iter()
             .filter(|(name, _)| !target.headers.keys().any(|k| k.eq_ignore_ascii_case(name)));
-        for (name, value) in trace.chain(&target.headers) {
+        for (name, value) in trace {
+            request = request.header(name, value);
+        }
+        for (name, value) in &target.headers {
+            let value = match value {
+                HeaderValue::Text(text) => text.clone(),
+                HeaderValue::Secret(r) => match self.secret(&r.secret) {
+                    Some(secret) => secret,
+                    None => {
+                        return Outcome::retry(format!(
+                            "header `{name}`: secret `{}` is not configured",
+                            r.secret
+                        ));
+                    }
+                },
+            };
             request = request.header(name, value);
         }
         if let Some(name) = &target.signing_secret {
-            let Some(secret) = self
-                .secrets
-                .get(name)
-                .cloned()
-                .or_else(|| std::env::var(format!("{SECRET_ENV_PREFIX}{name}")).ok())
-                .filter(|secret| !secret.is_empty())
-            else {
+            let Some(secret) = self.secret(name) else {
                 return Outcome::retry(format!("signing secret `{name}` is not configured"));
             };
             let timestamp = chrono::Utc::now().timestamp().to_string();
@@ -111,7 +184,22 @@ impl HttpChannel {
             Err(e) if e.is_timeout() => {
                 return Outcome::retry(format!("HTTP timeout after {timeout:?}"));
             }
-            // Without the URL: its query may hold a key.
+            // A request that cannot be built (a header of a hand-edited row
+            // or a secret that is no header value) or an address the guard
+            // refused: said as such. Without the URL: its query may hold a
+            // key; without the header's value: it may be a secret.
+            Err(e) if e.is_builder() => {
+                return Outcome::retry(format!(
+                    "HTTP request could not be built: {}",
+                    error_chain(&e.without_url())
+                ));
+            }
+            Err(e) if refused_by_guard(&e) => {
+                return Outcome::retry(format!(
+                    "HTTP request refused: {}",
+                    error_chain(&e.without_url())
+                ));
+            }
             Err(e) => {
                 return Outcome::retry(format!(
                     "HTTP request failed: {}",
@@ -126,6 +214,125 @@ impl HttpChannel {
         };
         classify(target, status, &text)
     }
+}
+
+/// Whether `ip` is a public address: not private, loopback, link-local,
+/// unspecified, shared (100.64/10), benchmarking (198.18/15), reserved
+/// (240/4, 0/8, 192.0.0/24, 192.88.99/24), broadcast, multicast or
+/// documentation, nor an IPv6 unique-local, link-local, site-local,
+/// discard-only, Teredo or local-use NAT64 one, nor one of these embedded
+/// in IPv6 (mapped, compatible, SIIT, NAT64 `64:ff9b::/96`, 6to4).
+pub fn is_public(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => public_v4(v4),
+        IpAddr::V6(v6) => {
+            let s = v6.segments();
+            let embedded = |hi: u16, lo: u16| {
+                Ipv4Addr::new((hi >> 8) as u8, hi as u8, (lo >> 8) as u8, lo as u8)
+            };
+            if v6.is_loopback() || v6.is_unspecified() || v6.is_multicast() {
+                return false;
+            }
+            if let Some(v4) = v6.to_ipv4() {
+                return public_v4(v4);
+            }
+            if s[0] == 0x64 && s[1] == 0xff9b && s[2..6] == [0, 0, 0, 0] {
+                return public_v4(embedded(s[6], s[7]));
+            }
+            // SIIT (::ffff:0:a.b.c.d) carries an IPv4 address too.
+            if s[0..4] == [0, 0, 0, 0] && s[4] == 0xffff && s[5] == 0 {
+                return public_v4(embedded(s[6], s[7]));
+            }
+            if s[0] == 0x2002 {
+                return public_v4(embedded(s[1], s[2]));
+            }
+            !((s[0] & 0xfe00) == 0xfc00
+                || (s[0] & 0xffc0) == 0xfe80
+                || (s[0] & 0xffc0) == 0xfec0
+                || (s[0] == 0x2001 && s[1] == 0x0db8)
+                // Teredo: a tunnel to any IPv4 address.
+                || (s[0] == 0x2001 && s[1] == 0)
+                // Local-use NAT64 (64:ff9b:1::/48): to private IPv4.
+                || (s[0] == 0x64 && s[1] == 0xff9b && s[2] == 1)
+                // Discard-only (100::/64).
+                || (s[0] == 0x100 && s[1..4] == [0, 0, 0]))
+        }
+    }
+}
+
+fn public_v4(ip: Ipv4Addr) -> bool {
+    let o = ip.octets();
+    !(ip.is_private()
+        || ip.is_loopback()
+        || ip.is_link_local()
+        || ip.is_unspecified()
+        || ip.is_broadcast()
+        || ip.is_multicast()
+        || ip.is_documentation()
+        || o[0] == 0
+        || o[0] >= 240
+        || (o[0] == 100 && (o[1] & 0xc0) == 64)
+        || (o[0] == 192 && o[1] == 0 && o[2] == 0)
+        || (o[0] == 192 && o[1] == 88 && o[2] == 99)
+        || (o[0] == 198 && (o[1] & 0xfe) == 18))
+}
+
+/// An address the network guard refused.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "`{host}` is {ip}, not a public address (allow it with the target's allow_private_network or Config::allow_private_network)"
+)]
+struct Refused {
+    host: String,
+    ip: IpAddr,
+}
+
+/// The guard as a resolver: a name's public addresses only.
+struct Guard;
+
+impl reqwest::dns::Resolve for Guard {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let host = name.as_str().to_string();
+        Box::pin(async move {
+            let all: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            let public: Vec<SocketAddr> =
+                all.iter().copied().filter(|a| is_public(a.ip())).collect();
+            match (public.is_empty(), all.first()) {
+                (true, Some(first)) => Err(Box::new(Refused {
+                    host,
+                    ip: first.ip(),
+                })
+                    as Box<dyn std::error::Error + Send + Sync>),
+                _ => Ok(Box::new(public.into_iter()) as reqwest::dns::Addrs),
+            }
+        })
+    }
+}
+
+/// The refusal of a URL whose host is a non-public IP literal (literals
+/// are not resolved, so the [`Guard`] never sees them).
+fn refused_literal(url: &reqwest::Url) -> Option<Refused> {
+    let ip = match url.host()? {
+        url::Host::Ipv4(ip) => IpAddr::V4(ip),
+        url::Host::Ipv6(ip) => IpAddr::V6(ip),
+        url::Host::Domain(_) => return None,
+    };
+    (!is_public(ip)).then(|| Refused {
+        host: ip.to_string(),
+        ip,
+    })
+}
+
+/// Whether the guard refused `e`'s address.
+fn refused_by_guard(e: &reqwest::Error) -> bool {
+    let mut source = std::error::Error::source(e);
+    while let Some(inner) = source {
+        if inner.downcast_ref::<Refused>().is_some() {
+            return true;
+        }
+        source = inner.source();
+    }
+    false
 }
 
 /// `sha256=<hex of HMAC-SHA256(secret, "<timestamp>.<body>")>`.
@@ -257,6 +464,119 @@ mod tests {
         assert_eq!(
             sign("Jefe", "1700000000", r#"{"a":1}"#),
             "sha256=fa5f6481efc59da48b19c9dc10196c9953e5651f8304b3a318b6b87d70272e0a"
+        );
+    }
+
+    #[test]
+    fn only_public_addresses_pass_the_guard() {
+        for private in [
+            "127.0.0.1",
+            "127.8.9.10",
+            "10.0.0.1",
+            "172.16.0.1",
+            "172.31.255.255",
+            "192.168.1.1",
+            "169.254.169.254",
+            "0.0.0.0",
+            "0.1.2.3",
+            "100.64.0.1",
+            "100.127.255.254",
+            "192.0.0.8",
+            "198.18.0.1",
+            "198.19.255.255",
+            "192.0.2.1",
+            "198.51.100.1",
+            "203.0.113.1",
+            "224.0.0.1",
+            "240.0.0.1",
+            "255.255.255.255",
+            "::1",
+            "::",
+            "::ffff:127.0.0.1",
+            "::ffff:169.254.169.254",
+            "::127.0.0.1",
+            "64:ff9b::a00:1",
+            "2002:a00:1::",
+            "fc00::1",
+            "fd12:3456::1",
+            "fe80::1",
+            "fec0::1",
+            "ff02::1",
+            "2001:db8::1",
+            "2001:0:4136:e378::1",
+            "64:ff9b:1::a00:1",
+            "100::1",
+            "::ffff:0:a00:1",
+            "192.88.99.1",
+        ] {
+            let ip: IpAddr = private.parse().unwrap();
+            assert!(!is_public(ip), "{private} passed");
+        }
+        for public in [
+            "1.1.1.1",
+            "8.8.8.8",
+            "100.128.0.1",
+            "172.32.0.1",
+            "192.0.1.1",
+            "198.20.0.1",
+            "2606:4700::1111",
+            "::ffff:8.8.8.8",
+            "64:ff9b::808:808",
+            "2002:808:808::",
+        ] {
+            let ip: IpAddr = public.parse().unwrap();
+            assert!(is_public(ip), "{public} refused");
+        }
+    }
+
+    #[test]
+    fn ip_literals_are_refused_before_any_connection() {
+        for url in [
+            "http://127.0.0.1:9/x",
+            "http://[::1]/x",
+            "http://169.254.169.254/latest/meta-data",
+            "http://[::ffff:10.0.0.1]/",
+            "http://2130706433/",
+            "http://0x7f.1/",
+        ] {
+            let url = reqwest::Url::parse(url).unwrap();
+            let refused = refused_literal(&url).unwrap_or_else(|| panic!("{url} passed"));
+            assert!(refused.to_string().contains("allow_private_network"));
+        }
+        for url in ["http://example.com/", "http://8.8.8.8/"] {
+            assert!(refused_literal(&reqwest::Url::parse(url).unwrap()).is_none());
+        }
+    }
+
+    #[tokio::test]
+    async fn names_resolving_to_private_addresses_are_refused() {
+        let channel = HttpChannel::new(HashMap::new(), false).unwrap();
+        let target: HttpTarget =
+            serde_json::from_value(serde_json::json!({"url": "http://localhost:9/x"})).unwrap();
+        let notice = crate::handler::Notice {
+            id: 1,
+            def: "d".into(),
+            attempt: 1,
+            version: 1,
+            param: serde_json::json!({}),
+            description: String::new(),
+            idempotency_key: "1".into(),
+            load_balance_num: 0,
+            trace_headers: Default::default(),
+            ordering_key: None,
+            step: 0,
+            steps: 1,
+            previous_result: None,
+        };
+        let outcome = channel
+            .send(&target, &notice, "{}", Duration::from_secs(5))
+            .await;
+        let Outcome::Retry { reason } = outcome else {
+            panic!("{outcome:?}")
+        };
+        assert!(
+            reason.contains("not a public address") && reason.contains("localhost"),
+            "{reason}"
         );
     }
 }

@@ -22,7 +22,7 @@ pub(crate) struct Channels {
 impl Channels {
     pub fn new(config: &crate::Config) -> Result<Self> {
         Ok(Channels {
-            http: http::HttpChannel::new(config.secrets.clone())?,
+            http: http::HttpChannel::new(config.secrets.clone(), config.allow_private_network)?,
             mail: mail::Mailer::new(&config.mail)?,
             amqp: amqp::AmqpChannel::new(&config.amqp),
         })

@@ -92,7 +92,10 @@ pub(super) async fn defs(
                 .then(|| defs.last().map(|d| d.name.clone()))
                 .flatten();
             // Header values and URL keys are secrets: never shown.
-            let defs: Vec<_> = defs.into_iter().map(crate::redact::def_row).collect();
+            let defs: Vec<_> = defs
+                .into_iter()
+                .map(|stored| crate::redact::def_row(stored.row))
+                .collect();
             let mut response = Json(defs).into_response();
             let encoded = next
                 .map(|n| url::form_urlencoded::byte_serialize(n.as_bytes()).collect::<String>());
@@ -145,10 +148,23 @@ fn strict<T: serde::de::DeserializeOwned>(
             fields.join(", ")
         )));
     }
-    serde_json::from_value(body).map_err(|e| {
-        // serde quotes the value it refused: at most an excerpt of it.
+    serde_json::from_value(body.clone()).map_err(|e| {
+        // serde quotes the value it refused: at most an excerpt of it. A
+        // field refused on its own is named (a flattened body's error
+        // names none).
+        let field = object.iter().find_map(|(k, v)| {
+            let alone = serde_json::Value::Object([(k.clone(), v.clone())].into_iter().collect());
+            serde_json::from_value::<T>(alone)
+                .err()
+                .filter(|e| !e.to_string().starts_with("missing field"))
+                .map(|e| (k, e))
+        });
+        let (name, e) = match field {
+            Some((k, e)) => (format!("field `{k}`"), e),
+            None => ("body".to_string(), e),
+        };
         let said: String = e.to_string().chars().take(200).collect();
-        Failure::BadRequest(format!("body: {said}"))
+        Failure::BadRequest(format!("{name}: {said}"))
     })
 }
 

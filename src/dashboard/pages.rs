@@ -264,7 +264,10 @@ pub(super) async fn notices(
     // A choice of names up to SELECT_DEFS definitions, a text field past it.
     let defs = match crate::def::store::page(state.notifier.db(), None, None, SELECT_DEFS + 1).await
     {
-        Ok(defs) => defs,
+        Ok(defs) => defs
+            .into_iter()
+            .map(|stored| stored.row)
+            .collect::<Vec<_>>(),
         Err(e) => return failure_page(&state, e.into()),
     };
     let (place, page_, found) = match view::find_bounded(&state, &query).await {
@@ -665,23 +668,27 @@ pub(super) async fn defs(
     )
     .await
     {
-        // Header values and URL keys are secrets: never shown.
+        // Header values and URL keys are secrets: never shown. A row that
+        // is invalid or unreadable says why.
         Ok(defs) => defs
             .into_iter()
-            .map(crate::redact::def_row)
+            .map(|stored| {
+                let problem = stored.validate().err().map(|e| e.to_string());
+                (problem, crate::redact::def_row(stored.row))
+            })
             .collect::<Vec<_>>(),
         Err(e) => return failure_page(&state, e.into()),
     };
     let q = query.q.clone().unwrap_or_default();
     let next = (defs.len() as u64 == DEFS_PAGE)
-        .then(|| defs.last().map(|d| d.name.clone()))
+        .then(|| defs.last().map(|(_, d)| d.name.clone()))
         .flatten();
     let body = html! {
         form.filters method="get" action=(state.link("/defs")) {
             label { "Definition " input type="search" name="q" value=(q) placeholder="part of a name"; }
             button type="submit" { "Find" }
         }
-        @for d in &defs {
+        @for (problem, d) in &defs {
             @let paused = d.paused_until.filter(|u| *u > now);
             @let circuit = paused.is_some() && d.pause_reason.as_deref().is_some_and(|r| r.starts_with(crate::circuit::CIRCUIT_REASON));
             section.def data-def=(d.name) {
@@ -691,6 +698,7 @@ pub(super) async fn defs(
                     @else if paused.is_some() { span.state.paused { "paused" } }
                     @else { span.state.active { "active" } }
                 }
+                @if let Some(problem) = problem { p.error { "Invalid: its notices are parked. " (problem) } }
                 @if !d.description.is_empty() { p { (d.description) } }
                 dl.detail {
                     dt { "Channel" } dd { (d.channel) }
@@ -775,7 +783,7 @@ pub(super) fn pause_end(until: &str) -> Result<PauseEnd, Failure> {
     if until.trim().is_empty() {
         return Ok(PauseEnd::OnResume);
     }
-    match When::parse(until).map_err(Failure::BadRequest)? {
+    match When::parse(until).map_err(|e| Failure::BadRequest(format!("until: {e}")))? {
         When::At(t) => Ok(PauseEnd::At(t)),
         When::Offset(d) => Ok(PauseEnd::After(d)),
     }

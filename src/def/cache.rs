@@ -34,7 +34,10 @@ use std::{
 
 use sea_orm::{ConnectionTrait, EntityTrait};
 
-use super::{Def, store::validate_row};
+use super::{
+    Def,
+    store::{StoredRow, read},
+};
 use crate::{
     alert::ALERT_DEF,
     entity::notify_def,
@@ -293,7 +296,7 @@ impl DefCache {
                     changed_since: Some(since),
                     ..Snapshot::default()
                 };
-                let rows = notify_def::Entity::find().all(db).await?;
+                let rows = read(db, notify_def::Entity::find()).await?;
                 let n = rows.len();
                 self.full_reads.fetch_add(1, AtomicOrdering::Relaxed);
                 self.rows_read.fetch_add(n as u64, AtomicOrdering::Relaxed);
@@ -335,14 +338,26 @@ async fn changed_since<C: ConnectionTrait>(
     let changed = Condition::any()
         .add(Expr::col(Column::Id).gt(current.max_id))
         .add(Expr::col(Column::UpdateTime).gte(changed_since));
-    let touched: Vec<(i64, chrono::NaiveDateTime)> = notify_def::Entity::find()
+    // Each row decoded on its own: a time that does not decode (a
+    // hand-edited SQLite cell) has the row read whole again, where it is
+    // found unreadable, instead of failing the refresh of every row.
+    let select = notify_def::Entity::find()
         .select_only()
         .column(Column::Id)
         .column(Column::UpdateTime)
-        .filter(changed)
-        .into_tuple()
-        .all(db)
-        .await?;
+        .filter(changed);
+    let touched: Vec<(i64, Option<chrono::NaiveDateTime>)> = db
+        .query_all_raw(sea_orm::QueryTrait::build(
+            &select,
+            db.get_database_backend(),
+        ))
+        .await?
+        .iter()
+        .filter_map(|r| {
+            let id = r.try_get::<i64>("", "id").ok()?;
+            Some((id, r.try_get("", "update_time").ok()))
+        })
+        .collect();
     // A row is read whole again when its time is not the one held, or when
     // it is recent: a second change within the same clock tick (SQLite's
     // is a millisecond) committed after the previous read keeps the time.
@@ -350,16 +365,20 @@ async fn changed_since<C: ConnectionTrait>(
         changed_since + chrono::Duration::from_std(CHANGE_SLACK - RECENT).unwrap_or_default();
     let stale: Vec<i64> = touched
         .into_iter()
-        .filter(|(id, time)| current.touched.get(id) != Some(time) || *time >= recent)
+        .filter(|(id, time)| match time {
+            Some(time) => current.touched.get(id) != Some(time) || *time >= recent,
+            None => true,
+        })
         .map(|(id, _)| id)
         .collect();
     let mut rows = Vec::new();
     for ids in stale.chunks(REREAD_PAGE) {
         rows.extend(
-            notify_def::Entity::find()
-                .filter(Column::Id.is_in(ids.iter().copied()))
-                .all(db)
-                .await?,
+            read(
+                db,
+                notify_def::Entity::find().filter(Column::Id.is_in(ids.iter().copied())),
+            )
+            .await?,
         );
     }
     rows_read.fetch_add(rows.len() as u64, AtomicOrdering::Relaxed);
@@ -391,8 +410,9 @@ async fn since<C: ConnectionTrait>(db: &C) -> Result<chrono::NaiveDateTime> {
 
 /// Validates `row` and puts it in the maps, in place of what they held
 /// under its id (and its former name).
-fn put(snap: &mut Snapshot, row: notify_def::Model) {
-    let mut entry = validate_row(&row).map(Arc::new);
+fn put(snap: &mut Snapshot, stored: StoredRow) {
+    let mut entry = stored.validate().map(Arc::new);
+    let StoredRow { row, unreadable } = stored;
     if let Err(e) = &entry {
         if row.name == ALERT_DEF {
             tracing::error!(error = %e, "the alert definition row is invalid; alerts use the built-in policy until it is fixed");
@@ -409,7 +429,11 @@ fn put(snap: &mut Snapshot, row: notify_def::Model) {
         by_name.remove(&former);
     }
     snap.max_id = Ord::max(snap.max_id, row.id);
-    Arc::make_mut(&mut snap.touched).insert(row.id, row.update_time);
+    // An unreadable row has no time held: every refresh reads it again.
+    match unreadable {
+        None => Arc::make_mut(&mut snap.touched).insert(row.id, row.update_time),
+        Some(_) => Arc::make_mut(&mut snap.touched).remove(&row.id),
+    };
     Arc::make_mut(&mut snap.by_id).insert(row.id, entry);
     by_name.insert(row.name, row.id);
 }

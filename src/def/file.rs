@@ -135,6 +135,7 @@ fn check_file(path: &Path) -> (Vec<FileDef>, Vec<Error>) {
     let mut errors = Vec::new();
     for spec in specs {
         match spec.and_then(|spec| {
+            spec.check_columns(&source)?;
             spec.validate(0, &source)?;
             Ok(spec)
         }) {

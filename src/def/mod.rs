@@ -9,6 +9,8 @@
 pub mod cache;
 pub mod file;
 pub mod overrides;
+#[cfg(test)]
+mod prop;
 pub mod store;
 mod target;
 
@@ -17,7 +19,9 @@ use std::{sync::Arc, time::Duration};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-pub use target::{AmqpTarget, Channel, EmailTarget, HandlerTarget, HttpTarget, Target};
+pub use target::{
+    AmqpTarget, Channel, EmailTarget, HandlerTarget, HeaderValue, HttpTarget, SecretRef, Target,
+};
 
 use crate::{
     entity::notify_def,
@@ -529,6 +533,43 @@ impl DefSpec {
         })
     }
 
+    /// Checks what the columns can hold, before a spec is written (a row
+    /// already stored is not held to it: SQLite keeps what it was given):
+    /// no NUL (PostgreSQL refuses it in text), `retry_interval` within
+    /// [`MAX_RETRY_INTERVAL_BYTES`] and `rate_limit` within
+    /// [`MAX_RATE_LIMIT_BYTES`].
+    pub fn check_columns(&self, source: &str) -> Result<(), DefinitionError> {
+        let fail = |field: &str, problem: String| DefinitionError {
+            origin: source.to_string(),
+            def: self.name.clone(),
+            field: field.to_string(),
+            problem,
+        };
+        for (field, text, max) in [
+            ("name", &self.name, MAX_NAME_BYTES),
+            (
+                "retry_interval",
+                &self.retry_interval,
+                MAX_RETRY_INTERVAL_BYTES,
+            ),
+            ("rate_limit", &self.rate_limit, MAX_RATE_LIMIT_BYTES),
+            ("email", &self.email, usize::MAX),
+            ("description", &self.description, usize::MAX),
+            ("channel", &self.channel, usize::MAX),
+        ] {
+            if text.contains('\0') {
+                return Err(fail(field, "must not hold NUL".into()));
+            }
+            if text.len() > max {
+                return Err(fail(
+                    field,
+                    format!("is {} bytes, over the column's {max}", text.len()),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Validates every field; `source` names where the spec came from.
     pub fn validate(&self, id: i64, source: &str) -> Result<Def, DefinitionError> {
         let fail = |field: &str, problem: String| DefinitionError {
@@ -537,8 +578,14 @@ impl DefSpec {
             field: field.to_string(),
             problem,
         };
-        if self.name.trim().is_empty() || self.name.len() > 191 {
-            return Err(fail("name", "must be 1 to 191 characters".into()));
+        if self.name.trim().is_empty() || self.name.len() > MAX_NAME_BYTES {
+            return Err(fail("name", format!("must be 1 to {MAX_NAME_BYTES} bytes")));
+        }
+        if self.name.contains(|c: char| c.is_control() && c != '\t') {
+            return Err(fail(
+                "name",
+                "must not hold control characters (NUL, CR, LF, …)".into(),
+            ));
         }
         let mut overrides = overrides::Overrides::default();
         let steps = if self.steps.is_null() {
@@ -741,6 +788,13 @@ impl DefSpec {
         })
     }
 }
+
+/// Longest definition name: 191 bytes (the column is `varchar(191)`).
+pub const MAX_NAME_BYTES: usize = 191;
+/// Longest `retry_interval`: 255 bytes (the column is `varchar(255)`).
+pub const MAX_RETRY_INTERVAL_BYTES: usize = 255;
+/// Longest `rate_limit`: 32 bytes (the column is `varchar(32)`).
+pub const MAX_RATE_LIMIT_BYTES: usize = 32;
 
 /// `Some(n)` when `n` fits a non-negative `i32` column.
 fn non_negative(n: i64) -> Option<u32> {

@@ -36,6 +36,7 @@ where
     C: ConnectionTrait + TransactionTrait,
 {
     for spec in specs {
+        spec.check_columns("sync")?;
         spec.validate(0, "sync")?;
     }
     let txn = db.begin().await?;
@@ -114,12 +115,121 @@ pub fn validate_row(row: &notify_def::Model) -> Result<Def, DefinitionError> {
     Ok(def)
 }
 
+/// A `notify_def` row as read. A row with a cell that does not decode (a
+/// hand-edited cell of the wrong type, which SQLite stores as given) is
+/// read on its own: its id and name, the other columns at their zero
+/// values, and the problem naming the column. It parks only its own
+/// notices; the other rows are read as usual.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredRow {
+    /// The row (for an unreadable row: its id and name, the rest zero).
+    pub row: notify_def::Model,
+    /// Why the row could not be read, naming the column.
+    pub unreadable: Option<DefinitionError>,
+}
+
+impl std::ops::Deref for StoredRow {
+    type Target = notify_def::Model;
+
+    fn deref(&self) -> &notify_def::Model {
+        &self.row
+    }
+}
+
+impl StoredRow {
+    /// The definition, or why the row is invalid or unreadable.
+    pub fn validate(&self) -> Result<Def, DefinitionError> {
+        match &self.unreadable {
+            Some(problem) => Err(problem.clone()),
+            None => validate_row(&self.row),
+        }
+    }
+
+    fn decode(result: &sea_orm::QueryResult) -> StoredRow {
+        use sea_orm::{FromQueryResult, Iterable};
+        let error = match notify_def::Model::from_query_result(result, "") {
+            Ok(row) => {
+                return StoredRow {
+                    row,
+                    unreadable: None,
+                };
+            }
+            Err(e) => e.to_string(),
+        };
+        let id = result.try_get::<i64>("", "id").unwrap_or_default();
+        let name = result
+            .try_get::<String>("", "name")
+            .unwrap_or_else(|_| format!("#{id}"));
+        // The database's message names the column (sqlx: `column "x"`, or
+        // the column's own name); the first column it names is the field.
+        let field = notify_def::Column::iter()
+            .map(|c| sea_orm::IdenStatic::as_str(&c))
+            .find(|c| error.contains(&format!("\"{c}\"")) || error.contains(&format!("`{c}`")))
+            .unwrap_or("row");
+        let zero = chrono::NaiveDateTime::default();
+        StoredRow {
+            unreadable: Some(DefinitionError {
+                origin: format!("notify_def#{id}"),
+                def: name.clone(),
+                field: field.to_string(),
+                problem: format!(
+                    "the stored value does not decode: {}",
+                    error.chars().take(300).collect::<String>()
+                ),
+            }),
+            row: notify_def::Model {
+                id,
+                name,
+                channel: String::new(),
+                target: String::new(),
+                retry_interval: String::new(),
+                max_retry_times: 0,
+                max_retry_interval: 0,
+                alert_trigger_type: 0,
+                alert_trigger_fail_times: 0,
+                email: String::new(),
+                need_confirm: false,
+                max_confirm_delay: 0,
+                description: String::new(),
+                create_time: zero,
+                update_time: zero,
+                paused_until: None,
+                pause_reason: None,
+                circuit_failures: 0,
+                circuit_window: 0,
+                circuit_cool_down: 0,
+                on_error: String::new(),
+                immediate_retries: 0,
+                immediate_retry_delay: 0,
+                retry_jitter: 0,
+                rate_limit: String::new(),
+                ordering: String::new(),
+                stop_on_failure: false,
+                steps: String::new(),
+            },
+        }
+    }
+}
+
+/// The rows `select` finds, each decoded on its own (see [`StoredRow`]).
+pub async fn read<C: ConnectionTrait>(
+    db: &C,
+    select: sea_orm::Select<notify_def::Entity>,
+) -> Result<Vec<StoredRow>> {
+    use sea_orm::QueryTrait;
+    let results = db
+        .query_all_raw(select.build(db.get_database_backend()))
+        .await?;
+    Ok(results.iter().map(StoredRow::decode).collect())
+}
+
 /// Every row of `notify_def`, as stored, by name.
-pub async fn rows<C: ConnectionTrait>(db: &C) -> Result<Vec<notify_def::Model>> {
-    Ok(notify_def::Entity::find()
-        .order_by_asc(notify_def::Column::Name)
-        .all(db)
-        .await?)
+pub async fn rows<C: ConnectionTrait>(db: &C) -> Result<Vec<StoredRow>> {
+    read(
+        db,
+        notify_def::Entity::find().order_by_asc(notify_def::Column::Name),
+    )
+    .await
 }
 
 /// Most definitions [`page`] answers at once: 100,000.
@@ -133,7 +243,7 @@ pub async fn page<C: ConnectionTrait>(
     search: Option<&str>,
     after: Option<&str>,
     limit: u64,
-) -> Result<Vec<notify_def::Model>> {
+) -> Result<Vec<StoredRow>> {
     use sea_orm::{
         QueryFilter, QuerySelect,
         sea_query::{Expr, ExprTrait},
@@ -151,18 +261,18 @@ pub async fn page<C: ConnectionTrait>(
     if let Some(after) = after.filter(|s| !s.is_empty()) {
         select = select.filter(Expr::col(notify_def::Column::Name).gt(after));
     }
-    Ok(select.limit(limit).all(db).await?)
+    read(db, select.limit(limit)).await
 }
 
 /// Every row of `notify_def` by name, each with its validation result.
 pub async fn list<C: ConnectionTrait>(
     db: &C,
-) -> Result<Vec<(notify_def::Model, Result<Def, DefinitionError>)>> {
+) -> Result<Vec<(StoredRow, Result<Def, DefinitionError>)>> {
     Ok(rows(db)
         .await?
         .into_iter()
         .map(|row| {
-            let def = validate_row(&row);
+            let def = row.validate();
             (row, def)
         })
         .collect())

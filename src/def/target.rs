@@ -62,9 +62,11 @@ pub struct HttpTarget {
     /// HTTP method. Default: `POST`.
     #[serde(default = "HttpTarget::default_method")]
     pub method: String,
-    /// Extra request headers.
+    /// Extra request headers: a value is text, or a reference to a secret
+    /// of the process (`{ secret = "NAME" }`, see [`HeaderValue`]). Values
+    /// are never shown on pages, in the API or in logs. Default: none.
     #[serde(default)]
-    pub headers: BTreeMap<String, String>,
+    pub headers: BTreeMap<String, HeaderValue>,
     /// Request timeout such as `10s`. Default: `10s`.
     #[serde(default)]
     pub timeout: Option<String>,
@@ -82,6 +84,67 @@ pub struct HttpTarget {
     /// `X-Notice-Signature`. Default: no signature.
     #[serde(default)]
     pub signing_secret: Option<String>,
+    /// Let the request go to a private, loopback, link-local or otherwise
+    /// non-public address (after DNS resolution), as
+    /// [`Config::allow_private_network`](crate::Config) does for every
+    /// definition. It holds for the definition's own URL only: a notice's
+    /// override to another origin never carries it. Default: `false`.
+    #[serde(default)]
+    pub allow_private_network: bool,
+}
+
+/// A header value of an HTTP target.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum HeaderValue {
+    /// The value itself.
+    Text(String),
+    /// `{ secret = "NAME" }`: the secret `NAME`, read when sending from
+    /// [`Config::secrets`](crate::Config) or else the environment variable
+    /// `SOLID_NOTIFY_SECRET_<NAME>`, so that the value never lives in
+    /// `notify_def`. A notice's override may not name one.
+    Secret(SecretRef),
+}
+
+/// A reference to a secret of the process, by name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecretRef {
+    /// The secret's name: 1 to 128 characters, no whitespace or control
+    /// characters.
+    pub secret: String,
+}
+
+/// `message` with what it quotes in double quotes (a value serde
+/// refused, which may be a secret) replaced by `"…"`.
+fn unquoted(message: &str) -> String {
+    message
+        .split('"')
+        .enumerate()
+        .map(|(i, part)| if i % 2 == 1 { "…" } else { part })
+        .collect::<Vec<_>>()
+        .join("\"")
+}
+
+/// Longest secret name: 128 characters.
+pub const MAX_SECRET_NAME: usize = 128;
+
+/// Checks a secret's name (see [`SecretRef::secret`]).
+pub fn check_secret_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.chars().count() <= MAX_SECRET_NAME
+        && !name.chars().any(|c| c.is_control() || c.is_whitespace());
+    match ok {
+        true => Ok(()),
+        false => Err(format!(
+            "secret name `{}` must be 1 to {MAX_SECRET_NAME} characters without whitespace or control characters",
+            name.escape_debug()
+                .to_string()
+                .chars()
+                .take(MAX_SECRET_NAME + 8)
+                .collect::<String>()
+        )),
+    }
 }
 
 impl HttpTarget {
@@ -172,7 +235,7 @@ impl Target {
             Channel::Email => serde_json::from_value(target).map(Target::Email),
             Channel::Handler => serde_json::from_value(target).map(Target::Handler),
         }
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| unquoted(&e.to_string()))?;
         parsed.check()?;
         Ok(parsed)
     }
@@ -218,6 +281,30 @@ impl Target {
                 if let Some(timeout) = &t.timeout {
                     crate::schedule::parse_interval(timeout).map_err(|e| format!("timeout {e}"))?;
                 }
+                for (name, value) in &t.headers {
+                    if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                        return Err(format!(
+                            "headers: `{}` is not a header name",
+                            name.escape_debug()
+                        ));
+                    }
+                    match value {
+                        // Not echoed: it may be a secret.
+                        HeaderValue::Text(text)
+                            if reqwest::header::HeaderValue::from_str(text).is_err() =>
+                        {
+                            return Err(format!(
+                                "headers.{name}: the value is not a header value (no CR, LF, NUL or other control characters)"
+                            ));
+                        }
+                        HeaderValue::Secret(r) => check_secret_name(&r.secret)
+                            .map_err(|e| format!("headers.{name}: {e}"))?,
+                        HeaderValue::Text(_) => {}
+                    }
+                }
+                if let Some(name) = &t.signing_secret {
+                    check_secret_name(name).map_err(|e| format!("signing_secret: {e}"))?;
+                }
                 Ok(())
             }
             Target::Amqp(t) if t.routing_key.is_empty() && t.exchange.is_empty() => {
@@ -230,5 +317,107 @@ impl Target {
             Target::Handler(t) if t.handler.trim().is_empty() => Err("handler is empty".into()),
             _ => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn http(target: Value) -> Result<Target, String> {
+        Target::parse(Channel::Http, &target)
+    }
+
+    #[test]
+    fn headers_urls_and_secret_names_are_checked_before_any_send() {
+        for (target, names) in [
+            (json!({"url": "http://", }), "url"),
+            (json!({"url": "http://a b/"}), "url"),
+            (
+                json!({"url": "http://h", "headers": {"X A": "v"}}),
+                "header name",
+            ),
+            (
+                json!({"url": "http://h", "headers": {"X\r\nB": "v"}}),
+                "header name",
+            ),
+            (
+                json!({"url": "http://h", "headers": {"": "v"}}),
+                "header name",
+            ),
+            (
+                json!({"url": "http://h", "headers": {"X-A": "v\r\nX-B: w"}}),
+                "headers.X-A",
+            ),
+            (
+                json!({"url": "http://h", "headers": {"X-A": "a\u{7f}"}}),
+                "headers.X-A",
+            ),
+            (
+                json!({"url": "http://h", "headers": "Authorization: s3cr3t"}),
+                "invalid type",
+            ),
+            (
+                json!({"url": "http://h", "headers": {"X-A": "a\0b"}}),
+                "headers.X-A",
+            ),
+            (
+                json!({"url": "http://h", "headers": {"X-A": {"secret": ""}}}),
+                "headers.X-A",
+            ),
+            (
+                json!({"url": "http://h", "headers": {"X-A": {"secret": "a b"}}}),
+                "headers.X-A",
+            ),
+            (
+                json!({"url": "http://h", "headers": {"X-A": {"secret": "k", "x": 1}}}),
+                "did not match",
+            ),
+            (
+                json!({"url": "http://h", "headers": {"X-A": 5}}),
+                "did not match",
+            ),
+            (
+                json!({"url": "http://h", "signing_secret": ""}),
+                "signing_secret",
+            ),
+            (
+                json!({"url": "http://h", "signing_secret": "a\nb"}),
+                "signing_secret",
+            ),
+            (
+                json!({"url": "http://h", "allow_private_network": "yes"}),
+                "invalid type",
+            ),
+        ] {
+            let problem = http(target.clone()).expect_err(&target.to_string());
+            let names = if names == "header name" {
+                "is not a header name"
+            } else {
+                names
+            };
+            assert!(problem.contains(names), "{target}: {problem}");
+            assert!(
+                !problem.contains("v\r\n") && !problem.contains("s3cr3t"),
+                "{problem}"
+            );
+        }
+        let ok = http(json!({
+            "url": "https://h/x",
+            "headers": {"Authorization": {"secret": "billing.token"}, "X-A": "Café plain"},
+            "signing_secret": "stripe/webhook:v2",
+            "allow_private_network": true
+        }))
+        .unwrap();
+        let Target::Http(t) = ok else { panic!() };
+        assert_eq!(
+            t.headers["Authorization"],
+            HeaderValue::Secret(SecretRef {
+                secret: "billing.token".into()
+            })
+        );
+        assert!(t.allow_private_network);
     }
 }

@@ -230,17 +230,20 @@ pub async fn overview_of<C: ConnectionTrait>(db: &C, query: &OverviewQuery) -> R
     } else if search.is_some() {
         crate::def::store::page(db, search, None, limit).await?
     } else {
-        let paused = notify_def::Entity::find()
-            .filter(notify_def::Column::PausedUntil.gt(now))
-            .order_by_asc(notify_def::Column::Name)
-            .limit(limit)
-            .all(db)
-            .await?;
+        let paused = crate::def::store::read(
+            db,
+            notify_def::Entity::find()
+                .filter(notify_def::Column::PausedUntil.gt(now))
+                .order_by_asc(notify_def::Column::Name)
+                .limit(limit),
+        )
+        .await?;
         let ids = busiest(&groups, &hours, paused.iter().map(|d| d.id), limit);
-        let mut defs = notify_def::Entity::find()
-            .filter(notify_def::Column::Id.is_in(ids))
-            .all(db)
-            .await?;
+        let mut defs = crate::def::store::read(
+            db,
+            notify_def::Entity::find().filter(notify_def::Column::Id.is_in(ids)),
+        )
+        .await?;
         defs.sort_by(|a, b| a.name.cmp(&b.name));
         defs
     };
@@ -257,6 +260,8 @@ pub async fn overview_of<C: ConnectionTrait>(db: &C, query: &OverviewQuery) -> R
             row,
         })
         .collect();
+    // An unreadable row shows with its id and name (its notices park).
+    let defs = defs.into_iter().map(|stored| stored.row).collect();
     let mut o = assemble(now, first_hour, defs, groups, hours, workers, &gone);
     o.def_count = def_count;
     o.others.defs = def_count.saturating_sub(o.defs.len() as u64);

@@ -86,6 +86,12 @@ pub(crate) fn check(row: &NewRow, max_param_bytes: usize) -> Result<(), String> 
     ] {
         let Some(key) = key else { continue };
         nul(field, key)?;
+        // The idempotency key goes out as a header (`Idempotency-Key`).
+        if field == "idempotency_key" && key.contains(char::is_control) {
+            return Err(format!(
+                "{field} must not hold control characters (CR, LF, tab, …): it is sent as a header"
+            ));
+        }
         let chars = key.chars().count();
         if chars > MAX_KEY_CHARS {
             return Err(format!(

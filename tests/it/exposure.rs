@@ -310,3 +310,287 @@ db_test!(
         stop.cancel();
     }
 );
+
+/// `result` a final failure whose reason holds `text`.
+fn failed_for_good(result: &AttemptResult, text: &str) {
+    assert!(
+        matches!(result, AttemptResult::FinalFailure { reason, .. } if reason.contains(text)),
+        "{result:?}"
+    );
+}
+
+db_test!(private_addresses_are_refused_unless_allowed, |db: Arc<
+    TestDb,
+>| async move {
+    let inside = receiver(200).await;
+    let port = inside.address().port();
+    def(
+        &db,
+        "by_ip",
+        Channel::Http,
+        json!({"url": format!("http://127.0.0.1:{port}/ip")}),
+    )
+    .await;
+    def(
+        &db,
+        "by_name",
+        Channel::Http,
+        json!({"url": format!("http://localhost:{port}/name")}),
+    )
+    .await;
+    def(
+        &db,
+        "metadata",
+        Channel::Http,
+        json!({"url": "http://169.254.169.254/latest/meta-data"}),
+    )
+    .await;
+    def(
+        &db,
+        "let_in",
+        Channel::Http,
+        json!({
+            "url": format!("http://127.0.0.1:{port}/allowed"),
+            "allow_private_network": true,
+            "overridable": ["url"],
+        }),
+    )
+    .await;
+    let guarded = db
+        .notifier()
+        .config(Config {
+            allow_private_network: false,
+            ..test_config()
+        })
+        .build()
+        .unwrap();
+    for name in ["by_ip", "by_name", "metadata"] {
+        let result = send(&guarded, NewNotice::new(name, &json!({}))).await;
+        failed_for_good(&result, "not a public address");
+        failed_for_good(&result, "allow_private_network");
+    }
+    assert_eq!(
+        inside.received_requests().await.unwrap().len(),
+        0,
+        "the guard let one through"
+    );
+
+    // The definition's leave holds for its own URL, not for an override's.
+    let result = send(&guarded, NewNotice::new("let_in", &json!({}))).await;
+    assert_eq!(result, AttemptResult::Succeeded);
+    let other = receiver(200).await;
+    let moved = NewNotice::new("let_in", &json!({})).target_override(
+        json!({"url": format!("http://127.0.0.1:{}/moved", other.address().port())}),
+    );
+    failed_for_good(&send(&guarded, moved).await, "not a public address");
+    assert_eq!(other.received_requests().await.unwrap().len(), 0);
+    let paths: Vec<String> = inside
+        .received_requests()
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.url.path().to_string())
+        .collect();
+    assert_eq!(paths, ["/allowed"]);
+
+    // The config lifts the guard for every definition.
+    let open = db.notifier().build().unwrap();
+    for name in ["by_ip", "by_name"] {
+        assert_eq!(
+            send(&open, NewNotice::new(name, &json!({}))).await,
+            AttemptResult::Succeeded
+        );
+    }
+    assert_eq!(inside.received_requests().await.unwrap().len(), 3);
+});
+
+db_test!(
+    header_values_can_be_secret_references,
+    |db: Arc<TestDb>| async move {
+        let home = receiver(200).await;
+        def(
+            &db,
+            "keyed",
+            Channel::Http,
+            json!({
+                "url": format!("{}/keyed", home.uri()),
+                "headers": {"X-Api-Key": {"secret": "crm.key"}, "X-Plain": "p"},
+                "overridable": ["headers"],
+            }),
+        )
+        .await;
+        let elsewhere = receiver(200).await;
+        def(
+            &db,
+            "keyed_follow",
+            Channel::Http,
+            json!({
+                "url": format!("{}/keyed", home.uri()),
+                "headers": {"X-Api-Key": {"secret": "crm.key"}, "X-Plain": "p"},
+                "overridable": ["url"],
+                "credentials_follow_override": true,
+            }),
+        )
+        .await;
+        // The row holds the name, never the value.
+        let stored = store::rows(&db.db).await.unwrap();
+        let row = stored.iter().find(|d| d.name == "keyed").unwrap();
+        assert!(row.target.contains("crm.key") && !row.target.contains("k3y-value"));
+
+        // Missing: retried, naming the secret.
+        let without = db.notifier().build().unwrap();
+        let result = send(&without, NewNotice::new("keyed", &json!({}))).await;
+        assert!(
+            matches!(&result, AttemptResult::FinalFailure { reason, .. } if reason.contains("secret `crm.key` is not configured")),
+            "{result:?}"
+        );
+        assert_eq!(home.received_requests().await.unwrap().len(), 0);
+
+        let mut config = test_config();
+        config.secrets.insert("crm.key".into(), "k3y-value".into());
+        config.secrets.insert("other".into(), "0ther-value".into());
+        let notifier = db.notifier().config(config).build().unwrap();
+        assert_eq!(
+            send(&notifier, NewNotice::new("keyed", &json!({}))).await,
+            AttemptResult::Succeeded
+        );
+        let requests = home.received_requests().await.unwrap();
+        assert_eq!(requests.len(), 1);
+        assert_eq!(requests[0].headers["x-api-key"], "k3y-value");
+        assert_eq!(requests[0].headers["x-plain"], "p");
+
+        // A secret stays with its own origin, even where the definition lets
+        // its credentials follow a moved URL.
+        let moved = NewNotice::new("keyed_follow", &json!({}))
+            .target_override(json!({"url": format!("{}/moved", elsewhere.uri())}));
+        assert_eq!(send(&notifier, moved).await, AttemptResult::Succeeded);
+        let there = elsewhere.received_requests().await.unwrap();
+        assert_eq!(there.len(), 1);
+        assert!(
+            there[0].headers.get("x-api-key").is_none(),
+            "the secret followed"
+        );
+        assert_eq!(there[0].headers["x-plain"], "p");
+
+        // A notice may override the headers with text, never name a secret.
+        let tx = notifier.begin().await.unwrap();
+        let refused = tx
+            .add(
+                NewNotice::new("keyed", &json!({}))
+                    .target_override(json!({"headers": {"X-Api-Key": {"secret": "other"}}})),
+            )
+            .await;
+        assert!(
+            matches!(&refused, Err(Error::InvalidNotice { problem, .. }) if problem.contains("may not name a secret")),
+            "{refused:?}"
+        );
+        tx.rollback().await.unwrap();
+        // Nor by plain SQL: the row fails for good at the attempt, unsent.
+        let def_id = db
+            .scalar("SELECT id FROM notify_def WHERE name = 'keyed'")
+            .await;
+        db.db
+        .execute_unprepared(&format!(
+            "INSERT INTO notify_msg (def_id, param, target_override) VALUES ({def_id}, '{{}}', '{{\"headers\":{{\"X-Api-Key\":{{\"secret\":\"other\"}}}}}}')"
+        ))
+        .await
+        .unwrap();
+        db.attempt_due(&notifier).await;
+        let history = db.history().await;
+        let last = history.iter().max_by_key(|h| h.id).unwrap();
+        assert!(
+            last.errors.contains("may not name a secret"),
+            "{}",
+            last.errors
+        );
+        assert_eq!(
+            home.received_requests().await.unwrap().len(),
+            1,
+            "sent with a notice's secret"
+        );
+        let errors: String = history.iter().map(|h| h.errors.clone()).collect();
+        assert!(!errors.contains("k3y-value") && !errors.contains("0ther-value"));
+    }
+);
+
+db_test!(
+    an_unreadable_definition_row_parks_only_its_own_notices,
+    |db: Arc<TestDb>| async move {
+        use solid_notify::{Status, WorkerConfig};
+        db.def("good", "h", |_| {}).await;
+        db.def("bad", "h", |_| {}).await;
+        db.insert_due("good", 3, |_| 0).await;
+        db.insert_due("bad", 2, |_| 0).await;
+        // SQLite keeps a cell of the wrong type as given; the other databases
+        // refuse it, and take a value of the right type that is invalid.
+        let cells = match db.backend {
+            crate::support::Backend::Sqlite => "max_retry_times = '5x', update_time = 'yesterday'",
+            _ => "max_retry_times = -5",
+        };
+        db.db
+            .execute_unprepared(&format!("UPDATE notify_def SET {cells} WHERE name = 'bad'"))
+            .await
+            .unwrap();
+        let listed = store::list(&db.db).await.unwrap();
+        for (row, def) in &listed {
+            match row.name.as_str() {
+                "bad" => {
+                    let problem = def.as_ref().unwrap_err();
+                    assert_eq!(problem.field, "max_retry_times", "{problem}");
+                }
+                _ => assert!(def.is_ok(), "{}: {def:?}", row.name),
+            }
+        }
+        let rec = crate::support::Recorder::default();
+        let notifier = db
+            .notifier()
+            .config(Config {
+                immediate_attempt: false,
+                ..test_config()
+            })
+            .handler("h", rec.handler(|_| Outcome::success()))
+            .build()
+            .unwrap();
+        let running = crate::faults::start(
+            notifier.clone(),
+            crate::faults::fast(WorkerConfig::default()),
+        );
+        let history = crate::support::eventually(30, "good delivered, bad parked", || async {
+            let history = db.history().await;
+            (history.len() == 5).then_some(history)
+        })
+        .await;
+        running.stop().await;
+        assert_eq!(rec.count(), 3);
+        let parked: Vec<_> = history
+            .iter()
+            .filter(|h| h.status == Status::Parked)
+            .collect();
+        assert_eq!(parked.len(), 2);
+        assert!(
+            parked.iter().all(|h| h.errors.contains("max_retry_times")),
+            "{parked:?}"
+        );
+
+        // The page and the CLI name the row and the field.
+        let (base, stop) = crate::dashboard::serve(&db, DashboardConfig::default()).await;
+        let page = crate::dashboard::client()
+            .get(format!("{base}/defs"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(page.status(), 200);
+        let page = page.text().await.unwrap();
+        assert!(
+            page.contains("max_retry_times") && page.contains("good"),
+            "{page}"
+        );
+        stop.cancel();
+        let (ok, out, err) = crate::ops::cli(&db, &["defs", "list", "--json"]);
+        assert!(ok, "{err}");
+        assert!(
+            out.contains("max_retry_times") && out.contains("\"good\""),
+            "{out}"
+        );
+    }
+);

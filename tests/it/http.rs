@@ -334,6 +334,7 @@ db_test!(cli_worker_delivers_and_stops_on_sigterm, |db: Arc<
         std::process::Command::new(env!("CARGO_BIN_EXE_solid-notify"))
             .args([
                 "worker",
+                "--allow-private-network",
                 "--mode",
                 "fixed-delay",
                 "--delay",

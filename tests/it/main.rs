@@ -11,6 +11,7 @@ mod proxy;
 
 mod amqp;
 mod browser;
+mod census;
 mod committed;
 mod dashboard;
 mod defs;

@@ -885,7 +885,7 @@ db_test!(a_circuit_opens_alerts_once_probes_and_closes, |db: Arc<
         let now = chrono::Utc::now().naive_utc();
         row.paused_until
             .filter(|u| *u > now)
-            .map(|_| row.pause_reason.unwrap_or_default())
+            .map(|_| row.pause_reason.clone().unwrap_or_default())
     };
     let reason = eventually(20, "the circuit opened", || async { paused().await }).await;
     assert_eq!(reason, "circuit open: paused after 5 consecutive failures");

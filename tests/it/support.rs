@@ -399,6 +399,8 @@ pub fn test_config() -> Config {
         lease: Duration::from_secs(10),
         attempt_timeout: Duration::from_secs(5),
         def_cache_ttl: Duration::from_millis(100),
+        // The receivers listen on 127.0.0.1.
+        allow_private_network: true,
         ..Config::default()
     }
 }
@@ -495,6 +497,7 @@ pub async fn metrics_worker(db: &TestDb, extra: &[&str]) -> (KillOnDrop, String)
         std::process::Command::new(env!("CARGO_BIN_EXE_solid-notify"))
             .args([
                 "worker",
+                "--allow-private-network",
                 "--mode",
                 "fixed-delay",
                 "--delay",

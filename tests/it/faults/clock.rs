@@ -37,6 +37,7 @@ fn skewed_worker(db: &TestDb, offset: &str) -> KillOnDrop {
         Command::new(env!("CARGO_BIN_EXE_solid-notify"))
             .args([
                 "worker",
+                "--allow-private-network",
                 "--mode",
                 "fixed-delay",
                 "--delay",

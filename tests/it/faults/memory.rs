@@ -103,7 +103,7 @@ async fn allow_packets(db: &TestDb, bytes: usize) {
 fn worker(db: &TestDb, extra: &[&str]) -> KillOnDrop {
     KillOnDrop(
         Command::new(env!("CARGO_BIN_EXE_solid-notify"))
-            .arg("worker")
+            .args(["worker", "--allow-private-network"])
             .args(extra)
             .env("DATABASE_URL", &db.url)
             .env("RUST_LOG", "error")

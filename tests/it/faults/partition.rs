@@ -71,6 +71,7 @@ server_test!(
             Command::new(env!("CARGO_BIN_EXE_solid-notify"))
                 .args([
                     "worker",
+                    "--allow-private-network",
                     "--mode",
                     "fixed-delay",
                     "--delay",
