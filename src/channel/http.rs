@@ -2,6 +2,8 @@
 //!
 //! Headers tell the receiver what it got, so it can stay idempotent:
 //! `X-Notice-Id`, `X-Notice-Def`, `X-Notice-Attempt`, `Idempotency-Key`
+//! (a key holding `%`, control characters, spaces at either end or
+//! non-ASCII is sent percent-encoded: one header per key)
 //! (and `X-Notice-Step`, 1-based, for a definition of several steps),
 //! and the W3C `traceparent` / `tracestate` of the producer's trace when it
 //! had one ([`crate::trace`]).
@@ -143,7 +145,10 @@ impl HttpChannel {
             .header("x-notice-id", notice.id)
             .header("x-notice-def", &notice.def)
             .header("x-notice-attempt", notice.attempt)
-            .header("idempotency-key", &notice.idempotency_key);
+            .header(
+                "idempotency-key",
+                header_safe(&notice.idempotency_key).as_ref(),
+            );
         if notice.steps > 1 {
             request = request.header("x-notice-step", notice.step.saturating_add(1));
         }
@@ -335,6 +340,27 @@ fn refused_by_guard(e: &reqwest::Error) -> bool {
     false
 }
 
+/// `key` as a header value, one to one: as it is when that is a header
+/// value a receiver reads back unchanged (no `%`, no control character, no
+/// space at either end, nothing a header refuses); otherwise with `%`,
+/// control characters, spaces and non-ASCII percent-encoded. The first
+/// kind never holds `%` and the second always does, so two keys never
+/// share a header, and a key's header is the same on every attempt.
+fn header_safe(key: &str) -> std::borrow::Cow<'_, str> {
+    use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
+    const ENCODED: &AsciiSet = &CONTROLS.add(b'%').add(b' ');
+    let plain = !key.contains('%')
+        && !key.contains(char::is_control)
+        && !key.starts_with(' ')
+        && !key.ends_with(' ')
+        && key.is_ascii()
+        && reqwest::header::HeaderValue::from_str(key).is_ok();
+    match plain {
+        true => std::borrow::Cow::Borrowed(key),
+        false => utf8_percent_encode(key, ENCODED).into(),
+    }
+}
+
 /// `sha256=<hex of HMAC-SHA256(secret, "<timestamp>.<body>")>`.
 pub fn sign(secret: &str, timestamp: &str, body: &str) -> String {
     // HMAC accepts keys of any length, so this cannot fail.
@@ -465,6 +491,29 @@ mod tests {
             sign("Jefe", "1700000000", r#"{"a":1}"#),
             "sha256=fa5f6481efc59da48b19c9dc10196c9953e5651f8304b3a318b6b87d70272e0a"
         );
+    }
+
+    #[test]
+    fn any_idempotency_key_makes_a_header_of_its_own() {
+        assert_eq!(header_safe("order:42"), "order:42");
+        assert_eq!(header_safe("a b"), "a b");
+        assert_eq!(header_safe("50%"), "50%25");
+        assert_eq!(header_safe("k\r\nX-B: 1"), "k%0D%0AX-B:%201");
+        assert_eq!(header_safe("a%\tb"), "a%25%09b");
+        assert_eq!(header_safe("k\t"), "k%09");
+        assert_eq!(header_safe(" k"), "%20k");
+        assert_eq!(header_safe("é"), "%C3%A9");
+        // One to one: keys that differ never share a header.
+        let keys = [
+            "a\n", "a%0A", "a%250A", "k", "k\t", "k%09", " k", "%20k", "é", "%C3%A9", "50%",
+            "50%25",
+        ];
+        let headers: std::collections::HashSet<String> =
+            keys.iter().map(|k| header_safe(k).into_owned()).collect();
+        assert_eq!(headers.len(), keys.len(), "{headers:?}");
+        for key in keys {
+            assert!(reqwest::header::HeaderValue::from_str(&header_safe(key)).is_ok());
+        }
     }
 
     #[test]

@@ -115,15 +115,16 @@ pub struct SecretRef {
     pub secret: String,
 }
 
-/// `message` with what it quotes in double quotes (a value serde
-/// refused, which may be a secret) replaced by `"…"`.
+/// `message` with what lies between its first and last double quote (a
+/// value serde refused, which may be a secret, quotes and all) replaced by
+/// `…`.
 fn unquoted(message: &str) -> String {
-    message
-        .split('"')
-        .enumerate()
-        .map(|(i, part)| if i % 2 == 1 { "…" } else { part })
-        .collect::<Vec<_>>()
-        .join("\"")
+    match (message.find('"'), message.rfind('"')) {
+        (Some(first), Some(last)) if first < last => {
+            format!("{}\"…\"{}", &message[..first], &message[last + 1..])
+        }
+        _ => message.to_string(),
+    }
 }
 
 /// Longest secret name: 128 characters.
@@ -357,6 +358,10 @@ mod tests {
             ),
             (
                 json!({"url": "http://h", "headers": "Authorization: s3cr3t"}),
+                "invalid type",
+            ),
+            (
+                json!({"url": "http://h", "headers": "a\"b\" s3cr3t \"c"}),
                 "invalid type",
             ),
             (

@@ -19,14 +19,13 @@
 //! [`Notifier::begin`]: crate::Notifier::begin
 
 use sea_orm::{
-    ConnectionTrait, DbBackend, DbErr, IdenStatic, TransactionSession, TransactionTrait,
+    ConnectionTrait, DbBackend, DbErr, IdenStatic,
     sea_query::{Expr, InsertStatement, IntoIden, Query},
 };
 
 use super::{
     clock::{self, Due},
     columns::{self, Column},
-    keyed::Keyed,
 };
 use crate::entity::notify_msg;
 
@@ -86,12 +85,6 @@ pub(crate) fn check(row: &NewRow, max_param_bytes: usize) -> Result<(), String> 
     ] {
         let Some(key) = key else { continue };
         nul(field, key)?;
-        // The idempotency key goes out as a header (`Idempotency-Key`).
-        if field == "idempotency_key" && key.contains(char::is_control) {
-            return Err(format!(
-                "{field} must not hold control characters (CR, LF, tab, …): it is sent as a header"
-            ));
-        }
         let chars = key.chars().count();
         if chars > MAX_KEY_CHARS {
             return Err(format!(
@@ -357,7 +350,7 @@ pub(crate) async fn insert_plain<C: ConnectionTrait>(conn: &C, row: &NewRow) -> 
 }
 
 /// Inserts `row` without a key check; its id.
-async fn insert_new<C: ConnectionTrait>(
+pub(crate) async fn insert_new<C: ConnectionTrait>(
     conn: &C,
     row: &NewRow,
     within: Within,
@@ -377,46 +370,6 @@ async fn insert_new<C: ConnectionTrait>(
         return Err(InsertError::NoTransaction);
     }
     Ok(i64::try_from(done.last_insert_id()).map_err(|_| DbErr::UnpackInsertId)?)
-}
-
-/// Inserts `row` through `conn` (the caller's transaction, guarded by a
-/// savepoint on PostgreSQL); returns the new notice id, or with an
-/// idempotency key the existing notice's ([`keyed`](super::keyed)).
-pub(crate) async fn insert<C>(conn: &C, row: &NewRow, within: Within) -> Result<Keyed, InsertError>
-where
-    C: ConnectionTrait + TransactionTrait,
-{
-    if conn.get_database_backend() != DbBackend::Postgres {
-        return write(conn, row, within).await;
-    }
-    let savepoint = conn.begin().await?;
-    match write(&savepoint, row, within).await {
-        Ok(written) => {
-            savepoint.commit().await.map_err(|error| InsertError::Db {
-                error,
-                aborted: true,
-            })?;
-            Ok(written)
-        }
-        Err(InsertError::Db { error, aborted }) => {
-            let aborted = aborted || savepoint.rollback().await.is_err();
-            Err(InsertError::Db { error, aborted })
-        }
-        Err(other) => Err(other),
-    }
-}
-
-/// Writes `row`: keyed ([`keyed::insert`](super::keyed::insert)) when it has
-/// an idempotency key, plainly otherwise.
-pub(crate) async fn write<C: ConnectionTrait>(
-    conn: &C,
-    row: &NewRow,
-    within: Within,
-) -> Result<Keyed, InsertError> {
-    if row.idempotency_key.is_some() {
-        return super::keyed::insert(conn, row, within).await;
-    }
-    insert_new(conn, row, within).await.map(Keyed::New)
 }
 
 /// PostgreSQL: writes buffered rows (ids handed out beforehand from
