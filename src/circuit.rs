@@ -42,7 +42,7 @@ use crate::{
 };
 
 /// The start of `pause_reason` while a circuit holds the pause.
-pub const CIRCUIT_REASON: &str = "circuit open";
+pub use crate::state::pause::CIRCUIT_REASON;
 
 #[derive(Debug)]
 enum Local {

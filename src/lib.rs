@@ -32,6 +32,18 @@
 //! tx.commit().await?; // the notice is attempted once the commit succeeded
 //! # Ok(()) }
 //! ```
+//!
+//! ## Cargo features
+//!
+//! All on by default; the outbox, the workers, the [`ops`] calls and the
+//! handler, HTTP, AMQP and e-mail channels need none of them.
+//!
+//! | feature | adds |
+//! |---|---|
+//! | `cli` | the `solid-notify` binary (clap, tracing-subscriber) |
+//! | `dashboard` | `dashboard`: the operator pages and JSON API (axum, maud) |
+//! | `metrics` | `telemetry::serve_metrics`, a Prometheus endpoint; the counters go through the `metrics` facade either way |
+//! | `otel` | [`trace`]: the producer's OpenTelemetry span context, linked to each attempt; without it a stored `traceparent` is still passed on |
 
 pub mod alert;
 pub mod attempt;
@@ -39,6 +51,8 @@ pub mod channel;
 pub mod circuit;
 pub mod config;
 pub mod confirm;
+mod counters;
+#[cfg(feature = "dashboard")]
 pub mod dashboard;
 mod db;
 pub mod def;

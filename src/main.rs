@@ -4,6 +4,8 @@
 use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use clap::{Parser, Subcommand};
+#[cfg(feature = "metrics")]
+use solid_notify::telemetry;
 use solid_notify::{
     Config, Notifier, Status, Worker, WorkerConfig,
     def::{file, store},
@@ -11,7 +13,6 @@ use solid_notify::{
         Audit, BulkAction, NoticeFilter, NoticeView, Page, PauseEnd, Place, Purge, When, find,
         purge::{Retention, spawn_retention},
     },
-    telemetry,
     worker::Mode,
 };
 use tokio_util::sync::CancellationToken;
@@ -133,6 +134,7 @@ enum Command {
     },
     /// Serve the operator dashboard (and its JSON API under /api/) until
     /// SIGINT or SIGTERM.
+    #[cfg(feature = "dashboard")]
     Serve {
         /// Address to bind. A non-loopback address requires --token.
         #[arg(long, default_value = solid_notify::dashboard::DEFAULT_ADDR)]
@@ -337,10 +339,12 @@ struct WorkerArgs {
     allow_private_network: bool,
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464;
     /// port 0 picks a free port, printed on stderr). Default: off.
+    #[cfg(feature = "metrics")]
     #[arg(long, env = "SOLID_NOTIFY_METRICS_ADDR")]
     metrics_addr: Option<std::net::SocketAddr>,
     /// How often the database gauges are refreshed (default 5s).
     #[arg(long, env = "SOLID_NOTIFY_GAUGE_EVERY", value_parser = humantime::parse_duration)]
+    #[cfg(feature = "metrics")]
     gauge_every: Option<Duration>,
 }
 
@@ -530,6 +534,7 @@ async fn run(cli: Cli) -> solid_notify::Result<()> {
     let db = solid_notify::worker::connect(&cli.database_url, cli.connect_timeout).await?;
     match cli.command {
         Command::Worker(args) => run_worker(db, *args).await?,
+        #[cfg(feature = "dashboard")]
         Command::Serve {
             addr,
             token,
@@ -734,6 +739,7 @@ async fn run_worker(db: sea_orm::DatabaseConnection, args: WorkerArgs) -> solid_
     let notifier_for_shutdown = notifier.clone();
     let worker_timeout = worker_config.shutdown_timeout;
     let shutdown = CancellationToken::new();
+    #[cfg(feature = "metrics")]
     if let Some(addr) = args.metrics_addr {
         let bound = telemetry::serve_metrics(addr, shutdown.clone()).await?;
         eprintln!("metrics: http://{bound}/metrics");

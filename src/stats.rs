@@ -168,7 +168,7 @@ impl WorkerStats {
         self.errors.fetch_add(1, Relaxed);
         self.sweeps_failed.fetch_add(1, Relaxed);
         let n = self.failing_in_a_row.fetch_add(1, Relaxed) + 1;
-        crate::telemetry::sweep_failed(n);
+        crate::counters::sweep_failed(n);
         n
     }
 
@@ -176,7 +176,7 @@ impl WorkerStats {
     pub(crate) fn sweep_succeeded(&self) -> u64 {
         let before = self.failing_in_a_row.swap(0, Relaxed);
         if before > 0 {
-            crate::telemetry::sweep_failed(0);
+            crate::counters::sweep_failed(0);
         }
         before
     }
@@ -184,7 +184,7 @@ impl WorkerStats {
     /// `n` outcomes given up at shutdown (also counted by the metric).
     pub(crate) fn add_given_up(&self, n: u64) {
         self.given_up.fetch_add(n, Relaxed);
-        crate::telemetry::outcomes_given_up(n);
+        crate::counters::outcomes_given_up(n);
     }
 
     /// Bytes of params held now ([`StatsSnapshot::payload_bytes`]).
@@ -195,7 +195,7 @@ impl WorkerStats {
     /// `n` more bytes of params held (also the process's gauge).
     pub(crate) fn payload_held(&self, n: u64) {
         self.payload_bytes.fetch_add(n, Relaxed);
-        crate::telemetry::payload_bytes(n as f64);
+        crate::counters::payload_bytes(n as f64);
     }
 
     /// `n` bytes of params let go.
@@ -203,7 +203,7 @@ impl WorkerStats {
         let _ = self
             .payload_bytes
             .fetch_update(Relaxed, Relaxed, |held| Some(held.saturating_sub(n)));
-        crate::telemetry::payload_bytes(-(n as f64));
+        crate::counters::payload_bytes(-(n as f64));
     }
 
     /// A success handed to a batch ...

@@ -2,8 +2,8 @@
 //!
 //! solid-notify always records its counters and histograms through
 //! `metrics`; with no recorder installed they cost a few atomic loads. To
-//! export them, either install your own recorder, or call [`serve_metrics`]
-//! (what `solid-notify worker --metrics-addr` does). The gauges read from
+//! export them, either install your own recorder, or call `serve_metrics`
+//! (feature `metrics`; what `solid-notify worker --metrics-addr` does). The gauges read from
 //! the database are refreshed by [`spawn_gauges`].
 //!
 //! | name | type | labels |
@@ -25,18 +25,19 @@
 //! of `succeeded`, `awaiting_confirm`, `will_retry`, `final_failure`,
 //! `lost_claim`, `skipped`, `released`, `parked`, `error`.
 
-use std::{collections::HashMap, net::SocketAddr, time::Duration};
+#[cfg(feature = "metrics")]
+use std::net::SocketAddr;
+use std::{collections::HashMap, time::Duration};
 
 use metrics::{counter, gauge, histogram};
+#[cfg(feature = "metrics")]
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use sea_orm::EntityTrait;
 use tokio_util::sync::CancellationToken;
 
-use crate::{
-    AttemptResult, Notifier, Status,
-    entity::notify_def,
-    error::{Error, Result},
-};
+#[cfg(feature = "metrics")]
+use crate::error::Error;
+use crate::{AttemptResult, Notifier, Status, entity::notify_def, error::Result};
 
 /// How often [`spawn_gauges`] refreshes the database gauges by default:
 /// every 5 seconds (one grouped query over `notify_msg` and one read of
@@ -149,6 +150,8 @@ fn label(name: &str) -> String {
     OTHER_DEFS.to_string()
 }
 
+pub(crate) use crate::counters::{claimed, lost_claims, outcomes_given_up, sweep_finished};
+
 /// Records one finished attempt of a notice of definition `def`.
 pub(crate) fn attempt_finished(def: &str, result: &AttemptResult, took: Duration) {
     let series = series(def);
@@ -157,51 +160,11 @@ pub(crate) fn attempt_finished(def: &str, result: &AttemptResult, took: Duration
     }
     series.duration.record(took.as_secs_f64());
     if matches!(result, AttemptResult::LostClaim) {
-        lost_claims(1);
+        crate::counters::lost_claims(1);
     }
 }
 
-/// Records `n` rows claimed.
-pub(crate) fn claimed(n: u64) {
-    if n > 0 {
-        counter!("solid_notify_claims_total").increment(n);
-    }
-}
-
-/// Records `n` claims lost (found taken when the outcome was written).
-pub(crate) fn lost_claims(n: u64) {
-    if n > 0 {
-        counter!("solid_notify_lost_claims_total").increment(n);
-    }
-}
-
-/// Moves the in-flight payload gauge by `delta` bytes.
-pub(crate) fn payload_bytes(delta: f64) {
-    gauge!("solid_notify_in_flight_payload_bytes").increment(delta);
-}
-
-/// Records `n` outcomes given up at shutdown (not written: their notices
-/// are due again when their leases end).
-pub(crate) fn outcomes_given_up(n: u64) {
-    if n > 0 {
-        counter!("solid_notify_outcomes_given_up_total").increment(n);
-    }
-}
-
-/// Records a failed sweep (`in_a_row` > 0) or the first success after
-/// failures (`in_a_row` = 0).
-pub(crate) fn sweep_failed(in_a_row: u64) {
-    if in_a_row > 0 {
-        counter!("solid_notify_sweeps_failed_total").increment(1);
-    }
-    gauge!("solid_notify_sweeps_failing_in_a_row").set(in_a_row as f64);
-}
-
-/// Records one sweep's duration.
-pub(crate) fn sweep_finished(took: Duration) {
-    histogram!("solid_notify_sweep_duration_seconds").record(took.as_secs_f64());
-}
-
+#[cfg(feature = "metrics")]
 fn describe() {
     use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     describe_gauge!("solid_notify_notices", "Notices in flight");
@@ -243,9 +206,11 @@ fn describe() {
 }
 
 /// Installs a Prometheus recorder as the process's global `metrics`
-/// recorder and serves its text at `http://ADDR/metrics` until `shutdown`.
+/// recorder and serves its text at `http://ADDR/metrics` until `shutdown`
+/// (feature `metrics`).
 /// Returns the bound address (pass port 0 for any free port). Fails if
 /// another recorder is installed already or the address cannot be bound.
+#[cfg(feature = "metrics")]
 pub async fn serve_metrics(addr: SocketAddr, shutdown: CancellationToken) -> Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -295,6 +260,7 @@ pub async fn serve_metrics(addr: SocketAddr, shutdown: CancellationToken) -> Res
 /// re-pointed at 127.0.0.1 (DNS rebinding) is refused with 421, as the
 /// dashboard does without a token. Other clients (scrapers, which use
 /// service names) are answered whatever the name.
+#[cfg(feature = "metrics")]
 async fn host_checked(
     request: axum::extract::Request,
     next: axum::middleware::Next,
@@ -330,6 +296,7 @@ async fn host_checked(
     }
 }
 
+#[cfg(feature = "metrics")]
 async fn render(handle: PrometheusHandle) -> impl axum::response::IntoResponse {
     (
         [(

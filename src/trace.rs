@@ -15,17 +15,24 @@
 //!   name the attempt span when the process has the layer, the producer's
 //!   span otherwise: the trace id is the producer's either way.
 //!
+//! This needs the `otel` feature (on by default); without it nothing is
+//! captured or linked, and a stored valid `traceparent` is still sent on.
 //! The layer must be `tracing-opentelemetry` 0.34 (the version this crate
 //! links), otherwise the spans are not recognised and nothing is stored. A
 //! stored context that is not a JSON object of valid W3C headers (written
 //! by hand, say) is ignored: the notice is delivered without trace headers.
 
+#[cfg(feature = "otel")]
 use std::collections::{BTreeMap, HashMap};
 
+#[cfg(feature = "otel")]
 use opentelemetry::{Context, propagation::TextMapPropagator, trace::TraceContextExt};
+#[cfg(feature = "otel")]
 use opentelemetry_sdk::propagation::TraceContextPropagator;
+#[cfg(feature = "otel")]
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
+#[cfg(feature = "otel")]
 /// The current span's trace context as stored in `trace_context`, or `None`
 /// without an OpenTelemetry span.
 pub(crate) fn capture() -> Option<String> {
@@ -33,6 +40,7 @@ pub(crate) fn capture() -> Option<String> {
         .and_then(|headers| serde_json::to_string(&headers).ok())
 }
 
+#[cfg(feature = "otel")]
 /// Makes `span` a child of the stored context, when there is one and the
 /// span is recorded by an OpenTelemetry layer (otherwise nothing happens).
 pub(crate) fn link(span: &tracing::Span, stored: Option<&str>) {
@@ -42,6 +50,7 @@ pub(crate) fn link(span: &tracing::Span, stored: Option<&str>) {
     }
 }
 
+#[cfg(feature = "otel")]
 /// The trace headers to send with a delivery made inside the current span:
 /// that span's context when it is in the stored trace (the attempt span,
 /// linked to it) or nothing is stored, the stored context otherwise; empty
@@ -65,6 +74,7 @@ pub(crate) fn headers(stored: Option<&str>) -> BTreeMap<String, String> {
         .collect()
 }
 
+#[cfg(feature = "otel")]
 /// The trace id (32 hex digits) of a stored context, if it is valid.
 pub fn trace_id(stored: &str) -> Option<String> {
     let cx = parse(stored)?;
@@ -73,6 +83,7 @@ pub fn trace_id(stored: &str) -> Option<String> {
     context.is_valid().then(|| context.trace_id().to_string())
 }
 
+#[cfg(feature = "otel")]
 /// The headers of `cx` (`traceparent`, and `tracestate` when not empty), or
 /// `None` when it holds no valid span context.
 fn headers_of(cx: &Context) -> Option<HashMap<String, String>> {
@@ -85,6 +96,7 @@ fn headers_of(cx: &Context) -> Option<HashMap<String, String>> {
     (!headers.is_empty()).then_some(headers)
 }
 
+#[cfg(feature = "otel")]
 /// A stored context: a JSON object of header strings, extracted by the W3C
 /// propagator; `None` unless it yields a valid remote span context.
 fn parse(stored: &str) -> Option<Context> {
@@ -93,7 +105,106 @@ fn parse(stored: &str) -> Option<Context> {
     cx.span().span_context().is_valid().then_some(cx)
 }
 
-#[cfg(test)]
+/// Without the `otel` feature: nothing is captured or linked; a stored
+/// context's valid `traceparent` (and a `tracestate` that is a header
+/// value) is still sent on. Compiled either way, so that its tests run.
+#[cfg_attr(feature = "otel", allow(dead_code))]
+mod plain {
+    use std::collections::{BTreeMap, HashMap};
+
+    /// Nothing to capture without OpenTelemetry.
+    pub(crate) fn capture() -> Option<String> {
+        None
+    }
+
+    /// Nothing to link without OpenTelemetry.
+    pub(crate) fn link(_span: &tracing::Span, _stored: Option<&str>) {}
+
+    /// The stored headers, when their `traceparent` is valid.
+    pub(crate) fn headers(stored: Option<&str>) -> BTreeMap<String, String> {
+        stored
+            .and_then(parse)
+            .map(|h| h.into_iter().collect())
+            .unwrap_or_default()
+    }
+
+    /// The trace id (32 hex digits) of a stored context, if it is valid.
+    pub fn trace_id(stored: &str) -> Option<String> {
+        let headers = parse(stored)?;
+        headers
+            .get("traceparent")
+            .and_then(|tp| tp.split('-').nth(1))
+            .map(str::to_string)
+    }
+
+    /// A stored context whose `traceparent` is `00-<32 hex>-<16 hex>-<2 hex>`
+    /// with non-zero ids; only `traceparent` and `tracestate` are kept.
+    fn parse(stored: &str) -> Option<HashMap<String, String>> {
+        let mut headers: HashMap<String, String> = serde_json::from_str(stored).ok()?;
+        // A `tracestate` is at most 512 characters of visible ASCII (W3C);
+        // another is left out, as the OpenTelemetry propagator does.
+        let state_ok = |v: &str| {
+            v.len() <= 512 && v.bytes().all(|b| (b' '..=b'~').contains(&b)) && !v.trim().is_empty()
+        };
+        headers.retain(|k, v| match k.as_str() {
+            "traceparent" => !v.is_empty(),
+            "tracestate" => state_ok(v),
+            _ => false,
+        });
+        let parts: Vec<&str> = headers.get("traceparent")?.split('-').collect();
+        let hex = |s: &str, n: usize| {
+            s.len() == n
+                && s.bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        };
+        let valid = parts.len() == 4
+            && parts[0] == "00"
+            && hex(parts[1], 32)
+            && parts[1].bytes().any(|b| b != b'0')
+            && hex(parts[2], 16)
+            && parts[2].bytes().any(|b| b != b'0')
+            && hex(parts[3], 2);
+        valid.then_some(headers)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        const PARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+        #[test]
+        fn a_valid_stored_context_is_passed_on_and_nothing_else() {
+            let stored = format!(r#"{{"traceparent":"{PARENT}","tracestate":"k=v","x":"y"}}"#);
+            let headers = super::headers(Some(&stored));
+            assert_eq!(headers.len(), 2, "{headers:?}");
+            assert_eq!(headers["traceparent"], PARENT);
+            assert_eq!(
+                super::trace_id(&stored).as_deref(),
+                Some("4bf92f3577b34da6a3ce929d0e0e4736")
+            );
+            let bad_state = format!(r#"{{"traceparent":"{PARENT}","tracestate":"a\nb"}}"#);
+            let headers = super::headers(Some(&bad_state));
+            assert_eq!(headers.keys().collect::<Vec<_>>(), ["traceparent"]);
+            for bad in [
+                r#"{"traceparent":"00-00000000000000000000000000000000-00f067aa0ba902b7-01"}"#,
+                r#"{"traceparent":"01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}"#,
+                r#"{"traceparent":"00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01"}"#,
+                r#"{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7"}"#,
+                r#"["traceparent"]"#,
+                "not json",
+            ] {
+                assert!(super::headers(Some(bad)).is_empty(), "{bad}");
+                assert!(super::trace_id(bad).is_none(), "{bad}");
+            }
+            assert!(super::capture().is_none());
+        }
+    }
+}
+#[cfg(not(feature = "otel"))]
+pub use plain::trace_id;
+#[cfg(not(feature = "otel"))]
+pub(crate) use plain::{capture, headers, link};
+
+#[cfg(all(test, feature = "otel"))]
 mod tests {
     use super::*;
 

@@ -5,7 +5,7 @@
 //! PostgreSQL and MySQL/MariaDB. The migrator keeps its own tracking table,
 //! [`MIGRATION_TABLE`], so it never collides with the application's migrator.
 //!
-//! Run it with `cargo run -p migration -- up` (the standard sea-orm-migration
+//! Run it with `cargo run -p solid-notify-migration -- up` (the standard sea-orm-migration
 //! CLI, reading `DATABASE_URL`), `solid-notify migrate`, or
 //! `solid_notify::migrate(&db)` from code.
 

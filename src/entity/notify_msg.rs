@@ -72,3 +72,10 @@ pub struct Model {
 pub enum Relation {}
 
 impl ActiveModelBehavior for ActiveModel {}
+
+/// PostgreSQL's `due_at` (migration 16), outside the entity: the column of
+/// the due indexes, equal to `next_call_time` unless the row is leased,
+/// and never later.
+pub fn due_at() -> sea_orm::sea_query::Alias {
+    sea_orm::sea_query::Alias::new("due_at")
+}

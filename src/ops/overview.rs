@@ -364,7 +364,7 @@ fn assemble(
                 circuit_open: paused.is_some()
                     && d.pause_reason
                         .as_deref()
-                        .is_some_and(|r| r.starts_with(crate::circuit::CIRCUIT_REASON)),
+                        .is_some_and(|r| r.starts_with(crate::state::pause::CIRCUIT_REASON)),
                 pause_reason: paused.and(d.pause_reason),
                 paused_until: paused,
                 oldest_due_secs: 0.0,

@@ -55,6 +55,7 @@ use crate::{
     attempt::{AttemptReport, PendingNotice, background, merged_target},
     error::{Error, Result},
     state::{
+        add,
         insert::{self, InsertError, NewRow, Within},
         keyed::Keyed,
     },
@@ -191,7 +192,7 @@ impl Notifier {
             other => other,
         })?;
         let written = std::time::Instant::now();
-        let inserted = tokio::time::timeout(bound, insert::insert(conn, &row, within))
+        let inserted = tokio::time::timeout(bound, add::insert(conn, &row, within))
             .await
             .unwrap_or_else(|_| {
                 // Abandoned mid-statement: whether it ran is unknown.

@@ -34,7 +34,8 @@ use crate::{
     attempt::{AttemptReport, PendingNotice, background},
     error::{Error, Result},
     state::{
-        insert::{self, NewRow, Within},
+        add,
+        insert::{NewRow, Within},
         keyed::Keyed,
     },
 };
@@ -679,7 +680,7 @@ async fn pg_keyed(tx: &NoticeTx, row: &NewRow) -> Result<Keyed> {
     quiet
         .execute_unprepared("SAVEPOINT solid_notify_key")
         .await?;
-    match insert::write(&quiet, row, Within::Transaction).await {
+    match add::write(&quiet, row, Within::Transaction).await {
         Ok(inserted) => {
             quiet
                 .execute_unprepared("RELEASE SAVEPOINT solid_notify_key")

@@ -148,7 +148,7 @@ pub(crate) async fn succeed_many(
     match moved {
         Ok((moved, claimed)) => {
             let claimed = Claims::of(store, claimed, started);
-            crate::telemetry::claimed(claimed.len() as u64);
+            crate::counters::claimed(claimed.len() as u64);
             // On PostgreSQL the statement dealt with the next notices
             // already; this check, after its commit, catches a notice
             // committed (or a head cancelled) while the statement ran,

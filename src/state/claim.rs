@@ -389,7 +389,7 @@ pub(crate) async fn claim_due(
         DbBackend::Postgres => claim_due_pg(store, candidates, bytes).await?,
         _ => claim_due_locked(store, candidates, bytes).await?,
     };
-    crate::telemetry::claimed(rows.len() as u64);
+    crate::counters::claimed(rows.len() as u64);
     let leases: Vec<Lease> = rows
         .into_iter()
         .map(|row| Lease::new(store.clone(), row, started))
@@ -949,7 +949,7 @@ async fn claim_rows(
             rows
         }
     };
-    crate::telemetry::claimed(rows.len() as u64);
+    crate::counters::claimed(rows.len() as u64);
     Ok(rows
         .drain(..)
         .map(|row| Lease::new(store.clone(), row, started))
@@ -1017,7 +1017,7 @@ pub(crate) async fn claim_one(
     if claimed != 1 {
         return Ok(None);
     }
-    crate::telemetry::claimed(1);
+    crate::counters::claimed(1);
     let claimed = notify_msg::Model {
         version: row.version.wrapping_add(1),
         leased: true,
@@ -1068,7 +1068,7 @@ pub(crate) async fn claim_reserved(
     if columns::update(&store.db, guard, sets).await? != 1 {
         return Ok(None);
     }
-    crate::telemetry::claimed(1);
+    crate::counters::claimed(1);
     let claimed = notify_msg::Model {
         version: 1,
         leased: true,

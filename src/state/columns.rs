@@ -22,12 +22,7 @@ pub(crate) use notify_msg::Column;
 /// it was before the statement).
 pub(crate) type Set = (Column, Expr);
 
-/// PostgreSQL's `due_at` (migration 16), outside the entity: the column of
-/// the due indexes, equal to `next_call_time` unless the row is leased,
-/// and never later.
-pub(crate) fn due_at() -> Alias {
-    Alias::new("due_at")
-}
+pub(crate) use notify_msg::due_at;
 
 /// The one way `version` changes: up by one, in the statement that makes the
 /// transition.

@@ -36,6 +36,7 @@
 //! again). A lease dropped without a transition is released in the
 //! background, or left to run out.
 
+pub(crate) mod add;
 pub mod batch;
 pub mod claim;
 pub mod clock;

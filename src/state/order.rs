@@ -69,8 +69,9 @@ use sea_orm::{
     sea_query::{Condition, Expr, ExprTrait},
 };
 
-use super::{clock, columns::Column};
+use super::clock;
 use crate::Status;
+use crate::entity::notify_msg::{Column, due_at};
 
 /// How long a claim sets aside a due notice that is not in its key's turn:
 /// 60 seconds. The longest a waiting notice can be late when no transition
@@ -413,7 +414,7 @@ pub(crate) async fn promote<C: ConnectionTrait>(
                 );
             if backend == DbBackend::Postgres {
                 // `due_at` with it: the trigger that would copy it is not run.
-                update.value(super::columns::due_at(), at);
+                update.value(due_at(), at);
             }
             let n = db.execute(&update).await?.rows_affected();
             if due {

@@ -11,6 +11,10 @@ use sea_orm::{
 use super::clock;
 use crate::entity::notify_def;
 
+/// The start of `pause_reason` while a circuit holds the pause
+/// ([`crate::circuit`]).
+pub const CIRCUIT_REASON: &str = "circuit open";
+
 /// When a pause ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PauseEnd {
