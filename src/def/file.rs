@@ -179,7 +179,8 @@ fn parse_each(text: &str, source: &str) -> Result<Vec<Result<DefSpec>>> {
         .collect())
 }
 
-const KNOWN: [&str; 21] = [
+/// The keys a definition's table may hold.
+pub(crate) const KNOWN: [&str; 21] = [
     "steps",
     "ordering",
     "stop_on_failure",

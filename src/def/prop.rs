@@ -98,30 +98,10 @@ fn toml_value() -> impl Strategy<Value = String> {
     ]
 }
 
-const FILE_KEYS: [&str; 22] = [
-    "steps",
-    "ordering",
-    "stop_on_failure",
-    "rate_limit",
-    "immediate_retries",
-    "immediate_retry_delay",
-    "retry_jitter",
-    "circuit",
-    "on_error",
-    "channel",
-    "target",
-    "retry_interval",
-    "max_retry_times",
-    "max_retry_interval",
-    "alert_trigger_type",
-    "alert_trigger_fail_times",
-    "email",
-    "need_confirm",
-    "max_confirm_delay",
-    "description",
-    "name",
-    "unknown",
-];
+/// The keys of a definition file, and one it does not know.
+fn file_keys() -> Vec<&'static str> {
+    file::KNOWN.iter().copied().chain(["unknown"]).collect()
+}
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
@@ -165,7 +145,7 @@ proptest! {
 
     #[test]
     fn definition_files_never_panic(
-        lines in prop::collection::vec((prop::sample::select(FILE_KEYS.to_vec()), toml_value()), 0..6),
+        lines in prop::collection::vec((prop::sample::select(file_keys()), toml_value()), 0..6),
         raw in "\\PC{0,64}",
     ) {
         let mut text = String::from("[p]\nchannel = \"http\"\ntarget = { url = \"http://h/x\" }\n");

@@ -18,11 +18,10 @@ use solid_notify::{
 use crate::{
     dashboard::{client, seed, serve},
     db_test,
+    hardening::{TOKEN, post},
     ops::cli,
     support::{Backend, TestDb},
 };
-
-const TOKEN: &str = "census";
 
 /// A valid definition file with `line` added to its table (a key given
 /// twice takes the line's value: the base's keys are only those not set).
@@ -474,15 +473,7 @@ db_test!(
         ];
         for (path, body, field) in bodies {
             census += 1;
-            let response = client()
-                .post(format!("{base}{path}"))
-                .basic_auth("alice", Some(TOKEN))
-                .json(&body)
-                .send()
-                .await
-                .unwrap();
-            let status = response.status();
-            let text = response.text().await.unwrap();
+            let (status, text) = post(&base, &path, body.clone()).await;
             // A client error (400, 404, or 409 for a notice in another
             // state), never 500, and never done.
             if !status.is_client_error() || !text.contains(field) {

@@ -23,9 +23,10 @@ use crate::{
     support::TestDb,
 };
 
-const TOKEN: &str = "s3cret";
+pub(crate) const TOKEN: &str = "s3cret";
 
-async fn post(base: &str, path: &str, body: Value) -> (StatusCode, String) {
+/// POSTs `body` to the dashboard at `base` as `alice` with [`TOKEN`].
+pub(crate) async fn post(base: &str, path: &str, body: Value) -> (StatusCode, String) {
     let response = client()
         .post(format!("{base}{path}"))
         .basic_auth("alice", Some(TOKEN))
