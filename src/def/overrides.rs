@@ -41,7 +41,7 @@ pub const CREDENTIALS_FOLLOW: &str = "credentials_follow_override";
 const NEVER: [&str; 3] = ["signing_secret", OVERRIDABLE, CREDENTIALS_FOLLOW];
 
 /// The fields each channel's target has.
-fn fields_of(channel: Channel) -> &'static [&'static str] {
+pub(super) fn fields_of(channel: Channel) -> &'static [&'static str] {
     match channel {
         Channel::Http => &[
             "url",

@@ -7,30 +7,26 @@ use serde_json::Value;
 
 use super::{Channel, DefSpec, RateLimit, Target, file};
 
-/// Keys the targets and steps know, mixed into generated objects so that
-/// the parsers get past their first check.
-const KEYS: [&str; 20] = [
-    "url",
-    "method",
-    "headers",
-    "timeout",
-    "expected_body",
-    "retry_4xx",
-    "signing_secret",
-    "allow_private_network",
-    "overridable",
-    "credentials_follow_override",
-    "exchange",
-    "routing_key",
-    "recipients",
-    "subject",
-    "handler",
-    "channel",
-    "target",
-    "secret",
-    "mandatory",
-    "X-Api-Key",
-];
+/// Keys the targets and steps know (every channel's fields, the policy
+/// keys, a step's own and a secret reference's), mixed into generated
+/// objects so that the parsers get past their first check.
+fn keys() -> Vec<&'static str> {
+    Channel::ALL
+        .into_iter()
+        .flat_map(super::overrides::fields_of)
+        .copied()
+        .chain([
+            "signing_secret",
+            "allow_private_network",
+            super::overrides::OVERRIDABLE,
+            super::overrides::CREDENTIALS_FOLLOW,
+            "channel",
+            "target",
+            "secret",
+            "X-Api-Key",
+        ])
+        .collect()
+}
 
 /// Strings the parsers look for, and anything else.
 fn text() -> impl Strategy<Value = String> {
@@ -72,10 +68,7 @@ fn json() -> impl Strategy<Value = Value> {
         text().prop_map(Value::String),
     ];
     leaf.prop_recursive(3, 32, 6, |inner| {
-        let key = prop_oneof![
-            prop::sample::select(KEYS.to_vec()).prop_map(String::from),
-            text()
-        ];
+        let key = prop_oneof![prop::sample::select(keys()).prop_map(String::from), text()];
         prop_oneof![
             prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
             prop::collection::btree_map(key, inner, 0..6)
