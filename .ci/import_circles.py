@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
-"""Fails when the library's files import each other in more circles than allowed.
+"""Fails when the library's files import each other in a circle, up a floor, or through
+the crate root.
 
 A file imports another when it names a path into it: `crate::a::b`, `super::x` or
-`self::x`, in a `use` (groups expanded) or inline; tests (`#[cfg(test)] mod … {`)
-are left out. A circle is a strongly connected group of two files or more.
+`self::x`, in a `use` (groups expanded) or inline; tests (`#[cfg(test)] mod … {`, and
+files declared `#[cfg(test)] mod x;`) are left out. A circle is a strongly connected
+group of two files or more. Each file sits on a floor (FLOORS below, drawn in
+docs/architecture.md and the crate docs) and may import only its own floor and those
+below; an import of a re-export at the crate root (`crate::Notifier`) must name the
+defining module instead (`crate::notifier::Notifier`).
 
-Usage: import_circles.py [SRC] [--max N]   (default: src, 0)
-The layer order is in docs/architecture.md; the ratchet goes down to 0.
+Usage: import_circles.py [SRC] [--max N]   (default: src, 0 circles allowed)
 """
 import os
 import re
@@ -55,7 +59,49 @@ def use_paths(body):
     return out
 
 
+# Floors, bottom to top: a path prefix (a file, or a folder ending in /) per entry;
+# the longest prefix that matches a file decides its floor.
+FLOORS = [
+    (1, ["status.rs", "error.rs", "handler.rs", "schedule.rs", "trace.rs", "db.rs",
+         "entity/", "counters.rs", "report.rs", "redact.rs", "load_balance.rs",
+         "stats.rs"]),
+    (2, ["def/"]),
+    (3, ["state/"]),
+    (4, ["alert.rs", "def/cache.rs"]),
+    (5, ["channel/"]),
+    (6, ["config.rs"]),
+    (7, ["attempt/"]),
+    (8, ["circuit.rs"]),
+    (9, ["notifier.rs"]),
+    (10, ["producer/", "sweep/", "confirm.rs", "ops/"]),
+    (11, ["telemetry.rs", "worker/"]),
+    (12, ["dashboard/", "cli/", "main.rs", "lib.rs"]),
+]
+
+
+def floor_of(path):
+    rel, best = os.path.relpath(path, src), None
+    for n, prefixes in FLOORS:
+        for p in prefixes:
+            if rel == p or (p.endswith("/") and rel.startswith(p)):
+                if best is None or len(p) > best[1]:
+                    best = (n, len(p))
+    return best[0] if best else None
+
+
+# Files compiled for tests only.
+tests_only = set()
+for module, path in modules.items():
+    text = open(path, encoding="utf-8").read()
+    for name in re.findall(r"#\[cfg\(test\)\]\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+(\w+)\s*;", text):
+        tests_only.add(module + (name,))
+for module in list(modules):
+    if any(module[: len(t)] == t for t in tests_only):
+        del modules[module]
+root_files = {os.path.join(src, "lib.rs"), os.path.join(src, "main.rs")}
+
 graph = {path: set() for path in modules.values()}
+root_imports = []
 for module, path in modules.items():
     text = open(path, encoding="utf-8").read()
     text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
@@ -74,7 +120,9 @@ for module, path in modules.items():
         while rest and rest[0] == "super":
             base, rest = base[:-1], rest[1:]
         target = file_of(base + rest)
-        if target and target != path:
+        if target in root_files and path not in root_files:
+            root_imports.append(f"{os.path.relpath(path, src)}: {p}")
+        elif target and target != path:
             graph[path].add(target)
 
 # Tarjan's strongly connected components, iteratively.
@@ -114,7 +162,26 @@ for root in graph:
             if len(group) > 1:
                 circles.append(sorted(os.path.relpath(g, src) for g in group))
 
+upward, unplaced = [], []
+for path, targets in sorted(graph.items()):
+    here = floor_of(path)
+    if here is None:
+        unplaced.append(os.path.relpath(path, src))
+        continue
+    for target in sorted(targets):
+        there = floor_of(target)
+        if there is not None and there > here:
+            upward.append(f"{os.path.relpath(path, src)} (floor {here}) -> "
+                          f"{os.path.relpath(target, src)} (floor {there})")
+
 for group in circles:
     print(f"circle of {len(group)}: {' '.join(group)}")
-print(f"circles={len(circles)} allowed={allowed}")
-sys.exit(1 if len(circles) > allowed else 0)
+for line in upward:
+    print(f"upward: {line}")
+for line in sorted(set(root_imports)):
+    print(f"through the crate root: {line}")
+for line in unplaced:
+    print(f"on no floor (add it to FLOORS): {line}")
+print(f"circles={len(circles)} allowed={allowed} upward={len(upward)} "
+      f"root_imports={len(set(root_imports))} unplaced={len(unplaced)}")
+sys.exit(1 if len(circles) > allowed or upward or root_imports or unplaced else 0)

@@ -27,13 +27,15 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    AttemptResult, Notifier, Status,
     attempt::record,
     channel::amqp::AmqpChannel,
     entity::{notify_msg, notify_msg_history},
     error::Result,
     handler::Outcome,
+    notifier::Notifier,
+    report::AttemptResult,
     state,
+    status::Status,
 };
 
 /// What a confirmation or rejection did.
@@ -113,8 +115,8 @@ impl Notifier {
 
     /// Whether notice `id` is held by a live claim (by the database's clock).
     async fn claim_is_live(&self, id: i64) -> Result<bool> {
-        let db = &self.inner.store.db;
-        let now = crate::state::clock::now(self.inner.store.backend());
+        let db = &self.engine.store.db;
+        let now = crate::state::clock::now(self.engine.store.backend());
         Ok(notify_msg::Entity::find_by_id(id)
             .filter(notify_msg::Column::Leased.eq(true))
             .filter(Expr::col(notify_msg::Column::NextCallTime).gt(now))
@@ -129,7 +131,7 @@ impl Notifier {
         id: i64,
         verdict: std::result::Result<(), String>,
     ) -> Result<ConfirmOutcome> {
-        let inner = &self.inner;
+        let inner = &self.engine;
         let db = &inner.store.db;
         let mut tries = 0;
         let row = loop {
@@ -174,7 +176,9 @@ impl Notifier {
                 };
                 let outcome =
                     crate::attempt::deliver::of_step(&def, &lease, Outcome::retry(reason));
-                let result = record::record(self, &def, lease, outcome, &inner.stop.give_up).await;
+                let recorded =
+                    record::record(&self.engine, &def, lease, outcome, &inner.stop.give_up).await;
+                let result = crate::attempt::background::follow_up(&self.engine, recorded);
                 Ok(match result {
                     AttemptResult::LostClaim => ConfirmOutcome::NotAwaiting { status },
                     other => ConfirmOutcome::Rejected(other),
@@ -188,7 +192,7 @@ impl Notifier {
 /// reconnecting by itself when the broker goes away. Malformed messages are
 /// logged and dropped; nothing here ends the loop but `shutdown`.
 pub async fn listen(notifier: Notifier, shutdown: CancellationToken) {
-    let config = notifier.inner.channels.amqp.config().clone();
+    let config = notifier.engine.channels.amqp.config().clone();
     if config.url.is_none() {
         return;
     }

@@ -106,7 +106,7 @@ pub enum Error {
         /// The notice.
         id: i64,
         /// Its state.
-        status: crate::Status,
+        status: crate::status::Status,
         /// What cannot be done.
         problem: &'static str,
     },

@@ -2,29 +2,18 @@
 //! database pool, the definition cache, the registered handlers, the
 //! built-in channels, and every attempt running in the background.
 
-use std::{
-    sync::{
-        Arc,
-        atomic::{AtomicU64, Ordering},
-    },
-    time::Duration,
-};
+use std::{sync::Arc, time::Duration};
 
-use chrono::NaiveDateTime;
 use sea_orm::DatabaseConnection;
-use tokio::sync::Semaphore;
-use tokio_util::task::TaskTracker;
 
 use crate::{
-    Config,
     alert::{AlertHook, LogAlerts},
-    attempt::Stop,
-    channel::Channels,
-    def::{DefRef, cache::DefCache},
+    attempt::{AttemptReport, engine::Engine},
+    config::Config,
     error::Result,
     handler::{Handler, Handlers},
     load_balance::Balancer,
-    state::{Store, clock::Due},
+    state::{Store, ids::IdBlocks},
 };
 
 /// After a shutdown's timeout aborts running deliveries, how long releasing
@@ -44,68 +33,19 @@ pub const HARD_STOP_MARGIN: Duration = Duration::from_secs(1);
 /// Cheap to clone; clones share everything.
 #[derive(Clone)]
 pub struct Notifier {
-    pub(crate) inner: Arc<Inner>,
+    /// What every attempt needs (the attempt layer's context).
+    pub(crate) engine: Arc<Engine>,
+    pub(crate) producing: Arc<Producing>,
 }
 
-pub(crate) struct Inner {
-    pub store: Store,
-    pub defs: DefCache,
-    pub handlers: Handlers,
-    pub channels: Channels,
-    pub config: Config,
-    pub alerts: Arc<dyn AlertHook>,
+/// What only producers need, beside the engine.
+pub(crate) struct Producing {
     pub balancer: Balancer,
-    /// Slots for after-commit attempts in the background.
-    pub background: Arc<Semaphore>,
-    /// Every attempt, release and hook running on behalf of this notifier
-    /// (after-commit attempts, foreground ones included); closed by shutdown.
-    pub tasks: TaskTracker,
-    /// Cancelled by [`Notifier::shutdown`]: abort deliveries, then stop
-    /// retrying writes. Sweeps take child tokens.
-    pub stop: Stop,
     /// Notice ids taken from the sequence, not handed out yet (PostgreSQL).
-    pub ids: crate::state::ids::IdBlocks,
+    pub ids: IdBlocks,
     /// On the MySQL backend: whether the server is MariaDB (which has
     /// `@@in_transaction`), once known.
     pub mariadb: std::sync::OnceLock<bool>,
-    /// Circuit breakers as this process sees them.
-    pub circuits: crate::circuit::Circuits,
-    /// Ordering keys to check again after commits whose attempt did not
-    /// take their notice (PostgreSQL).
-    pub rechecks: Arc<crate::attempt::recheck::Rechecks>,
-    /// Rows released (due again at once) so far.
-    released: AtomicU64,
-    /// The earliest time a notice recorded through this notifier falls due
-    /// again (a retry, a confirmation deadline), for workers built on it.
-    due_hint: tokio::sync::watch::Sender<Option<std::time::Instant>>,
-}
-
-impl Inner {
-    /// Counts rows made due again at once, and wakes the workers.
-    pub fn count_released(&self, n: u64) {
-        self.released.fetch_add(n, Ordering::Relaxed);
-        if n > 0 {
-            self.wake_workers();
-        }
-    }
-
-    /// Wakes the workers built on this notifier: notices are due now.
-    pub fn wake_workers(&self) {
-        self.store.wake_workers();
-    }
-
-    /// Tells the workers built on this notifier that a notice falls due
-    /// after `delay` (they sleep until then at the latest).
-    pub fn due_after(&self, delay: Duration) {
-        let at = std::time::Instant::now() + delay;
-        self.due_hint.send_if_modified(|hint| match hint {
-            Some(earlier) if *earlier <= at => false,
-            _ => {
-                *hint = Some(at);
-                true
-            }
-        });
-    }
 }
 
 impl Notifier {
@@ -121,22 +61,22 @@ impl Notifier {
 
     /// The database pool.
     pub fn db(&self) -> &DatabaseConnection {
-        self.inner.store.db.pool()
+        self.engine.store.db.pool()
     }
 
     /// The settings in force.
     pub fn config(&self) -> &Config {
-        &self.inner.config
+        &self.engine.config
     }
 
     /// Names of the registered handlers.
     pub fn handler_names(&self) -> Vec<String> {
-        self.inner.handlers.names()
+        self.engine.handlers.names()
     }
 
     /// Whether an AMQP broker is configured.
     pub fn amqp_enabled(&self) -> bool {
-        self.inner.channels.amqp.enabled()
+        self.engine.channels.amqp.enabled()
     }
 
     /// Stops this notifier's attempts for shutdown: no new after-commit
@@ -151,8 +91,14 @@ impl Notifier {
     /// [`Config::db_timeout`]), with how many rows were released meanwhile.
     /// Call it before the process exits.
     pub async fn shutdown(&self, timeout: Duration) -> Result<u64> {
-        let inner = &self.inner;
-        let before = inner.released.load(Ordering::Relaxed);
+        let inner = &self.engine;
+        let before = inner.released();
+        let deadline = tokio::time::Instant::now() + timeout + RELEASE_GRACE + HARD_STOP_MARGIN;
+        // The circuit controllers stop now (a circuit left open ends by
+        // itself, a lease after its cool-down); a probe running is an
+        // attempt like the others.
+        inner.controllers.close();
+        inner.closing.cancel();
         inner.tasks.close();
         if tokio::time::timeout(timeout, inner.tasks.wait())
             .await
@@ -175,79 +121,43 @@ impl Notifier {
                 }
             }
         }
-        Ok(inner.released.load(Ordering::Relaxed) - before)
+        if tokio::time::timeout_at(deadline, inner.controllers.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "shutdown: a circuit controller is still waiting for the database; left behind"
+            );
+        }
+        Ok(inner.released() - before)
+    }
+
+    /// Attempts one notice as read from `notify_msg` (its `version` is the one
+    /// the claim expects), recording the outcome inline. Safe to call from any
+    /// number of tasks or processes at once: at most one of them sends. A
+    /// notice whose definition is unknown or invalid is parked.
+    pub async fn attempt(&self, row: crate::entity::notify_msg::Model) -> AttemptReport {
+        crate::attempt::attempt_row(&self.engine, row).await
     }
 
     /// Wakes the workers built on this notifier (or its clones): notices are
     /// due now. Producers, operators and releases call it themselves.
     pub(crate) fn wake_workers(&self) {
-        self.inner.wake_workers();
-    }
-
-    /// A receiver that changes whenever [`wake_workers`](Self::wake_workers) is called.
-    pub(crate) fn subscribe_wakes(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.inner.store.wakes.subscribe()
-    }
-
-    /// A receiver of the earliest due time recorded in this process.
-    pub(crate) fn subscribe_due_hint(
-        &self,
-    ) -> tokio::sync::watch::Receiver<Option<std::time::Instant>> {
-        self.inner.due_hint.subscribe()
-    }
-
-    /// Forgets a due-time hint that has passed (a sweep has run since).
-    pub(crate) fn clear_due_hint(&self, swept_at: std::time::Instant) {
-        self.inner.due_hint.send_if_modified(|hint| match hint {
-            Some(at) if *at <= swept_at => {
-                *hint = None;
-                true
-            }
-            _ => false,
-        });
+        self.engine.wake_workers();
     }
 
     /// Forgets cached definitions so the next use rereads the whole of
     /// `notify_def`.
     pub fn reload_defs(&self) {
-        self.inner.defs.forget();
-    }
-
-    /// The application's clock, for the dates of failure-log lines (the
-    /// database's clock decides everything else).
-    pub(crate) fn app_now(&self) -> NaiveDateTime {
-        chrono::Utc::now().naive_utc()
-    }
-
-    /// The reserved alert definition (a built-in policy when its row is
-    /// invalid; the row is recreated when missing).
-    pub(crate) async fn alert_def(&self) -> Result<DefRef> {
-        self.inner.defs.alert_def(&self.inner.store.db).await
-    }
-
-    /// Whether this notifier attempts notices right after their commit:
-    /// [`Config::immediate_attempt`], and not shutting down.
-    pub(crate) fn attempts_after_commit(&self) -> bool {
-        self.inner.config.immediate_attempt && !self.inner.tasks.is_closed()
-    }
-
-    /// When a new notice is first due: reserved for the after-commit attempt
-    /// when this notifier makes them, or for a notice that waits its turn
-    /// (`in_turn`: it has an ordering key), due now and claimed in turn.
-    pub(crate) fn first_due(&self, in_turn: bool) -> Due {
-        match (self.attempts_after_commit(), in_turn) {
-            (true, false) => Due::Reserved(self.inner.config.lease),
-            (true, true) => Due::InTurn,
-            (false, _) => Due::Now,
-        }
+        self.engine.defs.forget();
     }
 }
 
 impl std::fmt::Debug for Notifier {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Notifier")
-            .field("handlers", &self.inner.handlers)
-            .field("config", &self.inner.config)
+            .field("handlers", &self.engine.handlers)
+            .field("config", &self.engine.config)
             .finish_non_exhaustive()
     }
 }
@@ -282,25 +192,22 @@ impl NotifierBuilder {
     /// Checks the configuration and builds the notifier.
     pub fn build(self) -> Result<Notifier> {
         self.config.validate()?;
+        let store = Store::new(self.db, self.config.lease, self.config.db_timeout);
+        let producing = Producing {
+            balancer: Balancer::new(self.config.load_balance),
+            ids: Default::default(),
+            mariadb: std::sync::OnceLock::new(),
+        };
+        let engine = Engine::new(
+            store,
+            self.config,
+            self.handlers,
+            self.alerts,
+            crate::circuit::start,
+        )?;
         Ok(Notifier {
-            inner: Arc::new(Inner {
-                store: Store::new(self.db, self.config.lease, self.config.db_timeout),
-                defs: DefCache::new(self.config.def_cache_ttl),
-                background: Arc::new(Semaphore::new(self.config.max_background_attempts.max(1))),
-                balancer: Balancer::new(self.config.load_balance),
-                channels: Channels::new(&self.config)?,
-                tasks: TaskTracker::new(),
-                stop: Stop::default(),
-                circuits: crate::circuit::Circuits::default(),
-                rechecks: Default::default(),
-                ids: Default::default(),
-                mariadb: std::sync::OnceLock::new(),
-                released: AtomicU64::new(0),
-                due_hint: tokio::sync::watch::channel(None).0,
-                handlers: self.handlers,
-                config: self.config,
-                alerts: self.alerts,
-            }),
+            engine: Arc::new(engine),
+            producing: Arc::new(producing),
         })
     }
 }

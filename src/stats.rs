@@ -11,7 +11,7 @@ use std::{
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use crate::AttemptResult;
+use crate::report::AttemptResult;
 
 /// How many sweep start times are kept.
 pub const RECENT_SWEEPS: usize = 64;

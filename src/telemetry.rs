@@ -29,7 +29,7 @@
 use std::net::SocketAddr;
 use std::{collections::HashMap, time::Duration};
 
-use metrics::{counter, gauge, histogram};
+use metrics::gauge;
 #[cfg(feature = "metrics")]
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use sea_orm::EntityTrait;
@@ -37,132 +37,20 @@ use tokio_util::sync::CancellationToken;
 
 #[cfg(feature = "metrics")]
 use crate::error::Error;
-use crate::{AttemptResult, Notifier, Status, entity::notify_def, error::Result};
+use crate::{entity::notify_def, error::Result, notifier::Notifier, status::Status};
 
 /// How often [`spawn_gauges`] refreshes the database gauges by default:
 /// every 5 seconds (one grouped query over `notify_msg` and one read of
 /// `notify_def` each time).
 pub const DEFAULT_GAUGE_EVERY: Duration = Duration::from_secs(5);
 
-/// Label of rows whose definition is not in `notify_def`.
-pub const UNKNOWN_DEF: &str = "_unknown";
-
 /// Histogram buckets (seconds) of the duration histograms.
 pub const DURATION_BUCKETS: [f64; 14] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 30.0,
 ];
 
-/// The `outcome` label of a result.
-fn outcome(result: &AttemptResult) -> &'static str {
-    match result {
-        AttemptResult::Succeeded => "succeeded",
-        AttemptResult::AwaitingConfirm => "awaiting_confirm",
-        AttemptResult::WillRetry { .. } => "will_retry",
-        AttemptResult::FinalFailure { .. } => "final_failure",
-        AttemptResult::LostClaim => "lost_claim",
-        AttemptResult::Skipped { .. } | AttemptResult::AlreadyAdded => "skipped",
-        AttemptResult::Released { .. } => "released",
-        AttemptResult::Parked { .. } => "parked",
-        AttemptResult::Error { .. } => "error",
-    }
-}
-
-/// Every `outcome` label, in the order of [`outcome_index`].
-const OUTCOMES: [&str; 9] = [
-    "succeeded",
-    "awaiting_confirm",
-    "will_retry",
-    "final_failure",
-    "lost_claim",
-    "skipped",
-    "released",
-    "parked",
-    "error",
-];
-
-fn outcome_index(result: &AttemptResult) -> usize {
-    let name = outcome(result);
-    OUTCOMES.iter().position(|o| *o == name).unwrap_or(0)
-}
-
-/// The handles of one definition's series, registered once: recording
-/// through a handle skips building and hashing the labels each time.
-struct DefSeries {
-    attempts: Vec<metrics::Counter>,
-    duration: metrics::Histogram,
-}
-
-/// Per-definition handles, by name. Built on first use, so install a
-/// recorder before the first attempt (as [`serve_metrics`] is, before the
-/// worker starts).
-fn series(def: &str) -> std::sync::Arc<DefSeries> {
-    use std::sync::{Arc, OnceLock, RwLock};
-    static SERIES: OnceLock<RwLock<HashMap<String, Arc<DefSeries>>>> = OnceLock::new();
-    let map = SERIES.get_or_init(Default::default);
-    if let Some(found) = map
-        .read()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .get(def)
-    {
-        return found.clone();
-    }
-    // Past the cap, every further definition shares the `_other` series.
-    let def = label(def);
-    if let Some(found) = map
-        .read()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .get(def.as_str())
-    {
-        return found.clone();
-    }
-    let made = Arc::new(DefSeries {
-        attempts: OUTCOMES
-            .iter()
-            .map(|o| counter!("solid_notify_attempts_total", "def" => def.to_string(), "outcome" => *o))
-            .collect(),
-        duration: histogram!("solid_notify_attempt_duration_seconds", "def" => def.to_string()),
-    });
-    map.write()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .entry(def.to_string())
-        .or_insert(made)
-        .clone()
-}
-
-/// The `def` label of definition `name`: its name if it is among the
-/// first [`METRICS_MAX_DEFS`] names this process labelled (taking a place
-/// if one is left), [`OTHER_DEFS`] otherwise. So the process's series name
-/// at most that many definitions, whatever comes and goes.
-fn label(name: &str) -> String {
-    use std::sync::{Mutex, OnceLock};
-    static NAMED: OnceLock<Mutex<std::collections::HashSet<String>>> = OnceLock::new();
-    let mut named = NAMED
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    if name == OTHER_DEFS || name == UNKNOWN_DEF || named.contains(name) {
-        return name.to_string();
-    }
-    if named.len() < METRICS_MAX_DEFS {
-        named.insert(name.to_string());
-        return name.to_string();
-    }
-    OTHER_DEFS.to_string()
-}
-
-pub(crate) use crate::counters::{claimed, lost_claims, outcomes_given_up, sweep_finished};
-
-/// Records one finished attempt of a notice of definition `def`.
-pub(crate) fn attempt_finished(def: &str, result: &AttemptResult, took: Duration) {
-    let series = series(def);
-    if let Some(counter) = series.attempts.get(outcome_index(result)) {
-        counter.increment(1);
-    }
-    series.duration.record(took.as_secs_f64());
-    if matches!(result, AttemptResult::LostClaim) {
-        crate::counters::lost_claims(1);
-    }
-}
+use crate::counters::label;
+pub use crate::counters::{METRICS_MAX_DEFS, OTHER_DEFS, UNKNOWN_DEF};
 
 #[cfg(feature = "metrics")]
 fn describe() {
@@ -333,16 +221,6 @@ pub fn spawn_gauges(
     })
 }
 
-/// At most this many definitions have series of their own in a process:
-/// 100, the first to be labelled (by an attempt, or by the gauges, which
-/// look at the paused definitions and those with the most notices in
-/// flight first); the rest are summed under `def="_other"`
-/// ([`OTHER_DEFS`]). So the series stay bounded at 100,000 definitions.
-pub const METRICS_MAX_DEFS: usize = 100;
-
-/// The `def` label of the definitions past [`METRICS_MAX_DEFS`]: `_other`.
-pub const OTHER_DEFS: &str = "_other";
-
 /// The series a refresh set above 0.
 #[derive(Default)]
 struct Seen {
@@ -353,7 +231,7 @@ struct Seen {
 /// One refresh. Series seen last time and absent now are set to 0.
 async fn refresh_gauges(notifier: &Notifier, seen_before: &Seen) -> Result<Seen> {
     use sea_orm::{ColumnTrait, QueryFilter, QueryOrder, QuerySelect};
-    let db = &notifier.inner.store.db;
+    let db = &notifier.engine.store.db;
     let groups = crate::ops::overview::in_flight_groups(db).await?;
     let now = chrono::Utc::now().naive_utc();
     // The definitions with series of their own: the paused ones, then the

@@ -9,187 +9,26 @@
 //! lacks) has its reservation released at once: it is due for any sweeper
 //! immediately, never after a whole lease.
 
-use std::time::Instant;
+use std::sync::Arc;
 
-use chrono::NaiveDateTime;
-
-use super::{AttemptReport, AttemptResult, Recorder, available, deliver, record};
-use crate::{
-    Notifier, Status,
-    def::DefRef,
-    entity::notify_msg,
-    state::{Lease, claim, clock::Due, insert::NewRow},
+use super::engine::Engine;
+use super::{
+    AttemptReport, AttemptResult, Recorder, available, deliver,
+    pending::{PendingNotice, Start},
+    record::{self, Recorded},
 };
-
-/// A notice written in a transaction, to be attempted after its commit.
-///
-/// Deliberately not `Clone`: one pending notice is one attempt.
-#[derive(Debug)]
-pub struct PendingNotice {
-    pub(crate) id: i64,
-    pub(crate) row: NewRow,
-    pub(crate) def: DefRef,
-    /// Taken before the statement that wrote the row: its reservation
-    /// (lease) cannot have begun earlier.
-    pub(crate) written: Instant,
-    /// How its after-commit attempt gets hold of the row.
-    start: Start,
-    /// PostgreSQL, [`Notifier::begin`](crate::Notifier::begin): the row is
-    /// buffered and written with the `COMMIT`.
-    pub(crate) on_commit: bool,
-    /// Claim the reservation even after a commit the library saw.
-    claim_after_commit: bool,
-}
-
-/// How an after-commit attempt gets hold of its row.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Start {
-    /// The row was written reserved for this attempt and the library itself
-    /// saw its transaction commit ([`NoticeTx`](crate::NoticeTx) from
-    /// [`Notifier::begin`]): the reservation is the attempt's lease.
-    Held,
-    /// Written reserved, in a transaction whose commit the library did not
-    /// see ([`Notifier::add`], a wrapped transaction that may be nested):
-    /// the attempt first claims the reservation, so that a transaction that
-    /// did not commit, or a second dispatch, sends nothing.
-    ClaimReservation,
-    /// Written due now (an alert): claimed like any due row, so a sweeper
-    /// may take it first, and an ambiguous commit never leaves it waiting.
-    ClaimDue,
-    /// Written due now with an ordering key: claimed only if no older notice
-    /// of its key is unfinished (else a sweeper takes it in its turn).
-    ClaimInTurn,
-    /// Not attempted after commit (after-commit attempts are off, or the
-    /// notifier is shutting down): due now for a sweeper.
-    Sweeper,
-    /// Nothing was written: an idempotent add found this existing notice.
-    Existing,
-}
-
-impl PendingNotice {
-    /// A notice whose row was written by a statement sent after `written`,
-    /// in a transaction whose commit the library has not seen.
-    pub(crate) fn new(id: i64, row: NewRow, def: DefRef, written: Instant) -> Self {
-        let start = match row.due {
-            Due::Reserved(_) => Start::ClaimReservation,
-            Due::InTurn => Start::ClaimInTurn,
-            Due::Now => Start::Sweeper,
-        };
-        PendingNotice {
-            id,
-            row,
-            def,
-            written,
-            start,
-            on_commit: false,
-            claim_after_commit: false,
-        }
-    }
-
-    /// An idempotent add that found notice `id` with the same key: nothing
-    /// was written, nothing is attempted.
-    pub(crate) fn existing(id: i64, row: NewRow, def: DefRef) -> Self {
-        PendingNotice {
-            start: Start::Existing,
-            ..PendingNotice::new(id, row, def, Instant::now())
-        }
-    }
-
-    /// An alert notice written due now; attempted after its commit when
-    /// `attempt_here`, else left to sweepers.
-    pub(crate) fn alert(id: i64, row: NewRow, def: DefRef, attempt_here: bool) -> Self {
-        PendingNotice {
-            start: if attempt_here {
-                Start::ClaimDue
-            } else {
-                Start::Sweeper
-            },
-            ..PendingNotice::new(id, row, def, Instant::now())
-        }
-    }
-
-    /// The same notice, its transaction seen to commit by the library.
-    pub(crate) fn committed(self) -> Self {
-        let start = match self.start {
-            Start::ClaimReservation if !self.claim_after_commit => Start::Held,
-            other => other,
-        };
-        PendingNotice { start, ..self }
-    }
-
-    /// The same notice, whose row the caller could still roll back to a
-    /// savepoint of its own: its attempt claims the reservation even after
-    /// a commit the library saw.
-    pub(crate) fn claim_after_commit(self) -> Self {
-        PendingNotice {
-            claim_after_commit: true,
-            ..self
-        }
-    }
-
-    /// The notice's id: the new notice's, or for an idempotent add that
-    /// found one, the existing notice's.
-    pub fn id(&self) -> i64 {
-        self.id
-    }
-
-    /// Whether the add wrote a new notice (`false`: an idempotent add found
-    /// an existing notice with its key and wrote nothing).
-    pub fn is_new(&self) -> bool {
-        self.start != Start::Existing
-    }
-
-    /// Whether the row was written reserved for an after-commit attempt.
-    pub(crate) fn reserved(&self) -> bool {
-        self.is_new() && self.row.due.reserved()
-    }
-
-    /// Whether an after-commit attempt may run in this process.
-    fn attempted_here(&self) -> bool {
-        !matches!(self.start, Start::Sweeper | Start::Existing)
-    }
-
-    /// The row as inserted (times are not known here and are not used),
-    /// its param moved out of this pending notice, which keeps no copy of
-    /// it while the attempt runs.
-    fn take_model(&mut self) -> notify_msg::Model {
-        let leased = self.reserved();
-        let r = &mut self.row;
-        notify_msg::Model {
-            id: self.id,
-            def_id: r.def_id,
-            param: std::mem::take(&mut r.param),
-            description: r.description.clone(),
-            errors: String::new(),
-            status: Status::NotSent,
-            retry_times: 0,
-            last_call_time: None,
-            next_call_time: NaiveDateTime::MIN,
-            create_time: NaiveDateTime::MIN,
-            version: 0,
-            load_balance_num: r.load_balance_num,
-            idempotency_key: r.idempotency_key.clone(),
-            target_override: r.target_override.clone(),
-            leased,
-            trace_context: r.trace_context.clone(),
-            ordering_key: r.ordering_key.clone(),
-            step: 0,
-            step_result: None,
-        }
-    }
-}
+use crate::state::{Lease, claim};
 
 /// Starts background attempts of committed notices, as far as free slots
 /// allow; the rest are released, due at once for a sweeper.
-pub(crate) fn after_commit(notifier: &Notifier, pending: Vec<PendingNotice>) {
-    let inner = &notifier.inner;
+pub(crate) fn after_commit(engine: &Arc<Engine>, pending: Vec<PendingNotice>) {
     let mut left = Vec::new();
     for p in pending {
-        if !p.attempted_here() || inner.tasks.is_closed() {
+        if !p.attempted_here() || engine.tasks.is_closed() {
             left.push(p);
             continue;
         }
-        let Ok(permit) = inner.background.clone().try_acquire_owned() else {
+        let Ok(permit) = engine.background.clone().try_acquire_owned() else {
             tracing::debug!(
                 notice_id = p.id,
                 "no background slot; due now for a sweeper"
@@ -197,33 +36,32 @@ pub(crate) fn after_commit(notifier: &Notifier, pending: Vec<PendingNotice>) {
             left.push(p);
             continue;
         };
-        let notifier = notifier.clone();
-        inner.tasks.spawn(async move {
-            attempt_boxed(notifier, p).await;
+        let task = engine.clone();
+        engine.tasks.spawn(async move {
+            attempt_boxed(task, p).await;
             drop(permit);
         });
     }
-    not_attempted(notifier, left);
+    not_attempted(engine, left);
 }
 
 /// Boxed, hence `Send` by its type: a failure's alert is itself attempted
 /// after commit, so this future contains itself.
 fn attempt_boxed(
-    notifier: Notifier,
+    engine: Arc<Engine>,
     p: PendingNotice,
 ) -> futures::future::BoxFuture<'static, AttemptReport> {
-    Box::pin(async move { attempt(&notifier, p).await })
+    Box::pin(async move { attempt(&engine, p).await })
 }
 
 /// Attempts committed notices now and waits for each outcome.
 pub(crate) async fn wait_for(
-    notifier: &Notifier,
+    engine: &Arc<Engine>,
     pending: Vec<PendingNotice>,
 ) -> Vec<AttemptReport> {
-    let inner = &notifier.inner;
-    if inner.tasks.is_closed() {
+    if engine.tasks.is_closed() {
         let ids: Vec<i64> = pending.iter().map(PendingNotice::id).collect();
-        not_attempted(notifier, pending);
+        not_attempted(engine, pending);
         return ids
             .into_iter()
             .map(|notice_id| AttemptReport {
@@ -235,24 +73,23 @@ pub(crate) async fn wait_for(
             .collect();
     }
     // Counted as running, so that shutdown waits for them.
-    let _running = inner.tasks.token();
+    let _running = engine.tasks.token();
     let attempts = pending
         .into_iter()
-        .map(|p| attempt_boxed(notifier.clone(), p));
+        .map(|p| attempt_boxed(engine.clone(), p));
     futures::future::join_all(attempts).await
 }
 
 /// One after-commit attempt: get hold of the row, then the one path.
-async fn attempt(notifier: &Notifier, mut p: PendingNotice) -> AttemptReport {
-    let inner = &notifier.inner;
+async fn attempt(engine: &Arc<Engine>, mut p: PendingNotice) -> AttemptReport {
     let notice_id = p.id;
     let report = |result| AttemptReport { notice_id, result };
     if !p.is_new() {
         return report(AttemptResult::AlreadyAdded);
     }
     if !p.attempted_here() {
-        not_attempted(notifier, vec![p]);
-        let reason = if inner.config.immediate_attempt {
+        not_attempted(engine, vec![p]);
+        let reason = if engine.config.immediate_attempt {
             "committed during shutdown: due now for a sweeper"
         } else {
             "after-commit attempts are off (Config::immediate_attempt): due now for a sweeper"
@@ -261,8 +98,8 @@ async fn attempt(notifier: &Notifier, mut p: PendingNotice) -> AttemptReport {
             reason: reason.into(),
         });
     }
-    if let Err(reason) = available(inner, &p.def).and_then(|()| deliver::paused(&p.def)) {
-        not_attempted(notifier, vec![p]);
+    if let Err(reason) = available(engine, &p.def).and_then(|()| deliver::paused(&p.def)) {
+        not_attempted(engine, vec![p]);
         return report(AttemptResult::Skipped { reason });
     }
     let in_turn = p.start == Start::ClaimInTurn;
@@ -270,25 +107,25 @@ async fn attempt(notifier: &Notifier, mut p: PendingNotice) -> AttemptReport {
     let claimed = match p.start {
         // The reservation is this attempt's lease (version 0, from the insert).
         Start::Held => {
-            crate::telemetry::claimed(1);
+            crate::counters::claimed(1);
             let model = p.take_model();
-            Ok(Some(Lease::new(inner.store.clone(), model, p.written)))
+            Ok(Some(Lease::new(engine.store.clone(), model, p.written)))
         }
         Start::ClaimReservation => {
             let model = p.take_model();
-            claim::claim_reserved(&inner.store, &model, p.written).await
+            claim::claim_reserved(&engine.store, &model, p.written).await
         }
-        Start::ClaimInTurn => claim::claim_in_turn(&inner.store, p.id).await,
+        Start::ClaimInTurn => claim::claim_in_turn(&engine.store, p.id).await,
         Start::ClaimDue | Start::Sweeper | Start::Existing => {
             let model = p.take_model();
-            claim::claim_one(&inner.store, &model).await
+            claim::claim_one(&engine.store, &model).await
         }
     };
     if in_turn && !matches!(claimed, Ok(Some(_))) {
         // Not taken here: its key is checked now that this claim has ended
         // (checked while it ran, the check's lock would have made the claim
         // skip the row, and nothing would attempt it before a poll).
-        recheck_turns(notifier, &[&p]);
+        recheck_turns(engine, &[&p]);
     }
     let lease = match claimed {
         Ok(Some(lease)) => lease,
@@ -304,7 +141,7 @@ async fn attempt(notifier: &Notifier, mut p: PendingNotice) -> AttemptReport {
             });
         }
     };
-    let result = super::run(notifier, p.def, lease, &Recorder::Inline, &inner.stop, None)
+    let result = super::run(engine, p.def, lease, &Recorder::Inline, &engine.stop, None)
         .await
         .result();
     report(result)
@@ -313,9 +150,18 @@ async fn attempt(notifier: &Notifier, mut p: PendingNotice) -> AttemptReport {
 /// Notices that are not attempted here after all (or whose commit is in
 /// doubt): reserved rows are released, due at once for a sweeper, and the
 /// keys of ordered ones are checked ([`recheck_turns`]).
-pub(crate) fn not_attempted(notifier: &Notifier, pending: Vec<PendingNotice>) {
-    recheck_turns(notifier, &pending.iter().collect::<Vec<_>>());
-    release_reservations(notifier, pending);
+/// Starts what a recorded outcome asks for next (the alert notice it
+/// queued, attempted after its commit) and gives its result.
+pub(crate) fn follow_up(engine: &Arc<Engine>, recorded: Recorded) -> AttemptResult {
+    if let Some(alert) = recorded.alert {
+        after_commit(engine, vec![alert]);
+    }
+    recorded.result
+}
+
+pub(crate) fn not_attempted(engine: &Arc<Engine>, pending: Vec<PendingNotice>) {
+    recheck_turns(engine, &pending.iter().collect::<Vec<_>>());
+    release_reservations(engine, pending);
 }
 
 /// PostgreSQL: a notice with an ordering key may have been set aside at
@@ -327,9 +173,8 @@ pub(crate) fn not_attempted(notifier: &Notifier, pending: Vec<PendingNotice>) {
 /// at a time for all such keys ([`recheck`](super::recheck)): without this
 /// it would wait for its recheck (`order::TURN_RECHECK`). Never while its
 /// own claim runs: the check's row lock would make that claim skip it.
-fn recheck_turns(notifier: &Notifier, pending: &[&PendingNotice]) {
-    let inner = &notifier.inner;
-    if inner.store.backend() != sea_orm::DbBackend::Postgres {
+fn recheck_turns(engine: &Arc<Engine>, pending: &[&PendingNotice]) {
+    if engine.store.backend() != sea_orm::DbBackend::Postgres {
         return;
     }
     let keys = pending
@@ -338,12 +183,12 @@ fn recheck_turns(notifier: &Notifier, pending: &[&PendingNotice]) {
         .filter_map(|p| Some((p.def.id, p.row.ordering_key.clone()?)));
     // On the tracked tasks, so that shutdown waits for the check (it only
     // moves a waiting notice's next check earlier).
-    inner.rechecks.queue(&inner.store, &inner.tasks, keys);
+    engine.rechecks.queue(&engine.store, &engine.tasks, keys);
 }
 
 /// Makes reserved rows due at once (retrying while the database is away,
 /// until shutdown gives up: then they are due when the reservation ends).
-fn release_reservations(notifier: &Notifier, pending: Vec<PendingNotice>) {
+fn release_reservations(engine: &Arc<Engine>, pending: Vec<PendingNotice>) {
     let rows: Vec<(i64, i64, String)> = pending
         .iter()
         .filter(|p| p.reserved())
@@ -352,15 +197,15 @@ fn release_reservations(notifier: &Notifier, pending: Vec<PendingNotice>) {
     if rows.is_empty() {
         return;
     }
-    let inner = notifier.inner.clone();
-    notifier.inner.tasks.spawn(async move {
-        let store = inner.store.clone();
-        let released = record::retry_db(&inner.stop.give_up, || async {
+    let task = engine.clone();
+    engine.tasks.spawn(async move {
+        let store = task.store.clone();
+        let released = record::retry_db(&task.stop.give_up, || async {
             Ok(claim::release_reserved(&store, &rows).await?)
         })
         .await;
         match released {
-            Ok(n) => inner.count_released(n),
+            Ok(n) => task.count_released(n),
             Err(e) => {
                 tracing::warn!(error = %e, n = rows.len(), "cannot release reserved notices; due when their reservation ends");
             }

@@ -35,12 +35,39 @@ use tokio_util::sync::CancellationToken;
 use super::{AttemptReport, AttemptResult, record, runs::Runs};
 use crate::{
     db::{self, Backoff},
+    def::{Confirm, DefRef},
+    handler::Outcome,
     state::{
         Lease, Store,
         batch::{ClaimNext, Claims, HeldMany, release_many, succeed_many},
     },
     stats::WorkerStats,
 };
+
+/// How outcomes are written: one at a time, or plain successes batched.
+#[derive(Clone)]
+pub(crate) enum Recorder {
+    /// Every outcome written by the attempt itself.
+    Inline,
+    /// Plain successes handed to a sweep's batch; everything else inline.
+    Batched(BatchHandle),
+}
+
+/// Whether `outcome` goes to a success batch: a plain success (no note, no
+/// confirmation to wait for) under a batched recorder. Gives the outcome
+/// back otherwise.
+pub(crate) fn batchable<'r>(
+    def: &DefRef,
+    outcome: Outcome,
+    recorder: &'r Recorder,
+) -> Result<&'r BatchHandle, Outcome> {
+    match (recorder, &outcome, def.confirm) {
+        (Recorder::Batched(batch), Outcome::Success { note: None, .. }, Confirm::NotNeeded) => {
+            Ok(batch)
+        }
+        _ => Err(outcome),
+    }
+}
 
 /// Most successes moved to history by one statement.
 pub const MAX_BATCH: usize = 500;
@@ -316,7 +343,7 @@ async fn flush(store: &Store, mut leases: Vec<Lease>, give_up: &CancellationToke
                     })
                     .collect();
                 out.hand_next(store, &moved, claimed).await;
-                crate::telemetry::lost_claims(moved.iter().filter(|(_, m)| !*m).count() as u64);
+                crate::counters::lost_claims(moved.iter().filter(|(_, m)| !*m).count() as u64);
                 for (id, moved) in moved {
                     let result = if moved {
                         AttemptResult::Succeeded

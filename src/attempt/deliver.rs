@@ -11,25 +11,26 @@ use std::{panic::AssertUnwindSafe, time::Duration};
 use futures::FutureExt;
 
 use crate::{
-    Status,
     def::{Confirm, DefRef, Target},
     handler::{Notice, Outcome},
-    notifier::Inner,
     state::Lease,
+    status::Status,
 };
+
+use super::engine::Engine;
 
 /// Whether this process can deliver notices of `def` at all (every step).
 /// When it cannot, the notice is left for a process that can.
-pub(crate) fn available(inner: &Inner, def: &DefRef) -> Result<(), String> {
+pub(crate) fn available(engine: &Engine, def: &DefRef) -> Result<(), String> {
     for step in &def.steps {
         match &step.target {
-            Target::Handler(t) if inner.handlers.get(&t.handler).is_none() => {
+            Target::Handler(t) if engine.handlers.get(&t.handler).is_none() => {
                 return Err(format!(
                     "handler `{}` is not registered in this process",
                     t.handler
                 ));
             }
-            Target::Amqp(_) if !inner.channels.amqp.enabled() => {
+            Target::Amqp(_) if !engine.channels.amqp.enabled() => {
                 return Err("channel `amqp` has no broker configured in this process".into());
             }
             _ => {}
@@ -135,7 +136,7 @@ pub(crate) fn merged_target(
 /// awaiting confirmation past its deadline is not sent again here: the
 /// missing confirmation is the attempt's failure.
 pub(crate) async fn deliver(
-    inner: &Inner,
+    engine: &Engine,
     def: &DefRef,
     lease: &Lease,
     timeout: Duration,
@@ -153,8 +154,14 @@ pub(crate) async fn deliver(
     };
     let outcome = match prepared {
         Ok((target, notice)) => {
-            let run =
-                crate::channel::send(inner, &target, notice, &row.param, timeout, def.on_error);
+            let run = engine.channels.send(
+                &engine.handlers,
+                &target,
+                notice,
+                &row.param,
+                timeout,
+                def.on_error,
+            );
             match tokio::time::timeout(timeout, AssertUnwindSafe(run).catch_unwind()).await {
                 Ok(Ok(outcome)) => outcome,
                 Ok(Err(panic)) => def

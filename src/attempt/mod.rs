@@ -20,26 +20,29 @@
 
 pub(crate) mod background;
 pub(crate) mod batch;
+pub(crate) mod breaker;
 pub(crate) mod deliver;
+pub(crate) mod engine;
 pub(crate) mod park;
+pub(crate) mod pending;
 pub(crate) mod recheck;
 pub(crate) mod record;
 pub(crate) mod runs;
 
-use std::time::Instant;
+use std::{sync::Arc, time::Instant};
 
-use chrono::NaiveDateTime;
-use serde::Serialize;
+use engine::Engine;
+
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-pub use background::PendingNotice;
+pub use crate::report::{AttemptReport, AttemptResult};
+pub(crate) use batch::Recorder;
 pub(crate) use deliver::{available, merged_target};
-pub(crate) use record::Recorder;
+pub use pending::PendingNotice;
 
 use crate::{
-    Notifier,
     def::DefRef,
     entity::notify_msg,
     handler::Outcome,
@@ -49,72 +52,6 @@ use crate::{
 /// How long a claim waits when the rate budget cannot be read (a database
 /// error): one second, then it is due again.
 const RATE_ERROR_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// How one attempt of one notice ended.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(tag = "result", rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum AttemptResult {
-    /// Delivered; the notice is in history with status 1.
-    Succeeded,
-    /// Delivered and waiting for confirmation (status 4).
-    AwaitingConfirm,
-    /// Failed; the next attempt is due at `at`.
-    WillRetry {
-        /// The attempt that failed.
-        attempt: u32,
-        /// When the next attempt is due (UTC, the database's clock).
-        at: NaiveDateTime,
-        /// Why it failed.
-        reason: String,
-    },
-    /// Failed for good; the notice is in history with status 3.
-    FinalFailure {
-        /// The attempt that failed.
-        attempt: u32,
-        /// Why it failed.
-        reason: String,
-    },
-    /// Another sender claimed this attempt first, or an operator finished
-    /// the notice meanwhile; nothing was recorded here.
-    LostClaim,
-    /// Not attempted here (its handler is not registered in this process,
-    /// say); it is due at once for a process that can.
-    Skipped {
-        /// Why.
-        reason: String,
-    },
-    /// Claimed but not finished here (shutdown, or too little of the lease
-    /// left to start): released, due again at once.
-    Released {
-        /// Why.
-        reason: String,
-    },
-    /// Its definition is unknown or invalid: moved to history as parked.
-    Parked {
-        /// Why.
-        reason: String,
-    },
-    /// Nothing written, nothing attempted: an idempotent add found an
-    /// existing notice of the definition with the same key (the report's
-    /// `notice_id`), in flight or in history.
-    AlreadyAdded,
-    /// The database could not be reached to record the outcome; the row is
-    /// due again when its lease ends.
-    Error {
-        /// The error.
-        error: String,
-    },
-}
-
-/// The notice and how its attempt ended.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct AttemptReport {
-    /// The notice id.
-    pub notice_id: i64,
-    /// How the attempt ended.
-    pub result: AttemptResult,
-}
 
 /// When attempts must stop: `abort` drops running deliveries (their leases
 /// are released), `give_up` stops retrying writes the database refuses
@@ -158,14 +95,13 @@ impl Ran {
 /// Runs the attempt held by `lease`: check the lease, deliver, record.
 /// `permit` (a delivery slot) is given back as soon as the delivery ends.
 pub(crate) async fn run(
-    notifier: &Notifier,
+    engine: &Arc<Engine>,
     def: DefRef,
     lease: Lease,
     recorder: &Recorder,
     stop: &Stop,
     permit: Option<OwnedSemaphorePermit>,
 ) -> Ran {
-    let inner = &notifier.inner;
     let span = tracing::info_span!(
         "attempt",
         notice_id = lease.id(),
@@ -177,13 +113,13 @@ pub(crate) async fn run(
     crate::trace::link(&span, lease.row().trace_context.as_deref());
     let started = Instant::now();
     let result = async {
-        let timeout = inner.config.attempt_timeout;
-        let needed = timeout + inner.config.lease_margin();
+        let timeout = engine.config.attempt_timeout;
+        let needed = timeout + engine.config.lease_margin();
         // A pause that began after the claim (as this process last read
         // the definition): released uncharged, like the circuit's.
-        if let Some(reason) = held_back(notifier, &def, &lease, stop) {
+        if let Some(reason) = held_back(engine, &def, &lease, stop) {
             return Ran::Done(
-                Box::pin(record::release(notifier, lease, reason, &stop.give_up)).await,
+                Box::pin(record::release(engine, lease, reason, &stop.give_up)).await,
             );
         }
         let mut lease = lease;
@@ -196,7 +132,7 @@ pub(crate) async fn run(
             // window; an immediate retry ends the attempt with the failure
             // it retried.
             if let Some(limit) = def.rate_limit {
-                let refused = match crate::state::rate::take(&inner.store, def.id, limit).await {
+                let refused = match crate::state::rate::take(&engine.store, def.id, limit).await {
                     Ok(rate::Take::Granted) => None,
                     Ok(rate::Take::Full(wait)) => Some((
                         wait,
@@ -215,7 +151,7 @@ pub(crate) async fn run(
                     drop(permit);
                     return Ran::Done(
                         Box::pin(record::release_for(
-                            notifier,
+                            engine,
                             lease,
                             wait,
                             reason,
@@ -236,7 +172,7 @@ pub(crate) async fn run(
                     lease.remaining()
                 );
                 return Ran::Done(
-                    Box::pin(record::release(notifier, lease, reason, &stop.give_up)).await,
+                    Box::pin(record::release(engine, lease, reason, &stop.give_up)).await,
                 );
             }
             if let Some((at, Outcome::Retry { reason })) = retrying.take() {
@@ -245,7 +181,7 @@ pub(crate) async fn run(
             }
             // Boxed: the delivery's state (any channel's) is freed as soon
             // as it ends, while the attempt may still wait for its recording.
-            let delivery = Box::pin(deliver::deliver(inner, &def, &lease, timeout));
+            let delivery = Box::pin(deliver::deliver(engine, &def, &lease, timeout));
             let outcome = tokio::select! {
                 outcome = delivery => outcome,
                 _ = stop.abort.cancelled() => break None,
@@ -256,14 +192,14 @@ pub(crate) async fn run(
             // this one opened. A step before the last is no success of the
             // notice: it counts for the circuit only when it fails.
             if !(more_steps && matches!(outcome, Outcome::Success { .. })) {
-                crate::circuit::observe(notifier, &def, &outcome);
+                engine.observe(&def, &outcome);
             }
             // A step that succeeded and is not the last: recorded, and the
             // next one runs at once in this claim, unless the attempt must
             // stop now (released then, at the next step).
             let outcome = match outcome {
                 Outcome::Success { result, note } if more_steps => {
-                    match step_result(inner, &def, &lease, result) {
+                    match step_result(engine, &def, &lease, result) {
                         Ok(result) => {
                             match record::persist(lease, &stop.give_up, |l| {
                                 l.advance(result.clone(), note.as_deref())
@@ -271,11 +207,11 @@ pub(crate) async fn run(
                             .await
                             {
                                 Ok(Ok(next)) => {
-                                    if let Some(reason) = held_back(notifier, &def, &next, stop) {
+                                    if let Some(reason) = held_back(engine, &def, &next, stop) {
                                         drop(permit);
                                         return Ran::Done(
                                             Box::pin(record::release(
-                                                notifier,
+                                                engine,
                                                 next,
                                                 reason,
                                                 &stop.give_up,
@@ -310,12 +246,12 @@ pub(crate) async fn run(
             let immediate = def.immediate;
             if lease.tries() >= immediate.count
                 || lease.remaining() < immediate.delay + needed
-                || inner.circuits.is_open(def.id, lease.claimed_at())
-                || inner.circuits.is_probing(def.id)
+                || engine.breakers.is_open(def.id, lease.claimed_at())
+                || engine.breakers.is_probing(def.id)
             {
                 break Some(outcome);
             }
-            let failed_at = notifier.app_now();
+            let failed_at = engine.app_now();
             let waited = tokio::select! {
                 _ = tokio::time::sleep(immediate.delay) => true,
                 _ = stop.abort.cancelled() => false,
@@ -325,7 +261,7 @@ pub(crate) async fn run(
             // failure is the attempt's.
             if !waited
                 || lease.remaining() < needed
-                || !matches!(claim::still_held(&inner.store, &lease).await, Ok(true))
+                || !matches!(claim::still_held(&engine.store, &lease).await, Ok(true))
             {
                 break Some(outcome);
             }
@@ -345,27 +281,28 @@ pub(crate) async fn run(
             recorder
         };
         match outcome {
-            Some(outcome) => match record::batchable(&def, outcome, recorder) {
+            Some(outcome) => match batch::batchable(&def, outcome, recorder) {
                 Ok(batch) => match batch.hand_over(lease) {
                     None => Ran::Batched,
                     Some(lease) => Ran::Done(
                         Box::pin(record::succeed_inline(lease, None, &stop.give_up)).await,
                     ),
                 },
-                Err(outcome) => Ran::Done(
-                    Box::pin(record::record(
-                        notifier,
+                Err(outcome) => {
+                    let recorded = Box::pin(record::record(
+                        engine,
                         &def,
                         lease,
                         outcome,
                         &stop.give_up,
                     ))
-                    .await,
-                ),
+                    .await;
+                    Ran::Done(background::follow_up(engine, recorded))
+                }
             },
             None => {
                 let reason = "shutting down: delivery abandoned".to_string();
-                Ran::Done(Box::pin(record::release(notifier, lease, reason, &stop.give_up)).await)
+                Ran::Done(Box::pin(record::release(engine, lease, reason, &stop.give_up)).await)
             }
         }
     }
@@ -377,7 +314,7 @@ pub(crate) async fn run(
         Ran::Done(result) => result,
         Ran::Batched => &AttemptResult::Succeeded,
     };
-    crate::telemetry::attempt_finished(&def.name, counted, started.elapsed());
+    crate::counters::attempt_finished(&def.name, counted, started.elapsed());
     tracing::debug!(parent: &span, "attempt finished");
     result
 }
@@ -386,19 +323,18 @@ pub(crate) async fn run(
 /// step) now: shutting down, the definition's circuit open or the
 /// definition paused since the claim (as this process last read it), or
 /// too little of the lease left. It is released uncharged then.
-fn held_back(notifier: &Notifier, def: &DefRef, lease: &Lease, stop: &Stop) -> Option<String> {
-    let inner = &notifier.inner;
-    let needed = inner.config.attempt_timeout + inner.config.lease_margin();
+fn held_back(engine: &Arc<Engine>, def: &DefRef, lease: &Lease, stop: &Stop) -> Option<String> {
+    let needed = engine.config.attempt_timeout + engine.config.lease_margin();
     let paused = || {
-        !inner.circuits.is_probing(def.id)
-            && inner
+        !engine.breakers.is_probing(def.id)
+            && engine
                 .defs
                 .peek(def.id)
                 .is_some_and(|d| d.is_paused_at(chrono::Utc::now().naive_utc()))
     };
     if stop.abort.is_cancelled() {
         Some("shutting down".to_string())
-    } else if inner.circuits.is_open(def.id, lease.claimed_at()) {
+    } else if engine.breakers.is_open(def.id, lease.claimed_at()) {
         Some(format!("the circuit of `{}` is open", def.name))
     } else if paused() {
         Some(format!("`{}` is paused", def.name))
@@ -416,7 +352,7 @@ fn held_back(notifier: &Notifier, def: &DefRef, lease: &Lease, stop: &Stop) -> O
 /// permanent failure of the step when it is larger than
 /// [`Config::max_param_bytes`](crate::Config::max_param_bytes).
 fn step_result(
-    inner: &crate::notifier::Inner,
+    engine: &Engine,
     def: &DefRef,
     lease: &Lease,
     result: Option<serde_json::Value>,
@@ -425,7 +361,7 @@ fn step_result(
         return Ok(None);
     };
     let text = result.to_string();
-    let max = inner.config.max_param_bytes;
+    let max = engine.config.max_param_bytes;
     if text.len() > max {
         return Err(Outcome::permanent(format!(
             "step {} of {}: its result is {} bytes, over max_param_bytes ({max})",
@@ -437,46 +373,43 @@ fn step_result(
     Ok(Some(text))
 }
 
-impl Notifier {
-    /// Attempts one notice as read from `notify_msg` (its `version` is the one
-    /// the claim expects), recording the outcome inline. Safe to call from any
-    /// number of tasks or processes at once: at most one of them sends. A
-    /// notice whose definition is unknown or invalid is parked.
-    pub async fn attempt(&self, row: notify_msg::Model) -> AttemptReport {
-        let inner = &self.inner;
-        let notice_id = row.id;
-        let report = |result| AttemptReport { notice_id, result };
-        let def = inner.defs.by_id(&inner.store.db, row.def_id).await;
-        if let Err(crate::Error::Db(e)) = &def {
+/// Attempts one notice as read from `notify_msg` (its `version` is the one
+/// the claim expects), recording the outcome inline. Safe to call from any
+/// number of tasks or processes at once: at most one of them sends. A
+/// notice whose definition is unknown or invalid is parked.
+pub(crate) async fn attempt_row(engine: &Arc<Engine>, row: notify_msg::Model) -> AttemptReport {
+    let notice_id = row.id;
+    let report = |result| AttemptReport { notice_id, result };
+    let def = engine.defs.by_id(&engine.store.db, row.def_id).await;
+    if let Err(crate::error::Error::Db(e)) = &def {
+        return report(AttemptResult::Error {
+            error: e.to_string(),
+        });
+    }
+    if let Ok(def) = &def
+        && let Err(reason) = available(engine, def)
+    {
+        return report(AttemptResult::Skipped { reason });
+    }
+    let lease = match claim::claim_one(&engine.store, &row).await {
+        Ok(Some(lease)) => lease,
+        Ok(None) => return report(AttemptResult::LostClaim),
+        Err(e) => {
             return report(AttemptResult::Error {
                 error: e.to_string(),
             });
         }
-        if let Ok(def) = &def
-            && let Err(reason) = available(inner, def)
-        {
-            return report(AttemptResult::Skipped { reason });
-        }
-        let lease = match claim::claim_one(&inner.store, &row).await {
-            Ok(Some(lease)) => lease,
-            Ok(None) => return report(AttemptResult::LostClaim),
-            Err(e) => {
-                return report(AttemptResult::Error {
-                    error: e.to_string(),
-                });
-            }
-        };
-        let _running = inner.tasks.token();
-        match def {
-            Ok(def) => report(
-                run(self, def, lease, &Recorder::Inline, &inner.stop, None)
-                    .await
-                    .result(),
-            ),
-            Err(_) => park::park(self, vec![lease], &inner.stop.give_up)
+    };
+    let _running = engine.tasks.token();
+    match def {
+        Ok(def) => report(
+            run(engine, def, lease, &Recorder::Inline, &engine.stop, None)
                 .await
-                .pop()
-                .unwrap_or_else(|| report(AttemptResult::LostClaim)),
-        }
+                .result(),
+        ),
+        Err(_) => park::park(engine, vec![lease], &engine.stop.give_up)
+            .await
+            .pop()
+            .unwrap_or_else(|| report(AttemptResult::LostClaim)),
     }
 }

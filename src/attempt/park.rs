@@ -7,10 +7,15 @@ use std::collections::BTreeMap;
 
 use tokio_util::sync::CancellationToken;
 
+use std::sync::Arc;
+
+use super::engine::Engine;
 use crate::{
-    AttemptReport, AttemptResult, Error, Notifier,
     alert::{ALERT_DESCRIPTION, AlertMail},
     db::{self, Backoff},
+    error::Error,
+    report::AttemptReport,
+    report::AttemptResult,
     state::{
         Lease,
         batch::{HeldMany, park_many},
@@ -23,25 +28,24 @@ use crate::{
 /// one alert per definition. Rows whose definition turns out fine are
 /// released instead.
 pub(crate) async fn park(
-    notifier: &Notifier,
+    engine: &Arc<Engine>,
     leases: Vec<Lease>,
     give_up: &CancellationToken,
 ) -> Vec<AttemptReport> {
-    let inner = &notifier.inner;
     let mut by_def: BTreeMap<i64, Vec<Lease>> = BTreeMap::new();
     for lease in leases {
         by_def.entry(lease.row().def_id).or_default().push(lease);
     }
     let mut reports = Vec::new();
     for (def_id, group) in by_def {
-        let reason = match inner.defs.by_id(&inner.store.db, def_id).await {
+        let reason = match engine.defs.by_id(&engine.store.db, def_id).await {
             Err(Error::UnknownDefId(_)) => format!("definition id {def_id} does not exist"),
             Err(Error::InvalidDef(e)) => format!("definition is invalid: {e}"),
             // Valid after all (it changed meanwhile), or not readable now:
             // nothing to park; due again at once.
             Ok(_) => {
                 release(
-                    notifier,
+                    engine,
                     group,
                     "definition is valid again",
                     give_up,
@@ -52,23 +56,23 @@ pub(crate) async fn park(
             }
             Err(e) => {
                 let why = format!("definition cannot be read now ({e})");
-                release(notifier, group, &why, give_up, &mut reports).await;
+                release(engine, group, &why, give_up, &mut reports).await;
                 continue;
             }
         };
         let ids: Vec<i64> = group.iter().map(Lease::id).collect();
         // Parked notices are alerted once; without a way to queue the alert
         // they wait for the next park check.
-        let alert = match park_alert(notifier, def_id, &reason, &ids).await {
+        let alert = match park_alert(engine, def_id, &reason, &ids).await {
             Ok(alert) => alert,
             Err(e) => {
                 let why = format!("cannot queue the alert about parking them ({e})");
                 tracing::error!(def_id, error = %e, "cannot read the alert definition; notices not parked yet");
-                release(notifier, group, &why, give_up, &mut reports).await;
+                release(engine, group, &why, give_up, &mut reports).await;
                 continue;
             }
         };
-        let result = match park_all(notifier, group, &reason, alert.as_ref(), give_up).await {
+        let result = match park_all(engine, group, &reason, alert.as_ref(), give_up).await {
             Ok(parked) => {
                 tracing::error!(def_id, n = parked.len(), %reason, "parked notices of an unusable definition");
                 AttemptResult::Parked {
@@ -87,7 +91,7 @@ pub(crate) async fn park(
 
 /// Releases leases of notices not parked after all.
 async fn release(
-    notifier: &Notifier,
+    engine: &Arc<Engine>,
     group: Vec<Lease>,
     reason: &str,
     give_up: &CancellationToken,
@@ -96,7 +100,7 @@ async fn release(
     for lease in group {
         let notice_id = lease.id();
         let result =
-            crate::attempt::record::release(notifier, lease, reason.to_string(), give_up).await;
+            crate::attempt::record::release(engine, lease, reason.to_string(), give_up).await;
         reports.push(AttemptReport { notice_id, result });
     }
 }
@@ -104,12 +108,12 @@ async fn release(
 /// The alert about parked notices, to the alert definition's recipients
 /// (`None`: it has none).
 async fn park_alert(
-    notifier: &Notifier,
+    engine: &Arc<Engine>,
     def_id: i64,
     reason: &str,
     ids: &[i64],
 ) -> Result<Option<NewRow>, Error> {
-    let alert_def = notifier.alert_def().await?;
+    let alert_def = engine.alert_def().await?;
     if alert_def.alert_emails.is_empty() {
         return Ok(None);
     }
@@ -128,16 +132,16 @@ async fn park_alert(
 }
 
 async fn park_all(
-    notifier: &Notifier,
+    engine: &Arc<Engine>,
     mut leases: Vec<Lease>,
     reason: &str,
     alert: Option<&NewRow>,
     give_up: &CancellationToken,
 ) -> std::result::Result<Vec<i64>, String> {
-    let store = &notifier.inner.store;
+    let store = &engine.store;
     let mut backoff = Backoff::default();
     loop {
-        match park_many(store, leases, reason, notifier.app_now(), alert).await {
+        match park_many(store, leases, reason, engine.app_now(), alert).await {
             Ok(parked) => return Ok(parked),
             Err(HeldMany {
                 leases: held,

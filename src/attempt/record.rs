@@ -14,9 +14,11 @@ use std::{future::Future, time::Duration};
 
 use tokio_util::sync::CancellationToken;
 
-use super::{AttemptResult, background};
+use super::{AttemptResult, pending::PendingNotice};
+use std::sync::Arc;
+
+use super::engine::Engine;
 use crate::{
-    Notifier,
     alert::{self, AlertMail, FailureEvent},
     db::{self, Backoff},
     def::{Confirm, DefRef},
@@ -32,15 +34,6 @@ use crate::{
 /// Longest time an in-process [`AlertHook`](crate::AlertHook) may take per
 /// alert before it is abandoned (the alert e-mail does not depend on it).
 pub const ALERT_HOOK_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// How outcomes are written: one at a time, or plain successes batched.
-#[derive(Clone)]
-pub(crate) enum Recorder {
-    /// Every outcome written by the attempt itself.
-    Inline,
-    /// Plain successes handed to a sweep's batch; everything else inline.
-    Batched(super::batch::BatchHandle),
-}
 
 /// The write did not land.
 pub(crate) enum Unwritten {
@@ -89,7 +82,7 @@ where
                 tracing::warn!(notice_id = id, error = %error, "cannot record an outcome yet; retrying");
                 if !backoff.wait(give_up).await {
                     held.forget();
-                    crate::telemetry::outcomes_given_up(1);
+                    crate::counters::outcomes_given_up(1);
                     return Err(Unwritten::GaveUp(error.to_string()));
                 }
                 lease = held;
@@ -102,18 +95,18 @@ where
 pub(crate) async fn retry_db<T, F, Fut>(
     give_up: &CancellationToken,
     mut op: F,
-) -> Result<T, crate::Error>
+) -> Result<T, crate::error::Error>
 where
     F: FnMut() -> Fut,
-    Fut: Future<Output = crate::Result<T>>,
+    Fut: Future<Output = crate::error::Result<T>>,
 {
     let mut backoff = Backoff::default();
     loop {
         match op().await {
-            Err(crate::Error::Db(e)) if db::is_transient(&e) => {
+            Err(crate::error::Error::Db(e)) if db::is_transient(&e) => {
                 tracing::warn!(error = %e, "database unavailable; retrying");
                 if !backoff.wait(give_up).await {
-                    return Err(crate::Error::Db(e));
+                    return Err(crate::error::Error::Db(e));
                 }
             }
             other => return other,
@@ -123,17 +116,17 @@ where
 
 /// Releases a lease that will not be attempted here.
 pub(crate) async fn release(
-    notifier: &Notifier,
+    engine: &Arc<Engine>,
     lease: Lease,
     reason: String,
     give_up: &CancellationToken,
 ) -> AttemptResult {
-    release_for(notifier, lease, Duration::ZERO, reason, give_up).await
+    release_for(engine, lease, Duration::ZERO, reason, give_up).await
 }
 
 /// Releases a lease that will not be attempted now, due again after `wait`.
 pub(crate) async fn release_for(
-    notifier: &Notifier,
+    engine: &Arc<Engine>,
     lease: Lease,
     wait: Duration,
     reason: String,
@@ -141,7 +134,7 @@ pub(crate) async fn release_for(
 ) -> AttemptResult {
     match persist(lease, give_up, |l| l.release_for(wait)).await {
         Ok(Ok(())) => {
-            notifier.inner.count_released(1);
+            engine.count_released(1);
             AttemptResult::Released { reason }
         }
         Ok(Err(_lost)) => AttemptResult::LostClaim,
@@ -149,39 +142,42 @@ pub(crate) async fn release_for(
     }
 }
 
-/// Whether `outcome` goes to a success batch: a plain success (no note, no
-/// confirmation to wait for) under a batched recorder. Gives the outcome
-/// back otherwise.
-pub(crate) fn batchable<'r>(
-    def: &DefRef,
-    outcome: Outcome,
-    recorder: &'r Recorder,
-) -> Result<&'r super::batch::BatchHandle, Outcome> {
-    match (recorder, &outcome, def.confirm) {
-        (Recorder::Batched(batch), Outcome::Success { note: None, .. }, Confirm::NotNeeded) => {
-            Ok(batch)
+/// A recorded outcome, and what it asks of its caller next: the alert
+/// notice it queued, to attempt after its commit. The recorder reports it
+/// instead of starting it ([`background::follow_up`](super::background::follow_up)
+/// does).
+#[must_use]
+pub(crate) struct Recorded {
+    pub result: AttemptResult,
+    pub alert: Option<PendingNotice>,
+}
+
+impl From<AttemptResult> for Recorded {
+    fn from(result: AttemptResult) -> Self {
+        Recorded {
+            result,
+            alert: None,
         }
-        _ => Err(outcome),
     }
 }
 
 /// Records the outcome of the attempt held by `lease`.
 pub(crate) async fn record(
-    notifier: &Notifier,
+    engine: &Arc<Engine>,
     def: &DefRef,
     lease: Lease,
     outcome: Outcome,
     give_up: &CancellationToken,
-) -> AttemptResult {
+) -> Recorded {
     match outcome {
-        Outcome::Success { note, .. } => succeed(notifier, def, lease, note, give_up).await,
-        Outcome::Retry { reason } => fail(notifier, def, lease, reason, false, give_up).await,
-        Outcome::Permanent { reason } => fail(notifier, def, lease, reason, true, give_up).await,
+        Outcome::Success { note, .. } => succeed(engine, def, lease, note, give_up).await.into(),
+        Outcome::Retry { reason } => fail(engine, def, lease, reason, false, give_up).await,
+        Outcome::Permanent { reason } => fail(engine, def, lease, reason, true, give_up).await,
     }
 }
 
 async fn succeed(
-    notifier: &Notifier,
+    engine: &Arc<Engine>,
     def: &DefRef,
     lease: Lease,
     note: Option<String>,
@@ -197,7 +193,7 @@ async fn succeed(
         return match persist(lease, give_up, |l| l.await_confirmation(until, note)).await {
             Ok(Ok(())) => {
                 if let Deadline::After(d) = until {
-                    notifier.inner.due_after(d);
+                    engine.due_after(d);
                 }
                 AttemptResult::AwaitingConfirm
             }
@@ -221,21 +217,21 @@ pub(crate) async fn succeed_inline(
 }
 
 async fn fail(
-    notifier: &Notifier,
+    engine: &Arc<Engine>,
     def: &DefRef,
     lease: Lease,
     reason: String,
     permanent: bool,
     give_up: &CancellationToken,
-) -> AttemptResult {
+) -> Recorded {
     let attempt = lease.attempt();
     let failures = attempt;
     let is_final = permanent || def.retry.exhausted(failures);
     let errors = match lease.tries() {
-        0 => append_error(&lease.row().errors, notifier.app_now(), attempt, &reason),
+        0 => append_error(&lease.row().errors, engine.app_now(), attempt, &reason),
         tries => append_try(
             lease.errors_so_far(),
-            notifier.app_now(),
+            engine.app_now(),
             attempt,
             tries + 1,
             &reason,
@@ -257,7 +253,7 @@ async fn fail(
         next_call_time: None,
     };
     let (alert, alert_def) = if alerts && !def.alert_emails.is_empty() {
-        match alert_row(notifier, &AlertMail::compose(&event), give_up).await {
+        match alert_row(engine, &AlertMail::compose(&event), give_up).await {
             Ok((row, def)) => (Some(row), Some(def)),
             Err(e) => {
                 // A failure is never recorded without its alert: the row is
@@ -266,7 +262,8 @@ async fn fail(
                 lease.forget();
                 return AttemptResult::Error {
                     error: format!("cannot queue the alert ({e}); left to its lease"),
-                };
+                }
+                .into();
             }
         }
     } else {
@@ -286,8 +283,8 @@ async fn fail(
                 },
                 alert_id,
             ),
-            Ok(Err(_lost)) => return AttemptResult::LostClaim,
-            Err(e) => return e.into_result(),
+            Ok(Err(_lost)) => return AttemptResult::LostClaim.into(),
+            Err(e) => return e.into_result().into(),
         }
     } else {
         let retry = Retry {
@@ -298,7 +295,7 @@ async fn fail(
         };
         match persist(lease, give_up, |l| l.retry(&retry)).await {
             Ok(Ok(Scheduled { at, alert })) => {
-                notifier.inner.due_after(delay);
+                engine.due_after(delay);
                 event.next_call_time = Some(at);
                 (
                     AttemptResult::WillRetry {
@@ -309,22 +306,22 @@ async fn fail(
                     alert,
                 )
             }
-            Ok(Err(_lost)) => return AttemptResult::LostClaim,
-            Err(e) => return e.into_result(),
+            Ok(Err(_lost)) => return AttemptResult::LostClaim.into(),
+            Err(e) => return e.into_result().into(),
         }
     };
-    if let (Some(id), Some(row), Some(def)) = (alert_id, alert, alert_def) {
-        notifier.wake_workers();
-        let here = notifier.attempts_after_commit();
-        background::after_commit(
-            notifier,
-            vec![background::PendingNotice::alert(id, row, def, here)],
-        );
-    }
+    let alert = match (alert_id, alert, alert_def) {
+        (Some(id), Some(row), Some(def)) => {
+            engine.wake_workers();
+            let here = engine.attempts_after_commit();
+            Some(PendingNotice::alert(id, row, def, here))
+        }
+        _ => None,
+    };
     if alerts {
-        spawn_hook(notifier, event);
+        spawn_hook(engine, event);
     }
-    result
+    Recorded { result, alert }
 }
 
 /// The alert notice of a failure, due at once (attempted right after its
@@ -332,11 +329,11 @@ async fn fail(
 /// sweeper), and the alert definition (read again while the database is
 /// away, until `give_up`).
 pub(crate) async fn alert_row(
-    notifier: &Notifier,
+    engine: &Arc<Engine>,
     mail: &AlertMail,
     give_up: &CancellationToken,
-) -> Result<(NewRow, DefRef), crate::Error> {
-    let def = retry_db(give_up, || notifier.alert_def()).await?;
+) -> Result<(NewRow, DefRef), crate::error::Error> {
+    let def = retry_db(give_up, || engine.alert_def()).await?;
     let row = NewRow {
         def_id: def.id,
         param: mail.param().to_string(),
@@ -352,9 +349,9 @@ pub(crate) async fn alert_row(
 }
 
 /// Runs the alert hook on its own task, bounded by [`ALERT_HOOK_TIMEOUT`].
-pub(crate) fn spawn_hook(notifier: &Notifier, event: FailureEvent) {
-    let hooks = notifier.inner.alerts.clone();
-    notifier.inner.tasks.spawn(async move {
+pub(crate) fn spawn_hook(engine: &Arc<Engine>, event: FailureEvent) {
+    let hooks = engine.alerts.clone();
+    engine.tasks.spawn(async move {
         let notice_id = event.notice_id;
         if tokio::time::timeout(ALERT_HOOK_TIMEOUT, hooks.alert(event))
             .await

@@ -8,11 +8,10 @@ pub mod mail;
 use crate::{
     def::Target,
     error::Result,
-    handler::{Notice, Outcome},
-    notifier::Inner,
+    handler::{Handlers, Notice, Outcome},
 };
 
-/// The built-in channels of one notifier.
+/// The built-in channels of one engine.
 pub(crate) struct Channels {
     pub http: http::HttpChannel,
     pub mail: mail::Mailer,
@@ -20,41 +19,47 @@ pub(crate) struct Channels {
 }
 
 impl Channels {
-    pub fn new(config: &crate::Config) -> Result<Self> {
+    /// The channels of one notifier: HTTP with its signing and header
+    /// `secrets` (reaching private addresses only when
+    /// `allow_private_network`), e-mail over `mail`, AMQP over `amqp`.
+    pub fn new(
+        secrets: std::collections::HashMap<String, String>,
+        allow_private_network: bool,
+        mail: &mail::MailConfig,
+        amqp: &amqp::AmqpConfig,
+    ) -> Result<Self> {
         Ok(Channels {
-            http: http::HttpChannel::new(config.secrets.clone(), config.allow_private_network)?,
-            mail: mail::Mailer::new(&config.mail)?,
-            amqp: amqp::AmqpChannel::new(&config.amqp),
+            http: http::HttpChannel::new(secrets, allow_private_network)?,
+            mail: mail::Mailer::new(mail)?,
+            amqp: amqp::AmqpChannel::new(amqp),
         })
     }
 }
 
-/// Delivers one attempt through the target's channel (the caller bounds it
-/// by `timeout`; the HTTP request carries it too).
-pub(crate) async fn send(
-    inner: &Inner,
-    target: &Target,
-    notice: Notice,
-    raw_param: &str,
-    timeout: std::time::Duration,
-    on_error: crate::def::OnError,
-) -> Outcome {
-    match target {
-        Target::Handler(t) => match inner.handlers.get(&t.handler) {
-            Some(handler) => handler
-                .handle(notice)
-                .await
-                .unwrap_or_else(|e| on_error.outcome(format!("handler error: {e}"))),
-            None => Outcome::retry(format!("handler `{}` is not registered", t.handler)),
-        },
-        Target::Http(t) => {
-            inner
-                .channels
-                .http
-                .send(t, &notice, raw_param, timeout)
-                .await
+impl Channels {
+    /// Delivers one attempt through the target's channel, or the registered
+    /// handler it names (the caller bounds it by `timeout`; the HTTP request
+    /// carries it too).
+    pub async fn send(
+        &self,
+        handlers: &Handlers,
+        target: &Target,
+        notice: Notice,
+        raw_param: &str,
+        timeout: std::time::Duration,
+        on_error: crate::def::OnError,
+    ) -> Outcome {
+        match target {
+            Target::Handler(t) => match handlers.get(&t.handler) {
+                Some(handler) => handler
+                    .handle(notice)
+                    .await
+                    .unwrap_or_else(|e| on_error.outcome(format!("handler error: {e}"))),
+                None => Outcome::retry(format!("handler `{}` is not registered", t.handler)),
+            },
+            Target::Http(t) => self.http.send(t, &notice, raw_param, timeout).await,
+            Target::Email(t) => self.mail.send_notice(t, &notice).await,
+            Target::Amqp(t) => self.amqp.publish(t, &notice, raw_param).await,
         }
-        Target::Email(t) => inner.channels.mail.send_notice(t, &notice).await,
-        Target::Amqp(t) => inner.channels.amqp.publish(t, &notice, raw_param).await,
     }
 }

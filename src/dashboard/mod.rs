@@ -39,8 +39,8 @@ pub use pins::{MAX_PINNED_TOTAL, MAX_PINS, PIN_TTL};
 pub use view::{MAX_SEARCH_CHARS, MAX_SEARCHES, PARAM_EXCERPT, SEARCH_TIMEOUT};
 
 use crate::{
-    Notifier,
     error::{Error, Result},
+    notifier::Notifier,
 };
 
 /// Default address of `solid-notify serve`: loopback only.

@@ -19,13 +19,13 @@ use super::{
     view::{self, Failure, NoticeQuery, READ_ONLY},
 };
 use crate::{
-    Status,
     entity::notify_def,
     ops::{
         Audit, NoticeView, PauseEnd, Place, When,
         bulk::{DEFAULT_BATCH_SIZE, DEFAULT_MAX_PINNED, Pinned, PinnedAction},
         overview::{Overview, OverviewQuery},
     },
+    status::Status,
 };
 
 const STYLE: &str = include_str!("style.css");

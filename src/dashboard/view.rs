@@ -10,8 +10,9 @@ use serde::{Deserialize, Serialize};
 
 use super::DEFAULT_PAGE;
 use crate::{
-    Error, Status,
+    error::Error,
     ops::{NoticeFilter, Page, Place, When},
+    status::Status,
 };
 
 /// Largest page a listing serves.

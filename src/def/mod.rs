@@ -328,10 +328,12 @@ impl OnError {
     }
 
     /// The outcome of a handler that failed for `reason`.
-    pub fn outcome(self, reason: String) -> crate::Outcome {
+    pub fn outcome(self, reason: String) -> crate::handler::Outcome {
         match self {
-            OnError::Retry => crate::Outcome::retry(reason),
-            OnError::Fail => crate::Outcome::permanent(format!("{reason} (on_error = \"fail\")")),
+            OnError::Retry => crate::handler::Outcome::retry(reason),
+            OnError::Fail => {
+                crate::handler::Outcome::permanent(format!("{reason} (on_error = \"fail\")"))
+            }
         }
     }
 }

@@ -105,7 +105,7 @@ proptest! {
         let _ = t.parse::<crate::schedule::RetryIntervals>();
         let _ = RateLimit::parse(&t);
         let _ = crate::ops::When::parse(&t);
-        let _ = crate::Status::parse(&t);
+        let _ = crate::status::Status::parse(&t);
         let _ = Channel::parse(&t);
         let _ = <cron::Schedule as std::str::FromStr>::from_str(&t);
     }

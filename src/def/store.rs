@@ -249,7 +249,7 @@ pub async fn page<C: ConnectionTrait>(
         sea_query::{Expr, ExprTrait},
     };
     if !(1..=MAX_DEFS_PAGE).contains(&limit) {
-        return Err(crate::Error::Config(format!(
+        return Err(crate::error::Error::Config(format!(
             "limit: {limit} is not between 1 and {MAX_DEFS_PAGE}"
         )));
     }

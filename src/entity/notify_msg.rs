@@ -3,7 +3,7 @@
 use sea_orm::entity::prelude::*;
 use serde::Serialize;
 
-use crate::Status;
+use crate::status::Status;
 
 /// A notice in flight. `notify_msg_history` has the same columns.
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel, Serialize)]

@@ -3,7 +3,7 @@
 use sea_orm::entity::prelude::*;
 use serde::Serialize;
 
-use crate::Status;
+use crate::status::Status;
 
 /// A finished notice; the same columns as `notify_msg`.
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel, Serialize)]

@@ -22,10 +22,11 @@ use super::{
     find::{self, NoticeFilter, NoticeView, Place},
 };
 use crate::{
-    Notifier, Status,
     entity::{notify_msg, notify_msg_history},
     error::{Error, Result},
+    notifier::Notifier,
     state::operator::{self, Seen},
+    status::Status,
 };
 
 /// Default rows read and written per batch of a bulk action: 500.
@@ -261,7 +262,7 @@ impl Notifier {
         report: &mut BulkReport,
     ) -> Result<()> {
         use notify_msg::Column;
-        let db = &self.inner.store.db;
+        let db = &self.engine.store.db;
         let base = find::condition(db, kind.place(), filter)
             .await?
             .add(kind.takes());
@@ -304,7 +305,7 @@ impl Notifier {
         {
             return Err(not_requeueable(status));
         }
-        let db = &self.inner.store.db;
+        let db = &self.engine.store.db;
         let base = find::condition(db, place, filter)
             .await?
             .add(action.kind().takes());
@@ -374,7 +375,7 @@ impl Notifier {
         dry_run: bool,
         report: &mut BulkReport,
     ) -> Result<()> {
-        let db = &self.inner.store.db;
+        let db = &self.engine.store.db;
         let cond = Condition::all()
             .add(
                 Expr::tuple([
@@ -418,7 +419,7 @@ impl Notifier {
         note: &str,
         report: &mut BulkReport,
     ) -> Result<Vec<i64>> {
-        let store = &self.inner.store;
+        let store = &self.engine.store;
         let mut rest = rows;
         let mut changed = Vec::new();
         while !rest.is_empty() {
@@ -433,7 +434,7 @@ impl Notifier {
             }
             let (part, after) = rest.split_at(take);
             rest = after;
-            let at = self.app_now();
+            let at = self.engine.app_now();
             let done = match kind {
                 Kind::Requeue => operator::requeue(store, part, note, at).await?,
                 Kind::Cancel => operator::cancel(store, part, note, at).await?,

@@ -11,9 +11,10 @@ use sea_orm::{
 use serde::Serialize;
 
 use crate::{
-    Notifier, Status,
     entity::{notify_def, notify_msg, notify_msg_history},
     error::{Error, Result},
+    notifier::Notifier,
+    status::Status,
 };
 
 /// Which table a notice is in.
@@ -362,7 +363,7 @@ async fn list_with<C: ConnectionTrait>(
     chars: Option<u32>,
 ) -> Result<Vec<NoticeView>> {
     if !(1..=MAX_PAGE_LIMIT).contains(&page.limit) {
-        return Err(crate::Error::Config(format!(
+        return Err(crate::error::Error::Config(format!(
             "limit: {} is not between 1 and {MAX_PAGE_LIMIT}",
             page.limit
         )));
@@ -459,13 +460,13 @@ impl Notifier {
     /// or finished (how). [`Error::NoticeNotFound`] if it never existed or
     /// was purged.
     pub async fn status(&self, id: i64) -> Result<NoticeView> {
-        show(&self.inner.store.db, id).await
+        show(&self.engine.store.db, id).await
     }
 
     /// What became of the newest notice of definition `def` added with
     /// idempotency key `key`; `None` if there is none.
     pub async fn status_by_key(&self, def: &str, key: &str) -> Result<Option<NoticeView>> {
-        let views = by_key(&self.inner.store.db, key, Some(def)).await?;
+        let views = by_key(&self.engine.store.db, key, Some(def)).await?;
         Ok(views.into_iter().max_by_key(|v| v.id))
     }
 }

@@ -17,8 +17,8 @@ pub use pause::PauseEnd;
 pub use purge::{Purge, PurgeReport};
 
 use crate::{
-    Notifier,
     error::{Error, Result},
+    notifier::Notifier,
 };
 
 /// The UTC time `d` ago by this host's clock (the earliest time there is,
@@ -208,14 +208,14 @@ impl Notifier {
 
     async fn one(&self, id: i64, audit: &Audit, requeue: bool) -> Result<()> {
         for _ in 0..crate::db::CONFLICT_TRIES {
-            let view = find::show(&self.inner.store.db, id).await?;
+            let view = find::show(&self.engine.store.db, id).await?;
             match (requeue, view.place) {
                 (true, Place::History) if view.status.is_requeueable() => {}
                 (false, Place::InFlight) => {}
                 (false, Place::History)
                     if matches!(
                         view.status,
-                        crate::Status::FinalFailure | crate::Status::Parked
+                        crate::status::Status::FinalFailure | crate::status::Status::Parked
                     ) =>
                 {
                     let seen = crate::state::operator::Seen {
@@ -225,10 +225,10 @@ impl Notifier {
                     };
                     let note = format!("cancelled by {audit}");
                     let done = crate::state::operator::cancel_finished(
-                        &self.inner.store,
+                        &self.engine.store,
                         std::slice::from_ref(&seen),
                         &note,
-                        self.app_now(),
+                        self.engine.app_now(),
                     )
                     .await?;
                     if done.len() == 1 {

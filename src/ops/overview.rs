@@ -13,9 +13,9 @@ use sea_orm::{
 use serde::Serialize;
 
 use crate::{
-    Status,
     entity::{notify_def, notify_msg, notify_msg_history, notify_worker},
     error::Result,
+    status::Status,
 };
 
 /// A worker is shown as gone once its heartbeat is this many beats late.

@@ -9,8 +9,8 @@ use sea_orm::{ConnectionTrait, DbBackend, Statement};
 use super::{Audit, find};
 pub use crate::state::pause::PauseEnd;
 use crate::{
-    Notifier,
     error::{Error, Result},
+    notifier::Notifier,
     state::{clock, pause},
 };
 
@@ -40,20 +40,20 @@ impl Notifier {
     /// in `notify_def.pause_reason`. Attempts already running finish.
     pub async fn pause(&self, def: &str, end: PauseEnd, audit: &Audit) -> Result<()> {
         check_end(end)?;
-        let db = &self.inner.store.db;
+        let db = &self.engine.store.db;
         let id = find::def_id(db, def).await?;
         pause::set(db, id, Some(end), Some(format!("paused by {audit}"))).await?;
-        self.inner.defs.invalidate();
+        self.engine.defs.invalidate();
         Ok(())
     }
 
     /// Ends the pause of definition `def` (a no-op if it is not paused) and
     /// wakes the workers: its due notices are claimed again at once.
     pub async fn resume(&self, def: &str) -> Result<()> {
-        let db = &self.inner.store.db;
+        let db = &self.engine.store.db;
         let id = find::def_id(db, def).await?;
         pause::set(db, id, None, None).await?;
-        self.inner.defs.invalidate();
+        self.engine.defs.invalidate();
         self.wake_everyone().await;
         Ok(())
     }
@@ -62,7 +62,7 @@ impl Notifier {
     /// process (`NOTIFY`); without it they would see newly due notices at
     /// their next poll.
     pub(crate) async fn wake_everyone(&self) {
-        let db = &self.inner.store.db;
+        let db = &self.engine.store.db;
         if db.get_database_backend() == DbBackend::Postgres {
             let notify = Statement::from_string(
                 DbBackend::Postgres,

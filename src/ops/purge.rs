@@ -15,10 +15,10 @@ use tokio::io::AsyncWriteExt;
 
 use super::Interrupted;
 use crate::{
-    Status,
     entity::notify_msg_history::{self, Column},
     error::{Error, Result},
     state::retention,
+    status::Status,
 };
 
 /// Default rows per purge batch: 1,000.

@@ -51,9 +51,9 @@ use serde_json::Value;
 pub use tx::NoticeTx;
 
 use crate::{
-    Notifier,
     attempt::{AttemptReport, PendingNotice, background, merged_target},
     error::{Error, Result},
+    notifier::Notifier,
     state::{
         add,
         insert::{self, InsertError, NewRow, Within},
@@ -180,7 +180,7 @@ impl Notifier {
         } else {
             Within::Transaction
         };
-        let bound = self.inner.config.db_timeout;
+        let bound = self.engine.config.db_timeout;
         let prepared = tokio::time::timeout(bound, self.prepare(conn, notice))
             .await
             .unwrap_or_else(|_| Err(Error::Db(crate::db::timed_out(bound))));
@@ -212,10 +212,10 @@ impl Notifier {
         if conn.get_database_backend() != DbBackend::MySql {
             return true;
         }
-        if let Some(known) = self.inner.mariadb.get() {
+        if let Some(known) = self.producing.mariadb.get() {
             return *known;
         }
-        let bound = self.inner.config.db_timeout;
+        let bound = self.engine.config.db_timeout;
         let asked = conn.query_one_raw(sea_orm::Statement::from_string(
             DbBackend::MySql,
             "SELECT VERSION()",
@@ -225,7 +225,7 @@ impl Notifier {
                 let mariadb = row
                     .try_get_by_index::<String>(0)
                     .is_ok_and(|v| v.contains("MariaDB"));
-                *self.inner.mariadb.get_or_init(|| mariadb)
+                *self.producing.mariadb.get_or_init(|| mariadb)
             }
             // Unknown for now: no check (asked again next time).
             _ => false,
@@ -239,7 +239,7 @@ impl Notifier {
         conn: &C,
         notice: NewNotice,
     ) -> Result<(NewRow, crate::def::DefRef)> {
-        let def = self.inner.defs.by_name(conn, &notice.def).await?;
+        let def = self.engine.defs.by_name(conn, &notice.def).await?;
         let invalid = |problem: String| Error::InvalidNotice {
             def: notice.def.clone(),
             problem,
@@ -252,7 +252,7 @@ impl Notifier {
             Some(n) => n,
             // One key's notices share a partition by default, so the worker
             // that finishes one is the one that claims the next.
-            None => self.inner.balancer.pick(
+            None => self.producing.balancer.pick(
                 notice
                     .load_balance_key
                     .as_deref()
@@ -287,10 +287,10 @@ impl Notifier {
             idempotency_key: notice.idempotency_key,
             target_override,
             trace_context: crate::trace::capture(),
-            due: self.first_due(notice.ordering_key.is_some()),
+            due: self.engine.first_due(notice.ordering_key.is_some()),
             ordering_key: notice.ordering_key,
         };
-        insert::check(&row, self.inner.config.max_param_bytes).map_err(invalid)?;
+        insert::check(&row, self.engine.config.max_param_bytes).map_err(invalid)?;
         Ok((row, def))
     }
 
@@ -306,9 +306,9 @@ impl Notifier {
             self.wake_workers();
         }
         if wait {
-            return background::wait_for(self, pending).await;
+            return background::wait_for(&self.engine, pending).await;
         }
-        background::after_commit(self, pending);
+        background::after_commit(&self.engine, pending);
         Vec::new()
     }
 
@@ -318,7 +318,7 @@ impl Notifier {
     /// (until a savepoint is opened); on SQLite it is `BEGIN IMMEDIATE` (the
     /// write lock up front).
     pub async fn begin(&self) -> Result<NoticeTx> {
-        let db = &self.inner.store.db;
+        let db = &self.engine.store.db;
         if db.get_database_backend() == DbBackend::Postgres {
             let pg = pg::PgTx::new(db.pool().get_postgres_connection_pool(), db.bound()).await?;
             return Ok(NoticeTx::top_pg(self.clone(), pg));

@@ -30,9 +30,9 @@ use serde::Serialize;
 
 use super::{NewNotice, control, insert_error, pending, pg::PgTx};
 use crate::{
-    Notifier,
     attempt::{AttemptReport, PendingNotice, background},
     error::{Error, Result},
+    notifier::Notifier,
     state::{
         add,
         insert::{NewRow, Within},
@@ -211,7 +211,7 @@ impl NoticeTx {
             let inserted = pg_keyed(self, &row).await?;
             return Ok(pending(inserted, row, def, written).claim_after_commit());
         }
-        let id = pg.next_id(&self.notifier.inner.ids).await?;
+        let id = pg.next_id(&self.notifier.producing.ids).await?;
         if self.shared.savepoints.load(Ordering::SeqCst) {
             let written = Instant::now();
             pg.write_now(&[(id, row.clone())]).await?;
@@ -232,7 +232,7 @@ impl NoticeTx {
                 if let Some(why) = lock(&self.shared.aborted).clone() {
                     return Err(Error::TransactionAborted(why));
                 }
-                let bound = self.notifier.inner.config.db_timeout;
+                let bound = self.notifier.engine.config.db_timeout;
                 if self.shared.failed.swap(false, Ordering::SeqCst)
                     && let Some(why) = probe_within(txn, bound).await
                 {
@@ -358,7 +358,7 @@ impl NoticeTx {
         let savepoint = format!("solid_notify_sp{n}");
         let (kind, guard) = match &self.kind {
             Kind::Sea(txn) => {
-                let bound = self.notifier.inner.config.db_timeout;
+                let bound = self.notifier.engine.config.db_timeout;
                 let nested = crate::db::bounded(bound, txn.begin()).await;
                 (Kind::Sea(self.watch(nested)?), None)
             }
@@ -450,7 +450,7 @@ impl NoticeTx {
         let Level::Nested { parent, savepoint } = level else {
             return Ok(Vec::new());
         };
-        let bound = notifier.inner.config.db_timeout;
+        let bound = notifier.engine.config.db_timeout;
         let _busy = shared.busy.lock().await;
         let released = match kind {
             Kind::Sea(txn) => crate::db::bounded(bound, txn.commit()).await,
@@ -481,7 +481,7 @@ impl NoticeTx {
             ..
         } = self;
         let mut pending = std::mem::take(&mut *lock(&pending));
-        let bound = notifier.inner.config.db_timeout;
+        let bound = notifier.engine.config.db_timeout;
         let savepoints = shared.savepoints.load(Ordering::SeqCst);
         let committed = match kind {
             Kind::Sea(txn) if savepoints && txn.get_database_backend() == DbBackend::Sqlite => {
@@ -520,7 +520,7 @@ impl NoticeTx {
             if matches!(e, Error::CommitOutcomeUnknown(_)) {
                 // If it did commit, its notices are due at once for any
                 // worker; if not, this changes nothing.
-                background::not_attempted(&notifier, pending);
+                background::not_attempted(&notifier.engine, pending);
             }
             return Err(e);
         }

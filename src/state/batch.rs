@@ -11,7 +11,7 @@ use super::{
     errors_log,
     insert::{self, NewRow},
 };
-use crate::{Status, db};
+use crate::{db, status::Status};
 
 pub(crate) use super::columns::ClaimNext;
 

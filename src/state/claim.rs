@@ -22,7 +22,7 @@ use super::{
     Lease, Store, clock,
     columns::{self, Column, Set},
 };
-use crate::{Status, db, entity::notify_msg};
+use crate::{db, entity::notify_msg, status::Status};
 
 /// Which definitions a claim may take rows of.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

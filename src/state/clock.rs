@@ -127,7 +127,7 @@ impl Due {
 /// The database's current UTC time.
 pub(crate) async fn db_now<C: sea_orm::ConnectionTrait>(
     db: &C,
-) -> crate::Result<chrono::NaiveDateTime> {
+) -> crate::error::Result<chrono::NaiveDateTime> {
     let mut select = sea_orm::sea_query::Query::select();
     select.expr(now(db.get_database_backend()));
     let row = db
@@ -140,7 +140,7 @@ pub(crate) async fn db_now<C: sea_orm::ConnectionTrait>(
         Err(_) => {
             let text: String = row.try_get_by_index(0)?;
             chrono::NaiveDateTime::parse_from_str(&text, "%Y-%m-%d %H:%M:%S%.f")
-                .map_err(|e| crate::Error::Config(format!("database time `{text}`: {e}")))
+                .map_err(|e| crate::error::Error::Config(format!("database time `{text}`: {e}")))
         }
     }
 }

@@ -291,7 +291,7 @@ pub(crate) async fn succeed_pairs_pg(
         let names: Vec<&str> = Column::iter().map(|c| c.as_str()).collect();
         let values: Vec<String> = Column::iter()
             .map(|c| match c {
-                Column::Status => format!("{} AS status", crate::Status::Succeeded as i16),
+                Column::Status => format!("{} AS status", crate::status::Status::Succeeded as i16),
                 Column::Version => "version + 1".to_string(),
                 Column::Leased => "false".to_string(),
                 other => format!("\"{}\"", other.as_str()),
@@ -393,7 +393,7 @@ pub(crate) fn model_at_pg(row: &sea_orm::QueryResult) -> Result<notify_msg::Mode
         param: row.try_get(2).map_err(e)?,
         description: row.try_get(3).map_err(e)?,
         errors: row.try_get(4).map_err(e)?,
-        status: crate::Status::try_from_value(&status)?,
+        status: crate::status::Status::try_from_value(&status)?,
         retry_times: row.try_get(6).map_err(e)?,
         last_call_time: row.try_get(7).map_err(e)?,
         next_call_time: row.try_get(8).map_err(e)?,

@@ -10,7 +10,7 @@ use super::{
     Lost, Store, Written,
     columns::{self, Column, Set, Table},
 };
-use crate::{Status, db, entity::notify_msg};
+use crate::{db, entity::notify_msg, status::Status};
 
 /// Moves `row`, read awaiting confirmation, to history as succeeded, if it
 /// is still at the version read and still awaiting ([`Lost`] when it moved

@@ -17,7 +17,7 @@ use super::{
     columns::{self, Column, Set, Table},
     insert::{self, NewRow},
 };
-use crate::{Status, db, entity::notify_msg};
+use crate::{db, entity::notify_msg, status::Status};
 
 /// A row this process holds the current attempt of.
 pub(crate) struct Lease {

@@ -14,7 +14,7 @@ use super::{
     columns::{self, Column, Set, Table},
     errors_log,
 };
-use crate::{Status, db};
+use crate::{db, status::Status};
 
 /// A notice as an operator's tool read it: what a guarded write needs.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -70,8 +70,8 @@ use sea_orm::{
 };
 
 use super::clock;
-use crate::Status;
 use crate::entity::notify_msg::{Column, due_at};
+use crate::status::Status;
 
 /// How long a claim sets aside a due notice that is not in its key's turn:
 /// 60 seconds. The longest a waiting notice can be late when no transition

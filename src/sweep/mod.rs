@@ -33,7 +33,6 @@ use tokio_util::sync::CancellationToken;
 use tracing::instrument::WithSubscriber;
 
 use crate::{
-    AttemptReport, AttemptResult, Notifier,
     attempt::{
         self, Ran, Recorder, Stop,
         batch::{NextClaims, SuccessBatch},
@@ -41,7 +40,10 @@ use crate::{
     },
     def::{DefRef, Target},
     error::Result,
+    notifier::Notifier,
     notifier::RELEASE_GRACE,
+    report::AttemptReport,
+    report::AttemptResult,
     state::{
         DefSelect, DueFilter, Lease,
         batch::{ClaimNext, HeldMany, release_many},
@@ -149,7 +151,7 @@ impl Notifier {
         defs: &[String],
         handlers: &[String],
     ) -> Result<DefSelect> {
-        let inner = &self.inner;
+        let inner = &self.engine;
         let known = inner.defs.known(&inner.store.db).await?;
         Ok(self.deliverable_among(&known, defs, handlers))
     }
@@ -161,7 +163,7 @@ impl Notifier {
         defs: &[String],
         handlers: &[String],
     ) -> DefSelect {
-        let inner = &self.inner;
+        let inner = &self.engine;
         let mut taken = Vec::new();
         let mut not_taken = Vec::new();
         for (id, def) in known.iter() {
@@ -260,7 +262,7 @@ impl<'a> Sweep<'a> {
         again: bool,
         mut wakes: Option<&mut tokio::sync::watch::Receiver<u64>>,
     ) -> Result<SweepSummary> {
-        let inner = &self.notifier.inner;
+        let inner = &self.notifier.engine;
         self.max_bytes = limits.max_in_flight_bytes.max(1);
         let sweep_started = std::time::Instant::now();
         let stop = inner.stop.child();
@@ -458,7 +460,7 @@ impl<'a> Sweep<'a> {
                     // went to copying it).
                     let notice_id = lease.id();
                     let task = running.spawn(Box::pin(async move {
-                        match attempt::run(&notifier, def, lease, &recorder, &stop, Some(slot)).await {
+                        match attempt::run(&notifier.engine, def, lease, &recorder, &stop, Some(slot)).await {
                             Ran::Done(result) => Some(AttemptReport { notice_id, result }),
                             Ran::Batched => None,
                         }
@@ -498,7 +500,7 @@ impl<'a> Sweep<'a> {
         if let Some(e) = first_error {
             return Err(e.into());
         }
-        crate::telemetry::sweep_finished(sweep_started.elapsed());
+        crate::counters::sweep_finished(sweep_started.elapsed());
         Ok(SweepSummary {
             claimed: claimed_total,
             reports: std::mem::take(&mut self.reports),
@@ -510,7 +512,7 @@ impl<'a> Sweep<'a> {
     /// rows it cannot deliver (a handler registered elsewhere) are released.
     /// Their payloads count in the sweep's bytes while it holds them.
     async fn resolve(&mut self, leases: Vec<Lease>, waiting: &mut VecDeque<(Lease, DefRef)>) {
-        let inner = &self.notifier.inner;
+        let inner = &self.notifier.engine;
         let mut unusable = Vec::new();
         let mut elsewhere = Vec::new();
         for mut lease in leases {
@@ -528,7 +530,7 @@ impl<'a> Sweep<'a> {
                     waiting.push_back((lease, def))
                 }
                 Ok(_) => elsewhere.push(lease),
-                Err(crate::Error::Db(_)) => elsewhere.push(lease),
+                Err(crate::error::Error::Db(_)) => elsewhere.push(lease),
                 Err(_) => unusable.push(lease),
             }
         }
@@ -537,7 +539,9 @@ impl<'a> Sweep<'a> {
             .runs
             .take_behind(unusable.iter().chain(&elsewhere).map(Lease::id));
         elsewhere.extend(behind);
-        for report in attempt::park::park(self.notifier, unusable, &inner.stop.give_up).await {
+        for report in
+            attempt::park::park(&self.notifier.engine, unusable, &inner.stop.give_up).await
+        {
             self.report(report);
         }
         self.release(
@@ -554,9 +558,9 @@ impl<'a> Sweep<'a> {
             return;
         }
         let ids: Vec<i64> = leases.iter().map(Lease::id).collect();
-        let result = match release_all(&self.notifier.inner.store, leases, give_up).await {
+        let result = match release_all(&self.notifier.engine.store, leases, give_up).await {
             Ok(n) => {
-                self.notifier.inner.count_released(n);
+                self.notifier.engine.count_released(n);
                 AttemptResult::Released {
                     reason: reason.to_string(),
                 }

@@ -3,9 +3,10 @@
 //! ([`attempt::park`](crate::attempt::park)).
 
 use crate::{
-    AttemptReport, Notifier,
     attempt::park::park,
     error::Result,
+    notifier::Notifier,
+    report::AttemptReport,
     state::{DefSelect, DueFilter, claim},
 };
 
@@ -15,7 +16,7 @@ impl Notifier {
     /// moment ago is not mistaken for a missing one). Every worker does this
     /// once a minute; returns what was done to each notice.
     pub async fn park_orphans(&self, limit: u64) -> Result<Vec<AttemptReport>> {
-        let inner = &self.inner;
+        let inner = &self.engine;
         inner.defs.invalidate();
         let invalid = inner.defs.invalid(&inner.store.db).await?;
         let filter = DueFilter {
@@ -30,6 +31,6 @@ impl Notifier {
             super::DEFAULT_MAX_IN_FLIGHT_BYTES,
         )
         .await?;
-        Ok(park(self, leases, &inner.stop.give_up).await)
+        Ok(park(&self.engine, leases, &inner.stop.give_up).await)
     }
 }

@@ -29,8 +29,8 @@ pub use config::{
 };
 
 use crate::{
-    Notifier,
     error::{Error, Result},
+    notifier::Notifier,
     notifier::{HARD_STOP_MARGIN, RELEASE_GRACE},
     state::{DefSelect, DueFilter},
     sweep::SweepLimits,
@@ -206,11 +206,14 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Opens a pool with [`pool_options`], giving up after `timeout` with
 /// [`Error::Unreachable`](crate::Error::Unreachable), which names the host
 /// (never the password).
-pub async fn connect(url: &str, timeout: Duration) -> crate::Result<sea_orm::DatabaseConnection> {
+pub async fn connect(
+    url: &str,
+    timeout: Duration,
+) -> crate::error::Result<sea_orm::DatabaseConnection> {
     // Bounded here, not by sea-orm's `connect_timeout`: that one becomes the
     // pool's acquire timeout for the pool's whole life.
     let options = pool_options(url);
-    let unreachable = |problem: String| crate::Error::Unreachable {
+    let unreachable = |problem: String| crate::error::Error::Unreachable {
         target: describe_url(url),
         timeout,
         problem,
@@ -436,9 +439,9 @@ impl Worker {
             },
             () = shutdown.cancelled() => return,
         }
-        let mut wakes = self.notifier.subscribe_wakes();
+        let mut wakes = self.notifier.engine.subscribe_wakes();
         wakes.mark_unchanged();
-        let mut hints = self.notifier.subscribe_due_hint();
+        let mut hints = self.notifier.engine.subscribe_due_hint();
         // With wake-ups on, a starting worker catches up at once.
         let mut next_due: Option<Instant> = self.config.wake.then(Instant::now);
         let mut next_due_asked: Option<Instant> = None;
@@ -484,7 +487,7 @@ impl Worker {
                 (false, None) => Some(SWEEP_RETRY_FIRST),
                 (false, Some(after)) => Some((after * 2).min(SWEEP_RETRY_MAX)),
             };
-            self.notifier.clear_due_hint(swept_at);
+            self.notifier.engine.clear_due_hint(swept_at);
             if shutdown.is_cancelled() {
                 return;
             }
@@ -555,7 +558,7 @@ impl Worker {
                 return None;
             }
         };
-        match crate::state::claim::next_due(&self.notifier.inner.store, &filter).await {
+        match crate::state::claim::next_due(&self.notifier.engine.store, &filter).await {
             Ok(due) => due.map(|d| Instant::now() + d.max(MIN_DUE_WAIT)),
             Err(e) => {
                 tracing::debug!(error = %e, "cannot read the next due time");
@@ -566,7 +569,7 @@ impl Worker {
 
     /// The rows this worker may take.
     async fn filter(&self) -> Result<DueFilter> {
-        let inner = &self.notifier.inner;
+        let inner = &self.notifier.engine;
         let known = inner.defs.known(&inner.store.db).await?;
         let memo = self
             .selection
@@ -596,7 +599,7 @@ impl Worker {
             && self.config.partitions.is_empty());
         let always = match filtered {
             false => Vec::new(),
-            true => match self.notifier.alert_def().await {
+            true => match self.notifier.engine.alert_def().await {
                 Ok(def) => vec![def.id],
                 Err(e) => {
                     // The worker's own notices go on; alerts wait for the
@@ -702,7 +705,7 @@ impl Worker {
     /// once. `false`: it could not be stored (logged).
     async fn sweeps_failing_alert(&self, n: u64, error: &Error) -> bool {
         let result = async {
-            let def = self.notifier.alert_def().await?;
+            let def = self.notifier.engine.alert_def().await?;
             if def.alert_emails.is_empty() {
                 return Ok(());
             }
@@ -720,7 +723,7 @@ impl Worker {
                 .notifier
                 .add(
                     self.notifier.db(),
-                    crate::NewNotice::new(crate::alert::ALERT_DEF, &mail.param())
+                    crate::producer::NewNotice::new(crate::alert::ALERT_DEF, &mail.param())
                         .description(crate::alert::ALERT_DESCRIPTION),
                 )
                 .await?;
@@ -840,7 +843,7 @@ async fn heartbeat(
             beat_secs: every.as_secs_f64(),
         };
         let written = tokio::select! {
-            written = crate::state::heartbeat::beat(&notifier.inner.store.db, &beat) => written,
+            written = crate::state::heartbeat::beat(&notifier.engine.store.db, &beat) => written,
             _ = stop.cancelled() => return,
         };
         if let Err(e) = written {

@@ -21,7 +21,7 @@ use std::time::Duration;
 use sea_orm::DbBackend;
 use tokio_util::sync::CancellationToken;
 
-use crate::Notifier;
+use crate::notifier::Notifier;
 
 /// The channel PostgreSQL workers listen on (see the migrations).
 pub const WAKE_CHANNEL: &str = migration::WAKE_CHANNEL;

@@ -5,11 +5,11 @@
 
 use super::{Fixture, conformance};
 use crate::{
-    Status,
     state::{
         Final,
         operator::{self, Seen},
     },
+    status::Status,
 };
 
 fn seen(row: &crate::entity::notify_msg::Model) -> Seen {

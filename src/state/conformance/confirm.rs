@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use super::{Fixture, conformance, lost_of};
 use crate::{
-    Status,
     state::{Deadline, Lost, claim, confirm},
+    status::Status,
 };
 
 conformance!(awaits_then_confirms, |f: Fixture| async move {

@@ -4,8 +4,8 @@
 
 use super::{Fixture, conformance, lost_of};
 use crate::{
-    Status,
     state::{Final, clock::Due},
+    status::Status,
 };
 
 fn final_failure(f: &Fixture) -> Final {

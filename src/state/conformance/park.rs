@@ -4,8 +4,8 @@
 
 use super::{Fixture, conformance};
 use crate::{
-    Status,
     state::{batch, clock::Due},
+    status::Status,
 };
 
 fn now() -> chrono::NaiveDateTime {

@@ -4,11 +4,11 @@
 
 use super::{Fixture, conformance};
 use crate::{
-    Status,
     state::{
         Final,
         operator::{self, Seen},
     },
+    status::Status,
 };
 
 async fn failed(f: &Fixture) -> crate::entity::notify_msg_history::Model {

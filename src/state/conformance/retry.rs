@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use super::{Fixture, conformance, lost_of};
 use crate::{
-    Status,
     state::{Retry, clock::Due},
+    status::Status,
 };
 
 fn retry(f: &Fixture) -> Retry {

@@ -5,12 +5,12 @@
 
 use super::{Fixture, conformance, lost_of, on_postgres};
 use crate::{
-    Status,
     state::{
         Final, Lease,
         batch::{self, ClaimNext},
         operator::{self, Seen},
     },
+    status::Status,
 };
 
 /// Ordered `c` and `n` notices of key `k`, oldest first.

@@ -4,7 +4,7 @@
 //! reported lost while the others move.
 
 use super::{Fixture, conformance, lost_of};
-use crate::{Status, state::batch};
+use crate::{state::batch, status::Status};
 
 conformance!(moves_a_success_to_history, |f: Fixture| async move {
     let id = f.notice().await;
