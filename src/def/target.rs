@@ -314,11 +314,18 @@ impl Target {
             Target::Email(t) => t
                 .recipients
                 .iter()
-                .try_for_each(|r| super::parse_address(r).map(drop)),
+                .try_for_each(|r| parse_address(r).map(drop)),
             Target::Handler(t) if t.handler.trim().is_empty() => Err("handler is empty".into()),
             _ => Ok(()),
         }
     }
+}
+
+/// Validates one e-mail address (lettre's parser).
+pub(crate) fn parse_address(text: &str) -> Result<lettre::Address, String> {
+    text.trim()
+        .parse()
+        .map_err(|e| format!("`{text}` is not an e-mail address: {e}"))
 }
 
 #[cfg(test)]
@@ -424,5 +431,14 @@ mod tests {
             })
         );
         assert!(t.allow_private_network);
+    }
+
+    #[test]
+    fn http_target_checks() {
+        let t = |v: Value| Target::parse(Channel::Http, &v);
+        assert!(t(json!({"url": "http://127.0.0.1:1/x"})).is_ok());
+        assert!(t(json!({"url": "ftp://x"})).is_err());
+        assert!(t(json!({"url": "http://x", "method": "BREW"})).is_err());
+        assert!(t(json!({"url": "http://x", "timeout": "soon"})).is_err());
     }
 }

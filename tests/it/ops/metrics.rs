@@ -1,0 +1,156 @@
+//! Metrics: the Prometheus endpoint serves the outcomes of a known run.
+
+use std::sync::Arc;
+
+use serde_json::json;
+use solid_notify::ops::{Audit, PauseEnd};
+
+use crate::{
+    db_test,
+    support::{TestDb, eventually},
+};
+
+db_test!(
+    metrics_are_served_with_the_outcomes_of_a_known_run,
+    |db: Arc<TestDb>| async move {
+        use wiremock::{
+            Mock, MockServer, ResponseTemplate,
+            matchers::{method, path},
+        };
+        let server = MockServer::start().await;
+        Mock::given(method("POST"))
+            .and(path("/ok"))
+            .respond_with(ResponseTemplate::new(200))
+            .mount(&server)
+            .await;
+        Mock::given(method("POST"))
+            .and(path("/bad"))
+            .respond_with(ResponseTemplate::new(500))
+            .mount(&server)
+            .await;
+        let http = |name: &str, url: String, retries: i64| {
+            let mut spec = solid_notify::def::DefSpec::new(
+                name,
+                solid_notify::def::Channel::Http,
+                json!({ "url": url }),
+            );
+            spec.max_retry_times = retries;
+            spec.alert_trigger_type = 2;
+            spec
+        };
+        solid_notify::def::store::sync(
+            &db.db,
+            &[
+                http("m_ok", format!("{}/ok", server.uri()), 3),
+                http("m_bad", format!("{}/bad", server.uri()), 0),
+                http("m_held", format!("{}/ok", server.uri()), 3),
+            ],
+        )
+        .await
+        .unwrap();
+        db.insert_due("m_ok", 3, |_| 0).await;
+        db.insert_due("m_bad", 2, |_| 0).await;
+        db.insert_due("m_held", 4, |_| 0).await;
+        let ops = db.notifier().build().unwrap();
+        ops.pause(
+            "m_held",
+            PauseEnd::OnResume,
+            &Audit::new("t", "metrics test"),
+        )
+        .await
+        .unwrap();
+        let (mut child, addr) = crate::support::metrics_worker(&db, &[]).await;
+        let series = |text: &str, name: &str, labels: &str| -> Option<f64> {
+            let prefix = format!("{name}{{{labels}}} ");
+            text.lines()
+                .find_map(|l| l.strip_prefix(&prefix))
+                .and_then(|v| v.trim().parse().ok())
+        };
+        let text = eventually(30, "the run's series", || {
+            let addr = addr.clone();
+            async move {
+                let text = reqwest::get(&addr).await.ok()?.text().await.ok()?;
+                let ok = series(
+                    &text,
+                    "solid_notify_attempts_total",
+                    r#"def="m_ok",outcome="succeeded""#,
+                );
+                let bad = series(
+                    &text,
+                    "solid_notify_attempts_total",
+                    r#"def="m_bad",outcome="final_failure""#,
+                );
+                let held = series(
+                    &text,
+                    "solid_notify_notices",
+                    r#"def="m_held",status="not_sent""#,
+                );
+                let gone = series(
+                    &text,
+                    "solid_notify_notices",
+                    r#"def="m_ok",status="not_sent""#,
+                );
+                // m_ok's not_sent series is 0 once seen, absent if never seen.
+                (ok == Some(3.0)
+                    && bad == Some(2.0)
+                    && held == Some(4.0)
+                    && gone.unwrap_or(0.0) == 0.0)
+                    .then_some(text)
+            }
+        })
+        .await;
+        assert_eq!(
+            series(&text, "solid_notify_paused", r#"def="m_held""#),
+            Some(1.0)
+        );
+        // Only paused definitions have a series at 1; the others none, or 0.
+        assert_eq!(
+            series(&text, "solid_notify_paused", r#"def="m_ok""#).unwrap_or(0.0),
+            0.0
+        );
+        assert!(series(&text, "solid_notify_oldest_due_seconds", r#"def="m_held""#).unwrap() > 0.0);
+        assert_eq!(
+            series(&text, "solid_notify_awaiting_confirmation", r#"def="m_ok""#).unwrap_or(0.0),
+            0.0
+        );
+        let claims: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("solid_notify_claims_total "))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(claims >= 5.0, "{claims}");
+        assert!(text.contains("solid_notify_attempt_duration_seconds_bucket{def=\"m_ok\""));
+        assert!(text.contains("solid_notify_sweep_duration_seconds_count"));
+        assert_eq!(
+            series(
+                &text,
+                "solid_notify_attempts_total",
+                r#"def="m_ok",outcome="lost_claim""#
+            ),
+            Some(0.0),
+            "no lost claims in a one-worker run"
+        );
+        // A page of another site whose name points here (DNS rebinding)
+        // is refused; an IP address or localhost is answered.
+        let http = reqwest::Client::new();
+        for (host, answered) in [
+            ("evil.example:9464", false),
+            ("localhost.evil.example", false),
+            ("127.0.0.1:9464", true),
+            ("localhost:9464", true),
+            ("[::1]:9464", true),
+        ] {
+            let status = http
+                .get(&addr)
+                .header(reqwest::header::HOST, host)
+                .send()
+                .await
+                .unwrap()
+                .status();
+            assert_eq!(status.is_success(), answered, "{host}: {status}");
+        }
+        let _ = child.0.kill();
+    }
+);
