@@ -26,7 +26,9 @@ for root, _, names in os.walk(src):
         if name.endswith(".rs"):
             path = os.path.join(root, name)
             parts = tuple(os.path.relpath(path, src)[:-3].split(os.sep))
-            if parts[-1] in ("mod", "lib", "main"):
+            if parts == ("main",):
+                parts = ("<bin>",)  # the binary's root: scanned, never named
+            elif parts[-1] in ("mod", "lib"):
                 parts = parts[:-1]
             modules[parts] = path
 
@@ -37,6 +39,54 @@ def file_of(parts):
         if tuple(parts[:end]) in modules:
             return modules[tuple(parts[:end])]
     return None
+
+
+def strip_comments_and_strings(text):
+    """The code without comments, string literals and char literals."""
+    out, i, n = [], 0, len(text)
+    while i < n:
+        if text.startswith("//", i):
+            i = text.find("\n", i)
+            i = n if i < 0 else i
+        elif text.startswith("/*", i):
+            depth, i = 1, i + 2
+            while i < n and depth:
+                if text.startswith("/*", i):
+                    depth, i = depth + 1, i + 2
+                elif text.startswith("*/", i):
+                    depth, i = depth - 1, i + 2
+                else:
+                    i += 1
+        elif (m := re.compile(r'b?r(#*)"').match(text, i)) and (i == 0 or not (text[i - 1].isalnum() or text[i - 1] == "_")):
+            end = text.find('"' + m.group(1), m.end())
+            i = n if end < 0 else end + 1 + len(m.group(1))
+            out.append('""')
+        elif text[i] == '"':
+            i += 1
+            while i < n and text[i] != '"':
+                i += 2 if text[i] == "\\" else 1
+            i += 1
+            out.append('""')
+        elif (m := re.compile(r"'(\\.[^']*|[^\\'])'").match(text, i)):
+            i = m.end()
+            out.append("' '")
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
+def strip_tests(text):
+    """The code without its test modules (`#[cfg(test)]` or `#[cfg(all(test, …))]`
+    before `mod name {`), each cut to its matching brace."""
+    pattern = re.compile(r"#\[cfg\((?:test|all\(test\b[^\]]*\))\)\]\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+\w+\s*\{")
+    while (m := pattern.search(text)):
+        depth, j = 1, m.end()
+        while j < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[j], 0)
+            j += 1
+        text = text[: m.start()] + text[j:]
+    return text
 
 
 def use_paths(body):
@@ -92,8 +142,8 @@ def floor_of(path):
 # Files compiled for tests only.
 tests_only = set()
 for module, path in modules.items():
-    text = open(path, encoding="utf-8").read()
-    for name in re.findall(r"#\[cfg\(test\)\]\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+(\w+)\s*;", text):
+    text = strip_comments_and_strings(open(path, encoding="utf-8").read())
+    for name in re.findall(r"#\[cfg\((?:test|all\(test\b[^\]]*\))\)\]\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+(\w+)\s*;", text):
         tests_only.add(module + (name,))
 for module in list(modules):
     if any(module[: len(t)] == t for t in tests_only):
@@ -104,11 +154,7 @@ graph = {path: set() for path in modules.values()}
 root_imports = []
 for module, path in modules.items():
     text = open(path, encoding="utf-8").read()
-    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
-    text = "\n".join(line.split("//")[0] for line in text.splitlines())
-    tests = re.search(r"#\[cfg\(test\)\]\s*mod\s+\w+\s*\{", text)
-    if tests:
-        text = text[: tests.start()]
+    text = strip_tests(strip_comments_and_strings(text))
     named = [p for u in re.findall(r"\buse\s+([^;]+);", text) for p in use_paths(u)]
     named += re.findall(r"\b((?:crate|super|self)(?:::\w+)+)", text)
     for p in named:

@@ -60,6 +60,12 @@ async fn open(engine: Arc<Engine>, def: DefRef) {
     let Some(circuit) = def.circuit else {
         return;
     };
+    if engine.closing.is_cancelled() {
+        // Shutting down: no new fleet-wide pause that no one here would
+        // probe; the failures are counted again (by clones still running).
+        engine.breakers.closed(def.id);
+        return;
+    }
     let hold = circuit.cool_down + engine.config.lease;
     let opened = open_in_db(&engine, &def, hold).await;
     engine.defs.invalidate();
@@ -82,10 +88,17 @@ async fn open(engine: Arc<Engine>, def: DefRef) {
         }
     }
     loop {
-        tokio::select! {
-            _ = tokio::time::sleep(circuit.cool_down) => {}
-            _ = engine.stop.abort.cancelled() => return,
-            _ = engine.closing.cancelled() => return,
+        let stopped = tokio::select! {
+            biased;
+            _ = engine.closing.cancelled() => true,
+            _ = engine.stop.abort.cancelled() => true,
+            _ = tokio::time::sleep(circuit.cool_down) => engine.closing.is_cancelled(),
+        };
+        if stopped {
+            // The pause ends by itself, a lease after the cool-down; until
+            // then claims skip the definition. This process counts again.
+            engine.breakers.closed(def.id);
+            return;
         }
         engine.breakers.probing(def.id);
         let verdict = probe(&engine, &def).await;
@@ -156,9 +169,8 @@ async fn open_in_db(
     } else {
         let mail = AlertMail::circuit(def, n, hold);
         Some(
-            record::alert_row(engine, &mail, &engine.stop.give_up)
-                .await?
-                .0,
+            // Retried while the database is away, until shutdown begins.
+            record::alert_row(engine, &mail, &engine.closing).await?.0,
         )
     };
     let txn = engine.store.db.begin().await?;
@@ -187,10 +199,14 @@ enum Probe {
 /// One probe: claims the oldest due notice of `def` past its pause and
 /// attempts it.
 async fn probe(engine: &Arc<Engine>, def: &DefRef) -> crate::error::Result<Probe> {
+    // Counted among the attempts a shutdown waits for, and aborts.
+    let _running = engine.tasks.token();
+    if engine.closing.is_cancelled() {
+        return Ok(Probe::NoVerdict);
+    }
     let Some(lease) = claim::claim_probe(&engine.store, def.id).await? else {
         return Ok(Probe::NoVerdict);
     };
-    let _running = engine.tasks.token();
     let result = attempt::run(
         engine,
         def.clone(),

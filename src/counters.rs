@@ -108,7 +108,7 @@ struct DefSeries {
 }
 
 /// Per-definition handles, by name. Built on first use, so install a
-/// recorder before the first attempt (as [`serve_metrics`] is, before the
+/// recorder before the first attempt (as `telemetry::serve_metrics` does, before the
 /// worker starts).
 fn series(def: &str) -> std::sync::Arc<DefSeries> {
     use std::sync::{Arc, OnceLock, RwLock};

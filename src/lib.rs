@@ -47,7 +47,7 @@
 
 //! ## Layers
 //!
-//! Each floor imports only floors below it (checked by
+//! Each floor imports only its own floor and those below (checked by
 //! `.ci/import_circles.py`, with no circle and no import through this
 //! root): 1 leaves (status, error, handler, schedule, trace, db, entity,
 //! report, counters); 2 [`def`]; 3 [`state`], the only writer; 4 [`alert`]

@@ -93,7 +93,10 @@ impl Notifier {
     pub async fn shutdown(&self, timeout: Duration) -> Result<u64> {
         let inner = &self.engine;
         let before = inner.released();
-        let deadline = tokio::time::Instant::now() + timeout + RELEASE_GRACE + HARD_STOP_MARGIN;
+        // `None`: no deadline (a timeout too long to add up waits for ever).
+        let deadline = tokio::time::Instant::now()
+            .checked_add(timeout)
+            .and_then(|t| t.checked_add(RELEASE_GRACE + HARD_STOP_MARGIN));
         // The circuit controllers stop now (a circuit left open ends by
         // itself, a lease after its cool-down); a probe running is an
         // attempt like the others.
@@ -121,10 +124,15 @@ impl Notifier {
                 }
             }
         }
-        if tokio::time::timeout_at(deadline, inner.controllers.wait())
-            .await
-            .is_err()
-        {
+        let controllers = inner.controllers.wait();
+        let stopped = match deadline {
+            Some(deadline) => tokio::time::timeout_at(deadline, controllers).await.is_ok(),
+            None => {
+                controllers.await;
+                true
+            }
+        };
+        if !stopped {
             tracing::warn!(
                 "shutdown: a circuit controller is still waiting for the database; left behind"
             );

@@ -147,11 +147,9 @@ async fn attempt(engine: &Arc<Engine>, mut p: PendingNotice) -> AttemptReport {
     report(result)
 }
 
-/// Notices that are not attempted here after all (or whose commit is in
-/// doubt): reserved rows are released, due at once for a sweeper, and the
-/// keys of ordered ones are checked ([`recheck_turns`]).
 /// Starts what a recorded outcome asks for next (the alert notice it
-/// queued, attempted after its commit) and gives its result.
+/// queued, attempted after its commit) and gives its result. The only way
+/// to read a [`Recorded`] outside the attempt layer.
 pub(crate) fn follow_up(engine: &Arc<Engine>, recorded: Recorded) -> AttemptResult {
     if let Some(alert) = recorded.alert {
         after_commit(engine, vec![alert]);
@@ -159,6 +157,9 @@ pub(crate) fn follow_up(engine: &Arc<Engine>, recorded: Recorded) -> AttemptResu
     recorded.result
 }
 
+/// Notices that are not attempted here after all (or whose commit is in
+/// doubt): reserved rows are released, due at once for a sweeper, and the
+/// keys of ordered ones are checked ([`recheck_turns`]).
 pub(crate) fn not_attempted(engine: &Arc<Engine>, pending: Vec<PendingNotice>) {
     recheck_turns(engine, &pending.iter().collect::<Vec<_>>());
     release_reservations(engine, pending);

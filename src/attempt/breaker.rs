@@ -96,7 +96,6 @@ impl Breakers {
         true
     }
 
-    /// Tripped here, the pause not yet committed.
     fn set(&self, def_id: i64, local: Local) {
         self.lock().insert(def_id, local);
     }

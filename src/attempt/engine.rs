@@ -48,14 +48,15 @@ pub(crate) struct Engine {
     /// (after-commit attempts, foreground ones included); closed by shutdown.
     pub tasks: TaskTracker,
     /// The circuit controllers running (each opens, probes and closes one
-    /// circuit); stopped by shutdown once the attempts are done.
+    /// circuit); shutdown stops them as it begins ([`closing`](Self::closing))
+    /// and waits for them within its bound.
     pub controllers: TaskTracker,
     /// Cancelled by shutdown: abort deliveries, then stop retrying writes.
     /// Sweeps take child tokens.
     pub stop: Stop,
-    /// Cancelled by shutdown once the attempts are done: the circuit
-    /// controllers stop (a circuit left open ends by itself, a lease after
-    /// its cool-down).
+    /// Cancelled as shutdown begins: the circuit controllers stop (a circuit
+    /// left open ends by itself, a lease after its cool-down; a tripped one
+    /// is not opened), and stop retrying their writes.
     pub closing: tokio_util::sync::CancellationToken,
     /// Circuit breakers as this process sees them.
     pub breakers: Breakers,

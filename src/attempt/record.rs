@@ -148,8 +148,8 @@ pub(crate) async fn release_for(
 /// does).
 #[must_use]
 pub(crate) struct Recorded {
-    pub result: AttemptResult,
-    pub alert: Option<PendingNotice>,
+    pub(super) result: AttemptResult,
+    pub(super) alert: Option<PendingNotice>,
 }
 
 impl From<AttemptResult> for Recorded {

@@ -4,8 +4,6 @@
 //! and after-commit attempts leave them for a sweeper. They are delivered
 //! after the pause ends or [`resume`](crate::Notifier::resume) is called.
 
-use sea_orm::{ConnectionTrait, DbBackend, Statement};
-
 use super::{Audit, find};
 pub use crate::state::pause::PauseEnd;
 use crate::{
@@ -62,16 +60,6 @@ impl Notifier {
     /// process (`NOTIFY`); without it they would see newly due notices at
     /// their next poll.
     pub(crate) async fn wake_everyone(&self) {
-        let db = &self.engine.store.db;
-        if db.get_database_backend() == DbBackend::Postgres {
-            let notify = Statement::from_string(
-                DbBackend::Postgres,
-                format!("SELECT pg_notify('{}', '')", migration::WAKE_CHANNEL),
-            );
-            if let Err(e) = db.execute_raw(notify).await {
-                tracing::warn!(error = %e, "cannot wake other processes' workers; they poll");
-            }
-        }
-        self.wake_workers();
+        self.engine.wake_everyone().await;
     }
 }

@@ -292,3 +292,45 @@ db_test!(an_operator_resume_beats_an_open_circuit, |db: Arc<
     running.stop().await;
     assert_eq!(rec.count(), 3 + 7);
 });
+
+db_test!(
+    a_circuit_that_trips_once_shutdown_began_pauses_nothing,
+    |db: Arc<TestDb>| async move {
+        db.def("flaky", "flaky", |spec| {
+            spec.circuit_failures = 3;
+            spec.retry_interval = "1h".into();
+        })
+        .await;
+        let rec = Recorder::default();
+        let notifier = db
+            .notifier()
+            .config(quiet())
+            .handler("flaky", rec.handler(|_| Outcome::retry("receiver down")))
+            .build()
+            .unwrap();
+        // A timeout too long to add up waits without a deadline.
+        notifier.shutdown(Duration::MAX).await.unwrap();
+        // A clone (or a caller of `attempt`) still delivers after this one
+        // shut down: three failures trip the breaker.
+        db.insert_due("flaky", 3, |_| 0).await;
+        for row in db.live().await {
+            let report = notifier.attempt(row).await;
+            assert!(
+                matches!(report.result, AttemptResult::WillRetry { .. }),
+                "{report:?}"
+            );
+        }
+        assert_eq!(rec.count(), 3);
+        // Shutdown waits for the controller the trip started; it must not
+        // have paused the definition for every process with no one left
+        // here to probe it.
+        notifier.shutdown(Duration::from_secs(5)).await.unwrap();
+        let rows = solid_notify::def::store::list(&db.db).await.unwrap();
+        let (row, _) = rows.into_iter().find(|(r, _)| r.name == "flaky").unwrap();
+        assert_eq!(
+            (row.paused_until, row.pause_reason),
+            (None, None),
+            "paused by a circuit that opened during shutdown"
+        );
+    }
+);
