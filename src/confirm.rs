@@ -17,7 +17,9 @@
 
 use std::time::Duration;
 
+#[cfg(feature = "amqp")]
 use futures::StreamExt;
+#[cfg(feature = "amqp")]
 use lapin::{
     options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions},
     types::FieldTable,
@@ -28,7 +30,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     attempt::record,
-    channel::amqp::AmqpChannel,
     entity::{notify_msg, notify_msg_history},
     error::Result,
     handler::Outcome,
@@ -192,6 +193,15 @@ impl Notifier {
 /// reconnecting by itself when the broker goes away. Malformed messages are
 /// logged and dropped; nothing here ends the loop but `shutdown`.
 pub async fn listen(notifier: Notifier, shutdown: CancellationToken) {
+    // Without the `amqp` feature no broker is ever enabled.
+    #[cfg(not(feature = "amqp"))]
+    let _ = (notifier, shutdown);
+    #[cfg(feature = "amqp")]
+    listen_amqp(notifier, shutdown).await;
+}
+
+#[cfg(feature = "amqp")]
+async fn listen_amqp(notifier: Notifier, shutdown: CancellationToken) {
     let config = notifier.engine.channels.amqp.config().clone();
     if config.url.is_none() {
         return;
@@ -211,12 +221,13 @@ pub async fn listen(notifier: Notifier, shutdown: CancellationToken) {
     }
 }
 
+#[cfg(feature = "amqp")]
 async fn consume(
     notifier: &Notifier,
     config: &crate::channel::amqp::AmqpConfig,
     shutdown: &CancellationToken,
 ) -> std::result::Result<(), String> {
-    let connection = AmqpChannel::connect(config).await?;
+    let connection = crate::channel::amqp::AmqpChannel::connect(config).await?;
     let channel = connection
         .create_channel()
         .await

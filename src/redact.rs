@@ -11,7 +11,7 @@ pub const HIDDEN: &str = "***";
 /// query with a bare key, hidden whole); text that is not a URL
 /// comes back as `***` when it holds a `?` or an `@`, else unchanged.
 pub fn url(url: &str) -> String {
-    let Ok(mut parsed) = reqwest::Url::parse(url) else {
+    let Ok(mut parsed) = url::Url::parse(url) else {
         return match url.contains(['?', '@']) {
             true => HIDDEN.into(),
             false => url.into(),

@@ -19,6 +19,11 @@ use crate::{
 
 use super::engine::Engine;
 
+/// Why a channel cannot deliver in this build: its cargo feature is off.
+fn compiled_out(feature: &str) -> String {
+    format!("channel `{feature}` is not compiled into this process (cargo feature `{feature}`)")
+}
+
 /// Whether this process can deliver notices of `def` at all (every step).
 /// When it cannot, the notice is left for a process that can.
 pub(crate) fn available(engine: &Engine, def: &DefRef) -> Result<(), String> {
@@ -30,9 +35,14 @@ pub(crate) fn available(engine: &Engine, def: &DefRef) -> Result<(), String> {
                     t.handler
                 ));
             }
+            Target::Amqp(_) if !cfg!(feature = "amqp") => {
+                return Err(compiled_out("amqp"));
+            }
             Target::Amqp(_) if !engine.channels.amqp.enabled() => {
                 return Err("channel `amqp` has no broker configured in this process".into());
             }
+            Target::Http(_) if !cfg!(feature = "http") => return Err(compiled_out("http")),
+            Target::Email(_) if !cfg!(feature = "email") => return Err(compiled_out("email")),
             _ => {}
         }
     }

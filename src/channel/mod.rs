@@ -2,8 +2,15 @@
 //! built once and shared by every attempt.
 
 pub mod amqp;
+#[cfg(feature = "http")]
 pub mod http;
 pub mod mail;
+mod off;
+
+#[cfg(feature = "http")]
+use http::HttpChannel;
+#[cfg(not(feature = "http"))]
+use off::HttpChannel;
 
 use crate::{
     def::Target,
@@ -13,7 +20,7 @@ use crate::{
 
 /// The built-in channels of one engine.
 pub(crate) struct Channels {
-    pub http: http::HttpChannel,
+    pub http: HttpChannel,
     pub mail: mail::Mailer,
     pub amqp: amqp::AmqpChannel,
 }
@@ -29,7 +36,7 @@ impl Channels {
         amqp: &amqp::AmqpConfig,
     ) -> Result<Self> {
         Ok(Channels {
-            http: http::HttpChannel::new(secrets, allow_private_network)?,
+            http: HttpChannel::new(secrets, allow_private_network)?,
             mail: mail::Mailer::new(mail)?,
             amqp: amqp::AmqpChannel::new(amqp),
         })

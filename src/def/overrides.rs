@@ -136,7 +136,7 @@ impl Overrides {
 /// `scheme://host:port` of `url` (the port made explicit), or `None` when
 /// it does not parse.
 pub(crate) fn origin(url: &str) -> Option<String> {
-    let url = reqwest::Url::parse(url).ok()?;
+    let url = url::Url::parse(url).ok()?;
     Some(format!(
         "{}://{}:{}",
         url.scheme(),

@@ -260,7 +260,7 @@ impl Target {
                         crate::redact::url(&t.url)
                     ));
                 }
-                if reqwest::Url::parse(&t.url)
+                if url::Url::parse(&t.url)
                     .ok()
                     .and_then(|u| u.host_str().map(|h| !h.is_empty()))
                     != Some(true)
@@ -283,7 +283,7 @@ impl Target {
                     crate::schedule::parse_interval(timeout).map_err(|e| format!("timeout {e}"))?;
                 }
                 for (name, value) in &t.headers {
-                    if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                    if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
                         return Err(format!(
                             "headers: `{}` is not a header name",
                             name.escape_debug()
@@ -291,9 +291,7 @@ impl Target {
                     }
                     match value {
                         // Not echoed: it may be a secret.
-                        HeaderValue::Text(text)
-                            if reqwest::header::HeaderValue::from_str(text).is_err() =>
-                        {
+                        HeaderValue::Text(text) if http::HeaderValue::from_str(text).is_err() => {
                             return Err(format!(
                                 "headers.{name}: the value is not a header value (no CR, LF, NUL or other control characters)"
                             ));
