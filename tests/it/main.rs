@@ -10,6 +10,7 @@ mod receiver;
 mod proxy;
 
 mod amqp;
+mod axum_orders;
 mod browser;
 mod census;
 mod committed;
