@@ -75,7 +75,7 @@ pub struct Config {
     /// past it the call counts as a lost connection. Claims and records are
     /// then retried as after any database error (never abandoning work
     /// delivered: its lease brings it back); a producer's commit answers
-    /// [`Error::CommitOutcomeUnknown`](crate::Error::CommitOutcomeUnknown).
+    /// [`Error::CommitOutcomeUnknown`].
     /// It bounds what a network partition can hold, where the socket stays
     /// open and TCP would wait for hours. Statements of the caller's own,
     /// sent through a [`NoticeTx`](crate::NoticeTx), are not bounded, nor

@@ -36,10 +36,14 @@
 //! ## Cargo features
 //!
 //! All on by default; the outbox, the workers, the [`ops`] calls and the
-//! handler, HTTP, AMQP and e-mail channels need none of them.
+//! handler channel need none of them. A definition whose channel is
+//! compiled out is left to a process built with it.
 //!
 //! | feature | adds |
 //! |---|---|
+//! | `http` | the HTTP channel, signed webhooks (reqwest) |
+//! | `amqp` | the AMQP channel and the confirmation listener (lapin) |
+//! | `email` | the e-mail channel and alert e-mails (lettre's transports) |
 //! | `cli` | the `solid-notify` binary (clap, tracing-subscriber) |
 //! | `dashboard` | `dashboard`: the operator pages and JSON API (axum, maud) |
 //! | `metrics` | `telemetry::serve_metrics`, a Prometheus endpoint; the counters go through the `metrics` facade either way |

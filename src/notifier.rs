@@ -50,6 +50,21 @@ pub(crate) struct Producing {
 
 impl Notifier {
     /// Starts building a notifier on `db`.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), solid_notify::Error> {
+    /// use solid_notify::{Config, Notice, Notifier, Outcome};
+    /// let db = sea_orm::Database::connect("sqlite://notify.db?mode=rwc").await?;
+    /// solid_notify::migrate(&db).await?;
+    /// let notifier = Notifier::builder(db)
+    ///     .config(Config::default())
+    ///     .handler("ship", |n: Notice| async move {
+    ///         println!("shipping {}", n.param);
+    ///         Ok(Outcome::success())
+    ///     })
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
     pub fn builder(db: DatabaseConnection) -> NotifierBuilder {
         NotifierBuilder {
             db,

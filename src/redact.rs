@@ -60,7 +60,7 @@ mod tests {
 }
 
 /// A stored target (or `steps`) as a viewer may see it: header values
-/// hidden, URLs through [`url`]; text that is not JSON comes back as `***`.
+/// hidden, URLs through [`url`](fn@url); text that is not JSON comes back as `***`.
 pub fn target_text(text: &str) -> String {
     if text.trim().is_empty() {
         return text.into();

@@ -19,15 +19,25 @@ use crate::{
 
 use super::engine::Engine;
 
-/// Why a channel cannot deliver in this build: its cargo feature is off.
-fn compiled_out(feature: &str) -> String {
-    format!("channel `{feature}` is not compiled into this process (cargo feature `{feature}`)")
+/// Whether this build can deliver through the channel of `target`: `Err`
+/// names the cargo feature that is off.
+fn compiled_in(target: &Target) -> Result<(), String> {
+    let missing = match target {
+        Target::Http(_) if !cfg!(feature = "http") => "http",
+        Target::Amqp(_) if !cfg!(feature = "amqp") => "amqp",
+        Target::Email(_) if !cfg!(feature = "email") => "email",
+        _ => return Ok(()),
+    };
+    Err(format!(
+        "channel `{missing}` is not compiled into this process (cargo feature `{missing}`)"
+    ))
 }
 
 /// Whether this process can deliver notices of `def` at all (every step).
 /// When it cannot, the notice is left for a process that can.
 pub(crate) fn available(engine: &Engine, def: &DefRef) -> Result<(), String> {
     for step in &def.steps {
+        compiled_in(&step.target)?;
         match &step.target {
             Target::Handler(t) if engine.handlers.get(&t.handler).is_none() => {
                 return Err(format!(
@@ -35,14 +45,9 @@ pub(crate) fn available(engine: &Engine, def: &DefRef) -> Result<(), String> {
                     t.handler
                 ));
             }
-            Target::Amqp(_) if !cfg!(feature = "amqp") => {
-                return Err(compiled_out("amqp"));
-            }
             Target::Amqp(_) if !engine.channels.amqp.enabled() => {
                 return Err("channel `amqp` has no broker configured in this process".into());
             }
-            Target::Http(_) if !cfg!(feature = "http") => return Err(compiled_out("http")),
-            Target::Email(_) if !cfg!(feature = "email") => return Err(compiled_out("email")),
             _ => {}
         }
     }
@@ -291,4 +296,49 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
         .map(|s| s.to_string())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "(no message)".into())
+}
+
+#[cfg(test)]
+mod features {
+    use serde_json::json;
+
+    use super::compiled_in;
+    use crate::def::{Channel, Target};
+
+    /// Each built-in channel is available exactly when its feature is on;
+    /// a handler needs none.
+    #[test]
+    fn a_channel_is_available_only_with_its_feature() {
+        let cases = [
+            (
+                Channel::Http,
+                json!({"url": "https://example.com/hook"}),
+                cfg!(feature = "http"),
+                "http",
+            ),
+            (
+                Channel::Amqp,
+                json!({"exchange": "orders", "routing_key": "paid"}),
+                cfg!(feature = "amqp"),
+                "amqp",
+            ),
+            (
+                Channel::Email,
+                json!({"recipients": ["ops@example.com"]}),
+                cfg!(feature = "email"),
+                "email",
+            ),
+            (Channel::Handler, json!({"handler": "ship"}), true, ""),
+        ];
+        for (channel, target, built, feature) in cases {
+            let target = Target::parse(channel, &target).expect("a valid target");
+            match compiled_in(&target) {
+                Ok(()) => assert!(built, "{feature} is off, yet available"),
+                Err(why) => {
+                    assert!(!built, "{feature} is on, yet: {why}");
+                    assert!(why.contains(&format!("cargo feature `{feature}`")), "{why}");
+                }
+            }
+        }
+    }
 }

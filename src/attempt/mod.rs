@@ -6,13 +6,13 @@
 //! 2. **Check the lease**: the attempt starts only while `attempt_timeout`
 //!    plus a safety margin ([`Config::lease_margin`](crate::Config::lease_margin))
 //!    fits in what is left of the lease; otherwise the row is released.
-//! 3. **Deliver** ([`deliver`]): the channel or handler runs with its own
+//! 3. **Deliver** (`deliver`): the channel or handler runs with its own
 //!    timeout; errors and panics become retryable failures. At the timeout
 //!    (or when shutdown aborts it) the delivery is dropped, always before
 //!    the lease can end, so no second sender can overlap it.
-//! 4. **Record** ([`record`]): the outcome becomes the lease's transition,
+//! 4. **Record** (`record`): the outcome becomes the lease's transition,
 //!    retried with backoff while the database cannot be reached. A recorder
-//!    writes inline, or hands plain successes to a batch ([`batch`]) that
+//!    writes inline, or hands plain successes to a batch (`batch`) that
 //!    moves many to history in one statement.
 //!
 //! Alert hooks run on their own tasks and never hold up delivery or

@@ -5,12 +5,9 @@ pub mod amqp;
 #[cfg(feature = "http")]
 pub mod http;
 pub mod mail;
-mod off;
 
 #[cfg(feature = "http")]
 use http::HttpChannel;
-#[cfg(not(feature = "http"))]
-use off::HttpChannel;
 
 use crate::{
     def::Target,
@@ -68,5 +65,30 @@ impl Channels {
             Target::Email(t) => self.mail.send_notice(t, &notice).await,
             Target::Amqp(t) => self.amqp.publish(t, &notice, raw_param).await,
         }
+    }
+}
+
+/// HTTP without the `http` feature: its definitions are left to a process
+/// built with it (`attempt::available`).
+#[cfg(not(feature = "http"))]
+pub(crate) struct HttpChannel;
+
+#[cfg(not(feature = "http"))]
+impl HttpChannel {
+    pub fn new(
+        _secrets: std::collections::HashMap<String, String>,
+        _allow_private_network: bool,
+    ) -> Result<Self> {
+        Ok(HttpChannel)
+    }
+
+    pub async fn send(
+        &self,
+        _target: &crate::def::HttpTarget,
+        _notice: &Notice,
+        _body: &str,
+        _timeout: std::time::Duration,
+    ) -> Outcome {
+        Outcome::retry("the HTTP channel is not compiled into this process (cargo feature `http`)")
     }
 }

@@ -14,7 +14,7 @@
 //! definitions a refresh costs a count and a handful of rows, not 100,000
 //! rows decoded and validated. The changed rows are found by their id and
 //! time alone; only those whose time differs from the one held (or is
-//! within [`RECENT`] of the previous read) are read whole and validated
+//! within `RECENT` of the previous read) are read whole and validated
 //! again, so a refresh within [`CHANGE_SLACK`] of a bulk change (100,000
 //! definitions synced at once) reads 100,000 ids and times, not 100,000
 //! rows.

@@ -1,6 +1,6 @@
 //! Def: a kind of notification and its delivery policy (a `notify_def` row).
 //!
-//! Definitions are kept as TOML files under `definitions/` ([`file`]), synced
+//! Definitions are kept as TOML files under `definitions/` ([`file`](mod@file)), synced
 //! into the table ([`store`]), and read back through a short-lived cache
 //! ([`cache`]) so that edits made directly in the table take effect without a
 //! restart. Whatever the source, every definition passes the same validation,

@@ -91,7 +91,7 @@ pub const PER_KEY: &str = "per_key";
 /// A definition's `rate_limit`: at most `count` tries start in each aligned
 /// window of `per` (by the database's clock), across every worker and
 /// after-commit attempt, counted in `notify_rate`
-/// ([`crate::state::rate`]). A notice over the limit is not attempted and
+/// (`crate::state::rate`). A notice over the limit is not attempted and
 /// not charged: its claim is released, due when the next window begins.
 /// Windows are fixed, so up to twice `count` may start within one period
 /// that straddles a boundary.

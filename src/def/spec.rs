@@ -152,6 +152,20 @@ fn default_on_error() -> String {
 
 /// The column values of a definition, unvalidated: what a TOML file or a
 /// `notify_def` row holds. Field names are the column names.
+///
+/// ```no_run
+/// # async fn run(db: sea_orm::DatabaseConnection) -> Result<(), solid_notify::Error> {
+/// use solid_notify::def::{Channel, DefSpec, store};
+/// let mut spec = DefSpec::new(
+///     "order_paid",
+///     Channel::Http,
+///     serde_json::json!({"url": "https://crm.example.com/hooks/orders"}),
+/// );
+/// spec.retry_interval = "5s,5m,1h,1d".into();
+/// spec.max_retry_times = 8;
+/// store::sync(&db, &[spec]).await?; // checked, then inserted or updated
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DefSpec {
     /// Unique name (the table key in a TOML file).

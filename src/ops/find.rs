@@ -300,7 +300,7 @@ pub const MAX_PAGE_LIMIT: u64 = 100_000;
 /// Notices in `place` matching `filter`, newest (highest id) first.
 ///
 /// # Errors
-/// [`Error::Config`](crate::Error::Config) naming `limit` when it is 0 or
+/// [`Error::Config`] naming `limit` when it is 0 or
 /// more than [`MAX_PAGE_LIMIT`]; database errors.
 pub async fn list<C: ConnectionTrait>(
     db: &C,

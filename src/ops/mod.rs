@@ -4,6 +4,20 @@
 //! ([`pause`]). The `solid-notify` command is a thin face on these calls.
 //! Every write goes through the [`state`](crate::state) module, guarded by
 //! the version read.
+//!
+//! ```no_run
+//! # async fn run(notifier: solid_notify::Notifier) -> Result<(), solid_notify::Error> {
+//! use solid_notify::ops::{Audit, Page, PauseEnd, Place, find};
+//! let failed = find::list(notifier.db(), Place::History, &Default::default(), Page::default())
+//!     .await?;
+//! for notice in &failed {
+//!     println!("{} {:?} {:?}", notice.id, notice.def, notice.status);
+//! }
+//! notifier.requeue(42).await?; // a final failure, due again with a fresh budget
+//! let audit = Audit::new("alice", "receiver down for maintenance");
+//! notifier.pause("order_paid", PauseEnd::OnResume, &audit).await?;
+//! # Ok(()) }
+//! ```
 
 pub mod bulk;
 pub mod find;

@@ -27,13 +27,13 @@
 //!
 //! How the rows travel depends on the backend. On PostgreSQL a [`NoticeTx`]
 //! from [`Notifier::begin`] buffers its notices and sends them with the
-//! `COMMIT`, in the same round trip ([`pg`]): a notice costs the business
+//! `COMMIT`, in the same round trip (`pg`): a notice costs the business
 //! transaction no round trip, several notices are one multi-row insert, and a
 //! failing insert fails the commit with nothing committed. Elsewhere (and for
 //! [`Notifier::wrap`] and [`Notifier::add`]) each notice is inserted when it
 //! is added, on PostgreSQL inside a savepoint so that a database error rolls
 //! back only the notice. A notice with an idempotency key is written when
-//! it is added on every backend ([`crate::state::keyed`]), so that the key's
+//! it is added on every backend (`crate::state::keyed`), so that the key's
 //! unique index can answer at once with the notice that already holds it.
 
 mod control;
@@ -317,6 +317,17 @@ impl Notifier {
     /// sent until the first statement, and notices travel with the `COMMIT`
     /// (until a savepoint is opened); on SQLite it is `BEGIN IMMEDIATE` (the
     /// write lock up front).
+    ///
+    /// ```no_run
+    /// # async fn run(notifier: solid_notify::Notifier) -> Result<(), solid_notify::Error> {
+    /// use sea_orm::ConnectionTrait;
+    /// let tx = notifier.begin().await?;
+    /// tx.execute_unprepared("UPDATE orders SET paid = 1 WHERE id = 42").await?;
+    /// tx.add_notice("order_paid", &serde_json::json!({"order": 42}), "checkout")
+    ///     .await?;
+    /// tx.commit().await?; // the order and its notice, or neither
+    /// # Ok(()) }
+    /// ```
     pub async fn begin(&self) -> Result<NoticeTx> {
         let db = &self.engine.store.db;
         if db.get_database_backend() == DbBackend::Postgres {

@@ -163,6 +163,21 @@ impl NoticeTx {
 
     /// Adds a notice of definition `def` with `param` and a description.
     /// Returns the new notice id.
+    ///
+    /// ```no_run
+    /// # async fn run(notifier: solid_notify::Notifier) -> Result<(), solid_notify::Error> {
+    /// use sea_orm::TransactionTrait;
+    /// let tx = notifier.begin().await?;
+    /// tx.add_notice("order_paid", &serde_json::json!({"order": 42}), "checkout")
+    ///     .await?;
+    /// // A notice added in a nested transaction that rolls back is never sent.
+    /// let gift = tx.begin().await?;
+    /// gift.add_notice("gift_wrap", &serde_json::json!({"order": 42}), "checkout")
+    ///     .await?;
+    /// gift.rollback().await?;
+    /// tx.commit().await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn add_notice(
         &self,
         def: &str,

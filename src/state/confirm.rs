@@ -1,7 +1,7 @@
 //! Confirm: finishing a notice that awaits confirmation (status 4).
 //!
 //! A rejection, or a deadline that passes, is a failed attempt: the row is
-//! claimed ([`claim_one`](super::claim::claim_one)) and recorded like any
+//! claimed (`claim_one`) and recorded like any
 //! other failure.
 
 use sea_orm::{DbBackend, DbErr, ExprTrait, sea_query::Expr};

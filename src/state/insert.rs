@@ -2,7 +2,7 @@
 //! (normally its business transaction) so it commits with the business data
 //! or not at all.
 //!
-//! The row is checked before any SQL ([`check`]): text the database would
+//! The row is checked before any SQL (`check`): text the database would
 //! refuse (a NUL character, an over-long key, a param over the size limit)
 //! is a typed error that leaves the caller's transaction untouched. On
 //! PostgreSQL, where any failed statement aborts the whole transaction, an

@@ -10,27 +10,27 @@
 //! |---|---|---|---|
 //! | — | insert, in the caller's transaction | 0, due now or reserved for the after-commit attempt | [`insert`] |
 //! | 0 / 2 / 4 due (or reserved) | claim: version + 1, `leased`, lease from the DB clock | same status, leased | [`claim`] |
-//! | 0, next of its key after a success, in turn | claim for the sweep that recorded the success, in the same statement (PostgreSQL) | same status, leased | [`batch::succeed_many`], [`order::next_of_moved_pg`] |
-//! | 0 not leased, right behind that next notice | claimed with it, a run of up to [`order::RUN`]; those between the first and the last hold no key (`in_run_at`, migration 17), the sweep sends each once the one before is recorded | same status, leased | [`order::next_of_moved_pg`], [`crate::attempt`] (runs) |
+//! | 0, next of its key after a success, in turn | claim for the sweep that recorded the success, in the same statement (PostgreSQL) | same status, leased | `batch::succeed_many`, `order::next_of_moved_pg` |
+//! | 0 not leased, right behind that next notice | claimed with it, a run of up to `order::RUN`; those between the first and the last hold no key (`in_run_at`, migration 17), the sweep sends each once the one before is recorded | same status, leased | `order::next_of_moved_pg`, [`crate::attempt`] (runs) |
 //! | 0 due, not in its key's turn | set aside: next check later, version unchanged | same status | [`claim`], [`order`]; on PostgreSQL also at insert, third in line or later (trigger, migration 14) |
-//! | 0 set aside | promote: due now, once in turn, version unchanged | same status | [`order::promote`]; on PostgreSQL a batch of successes promotes in its own statement ([`batch::succeed_many`]) |
-//! | leased | release: due now | same status | [`Lease::release_for`] |
-//! | leased, over its rate limit | release until the next window, uncharged | same status | [`Lease::release_for`], [`rate`] |
-//! | leased | retry at T: errors + line, `retry_times` + 1 | 2 | [`Lease::retry`] |
-//! | leased | succeed | history 1 | [`Lease::succeed`], [`batch::succeed_many`] |
-//! | leased | fail for good (+ alert notice, same transaction) | history 3 | [`Lease::fail_for_good`] |
-//! | leased | await confirmation until a deadline | 4 | [`Lease::await_confirmation`] |
-//! | 4 | confirm | history 1 | [`confirm::confirm`] |
-//! | 4 | reject or deadline passed | claimed, then 2 or history 3 as any failure | [`claim::claim_one`] |
-//! | any in flight | cancel | history 5 | [`operator::cancel`] |
-//! | leased, definition unusable | park (reason in errors, + one alert) | history 6 | [`batch::park_many`] |
-//! | history 3 / 5 / 6 | requeue (audit line) | 0, due now, fresh retry budget | [`operator::requeue`] |
-//! | history 1 / 5 (3 when asked) | purge, after archiving | deleted | [`retention::delete_history`] |
+//! | 0 set aside | promote: due now, once in turn, version unchanged | same status | `order::promote`; on PostgreSQL a batch of successes promotes in its own statement (`batch::succeed_many`) |
+//! | leased | release: due now | same status | `Lease::release_for` |
+//! | leased, over its rate limit | release until the next window, uncharged | same status | `Lease::release_for`, `rate` |
+//! | leased | retry at T: errors + line, `retry_times` + 1 | 2 | `Lease::retry` |
+//! | leased | succeed | history 1 | `Lease::succeed`, `batch::succeed_many` |
+//! | leased | fail for good (+ alert notice, same transaction) | history 3 | `Lease::fail_for_good` |
+//! | leased | await confirmation until a deadline | 4 | `Lease::await_confirmation` |
+//! | 4 | confirm | history 1 | `confirm::confirm` |
+//! | 4 | reject or deadline passed | claimed, then 2 or history 3 as any failure | `claim::claim_one` |
+//! | any in flight | cancel | history 5 | `operator::cancel` |
+//! | leased, definition unusable | park (reason in errors, + one alert) | history 6 | `batch::park_many` |
+//! | history 3 / 5 / 6 | requeue (audit line) | 0, due now, fresh retry budget | `operator::requeue` |
+//! | history 1 / 5 (3 when asked) | purge, after archiving | deleted | `retention::delete_history` |
 //!
 //! A definition paused in `notify_def` ([`pause`]) is skipped by every claim
 //! of due rows until it resumes: its notices stay as they are.
 //!
-//! A claimed row is a [`Lease`]: the only way to change it is to call one of
+//! A claimed row is a `Lease`: the only way to change it is to call one of
 //! its transitions, each of which consumes it (and hands it back, with the
 //! error, when the database could not be reached, so the caller may try
 //! again). A lease dropped without a transition is released in the

@@ -33,7 +33,7 @@
 //! `notify_msg` (delivered, failed for good, parked, cancelled, confirmed),
 //! or a final failure that held its key back is cancelled or purged, the
 //! oldest notice of that key is made due at once if it is in its turn now
-//! ([`promote`]). A claim that set rows aside promotes their keys too, once
+//! (`promote`). A claim that set rows aside promotes their keys too, once
 //! it has committed: a notice that finished between the claim's snapshot
 //! and its write is then seen, so no wake-up is lost. Setting aside only
 //! ever delays a notice (the turn rule above decides who may be sent), and
@@ -48,8 +48,8 @@
 //! of its key in flight is written set aside at once (a trigger, migration
 //! 14), so no claim ever reads it; and a sweep's batch of successes
 //! promotes the next notice of each key in the statement that moves them
-//! ([`next_of_moved_pg`]), then checks again after its commit. That
-//! statement claims the next notice with up to [`RUN`] - 1 behind it (a
+//! (`next_of_moved_pg`), then checks again after its commit. That
+//! statement claims the next notice with up to `RUN` - 1 behind it (a
 //! run), which its sweep sends one by one: a key's turn is then found and
 //! checked once per run. The first and the last notice of a run hold the
 //! key; a live lease of either keeps every other claim of the key out. A notice set
@@ -116,7 +116,7 @@ fn placeholder(backend: DbBackend, n: usize) -> String {
     }
 }
 
-/// [`in_turn`] as SQL text (for `EXPLAIN`ing a claim by hand).
+/// `in_turn` as SQL text (for `EXPLAIN`ing a claim by hand).
 pub fn in_turn_sql(backend: DbBackend) -> String {
     format!(
         "(notify_msg.ordering_key IS NULL \

@@ -12,9 +12,9 @@
 //! batch is claimed. On PostgreSQL, while some definition is ordered, the
 //! batch of successes also claims the next notice of each key it records,
 //! with a run of notices behind it, and hands it back here
-//! ([`attempt::batch`]); the run waits, leased, until the notice before
+//! (`attempt::batch`); the run waits, leased, until the notice before
 //! each is recorded, and is released when that notice ends any other way
-//! ([`Runs`]). Such a sweep stays until its last successes are written, and
+//! (`Runs`). Such a sweep stays until its last successes are written, and
 //! claims due rows again as those next notices come, at most every 100 ms.
 //!
 //! Shutdown: no more claims and no more starts; unstarted rows (and the

@@ -204,7 +204,7 @@ pub fn pool_options(url: impl Into<String>) -> sea_orm::ConnectOptions {
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Opens a pool with [`pool_options`], giving up after `timeout` with
-/// [`Error::Unreachable`](crate::Error::Unreachable), which names the host
+/// [`Error::Unreachable`], which names the host
 /// (never the password).
 pub async fn connect(
     url: &str,
@@ -256,6 +256,23 @@ pub const SWEEP_RETRY_MAX: Duration = Duration::from_secs(30);
 pub const NEXT_DUE_EVERY: Duration = Duration::from_millis(250);
 
 /// A sweeping loop over one notifier.
+///
+/// ```no_run
+/// # async fn run(notifier: solid_notify::Notifier) -> Result<(), solid_notify::Error> {
+/// use solid_notify::{Worker, WorkerConfig};
+/// use tokio_util::sync::CancellationToken;
+/// let worker = Worker::new(notifier.clone(), WorkerConfig::default())?;
+/// let stop = CancellationToken::new();
+/// let running = tokio::spawn({
+///     let stop = stop.clone();
+///     async move { worker.run(stop).await }
+/// });
+/// tokio::signal::ctrl_c().await.ok();
+/// stop.cancel(); // finishes the sweep in flight, then returns
+/// running.await.ok();
+/// notifier.shutdown(std::time::Duration::from_secs(10)).await?;
+/// # Ok(()) }
+/// ```
 pub struct Worker {
     notifier: Notifier,
     config: WorkerConfig,

@@ -29,8 +29,6 @@ use std::time::Duration;
 
 #[cfg(feature = "amqp")]
 mod client;
-#[cfg(not(feature = "amqp"))]
-pub(crate) use super::off::AmqpChannel;
 #[cfg(feature = "amqp")]
 pub(crate) use client::{AmqpChannel, declare_confirm_queue};
 
@@ -81,5 +79,32 @@ impl Default for AmqpConfig {
                 .unwrap_or_else(|_| DEFAULT_CONFIRM_QUEUE.into()),
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
         }
+    }
+}
+
+/// AMQP without the `amqp` feature: never enabled, so its definitions are
+/// left to a process built with it (`attempt::available`).
+#[cfg(not(feature = "amqp"))]
+pub(crate) struct AmqpChannel;
+
+#[cfg(not(feature = "amqp"))]
+impl AmqpChannel {
+    pub fn new(_config: &AmqpConfig) -> Self {
+        AmqpChannel
+    }
+
+    pub fn enabled(&self) -> bool {
+        false
+    }
+
+    pub async fn publish(
+        &self,
+        _target: &crate::def::AmqpTarget,
+        _notice: &crate::handler::Notice,
+        _body: &str,
+    ) -> crate::handler::Outcome {
+        crate::handler::Outcome::retry(
+            "the AMQP channel is not compiled into this process (cargo feature `amqp`)",
+        )
     }
 }

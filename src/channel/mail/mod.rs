@@ -16,8 +16,6 @@ use std::path::PathBuf;
 
 #[cfg(feature = "email")]
 mod client;
-#[cfg(not(feature = "email"))]
-pub(crate) use super::off::Mailer;
 #[cfg(feature = "email")]
 pub(crate) use client::Mailer;
 
@@ -66,5 +64,27 @@ impl Default for MailConfig {
                 .map(PathBuf::from)
                 .unwrap_or_else(|| std::env::temp_dir().join("solid-notify-mail")),
         }
+    }
+}
+
+/// E-mail without the `email` feature: its definitions are left to a
+/// process built with it (`attempt::available`).
+#[cfg(not(feature = "email"))]
+pub(crate) struct Mailer;
+
+#[cfg(not(feature = "email"))]
+impl Mailer {
+    pub fn new(_config: &MailConfig) -> crate::error::Result<Self> {
+        Ok(Mailer)
+    }
+
+    pub async fn send_notice(
+        &self,
+        _target: &crate::def::EmailTarget,
+        _notice: &crate::handler::Notice,
+    ) -> crate::handler::Outcome {
+        crate::handler::Outcome::retry(
+            "the e-mail channel is not compiled into this process (cargo feature `email`)",
+        )
     }
 }

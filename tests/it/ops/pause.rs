@@ -328,7 +328,7 @@ db_test!(
         let rows = solid_notify::def::store::list(&db.db).await.unwrap();
         let (row, _) = rows.into_iter().find(|(r, _)| r.name == "flaky").unwrap();
         assert_eq!(
-            (row.paused_until, row.pause_reason),
+            (row.paused_until, row.pause_reason.clone()),
             (None, None),
             "paused by a circuit that opened during shutdown"
         );
