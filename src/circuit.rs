@@ -102,6 +102,12 @@ async fn open(engine: Arc<Engine>, def: DefRef) {
         }
         engine.breakers.probing(def.id);
         let verdict = probe(&engine, &def).await;
+        if engine.closing.is_cancelled() && !matches!(verdict, Ok(Probe::Delivered)) {
+            // Shutting down: no new cool-down that no one here would probe;
+            // the pause ends by itself, a lease after this one's cool-down.
+            engine.breakers.closed(def.id);
+            return;
+        }
         let again = match &verdict {
             Ok(Probe::Delivered) => None,
             Ok(Probe::Failed) => Some(format!("{CIRCUIT_REASON}: the probe failed")),
@@ -173,6 +179,10 @@ async fn open_in_db(
             record::alert_row(engine, &mail, &engine.closing).await?.0,
         )
     };
+    if engine.closing.is_cancelled() {
+        // Shutdown began meanwhile: pause nothing no one here would probe.
+        return Ok(false);
+    }
     let txn = engine.store.db.begin().await?;
     if !pause::open_if_unpaused(&txn, def.id, hold, &reason(n)).await? {
         txn.rollback().await?;

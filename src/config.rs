@@ -62,8 +62,8 @@ pub struct Config {
     pub mail: MailConfig,
     /// Named secrets (e.g. HTTP signing keys) kept out of `notify_def`; a name
     /// not found here is read from the environment variable
-    /// `SOLID_NOTIFY_SECRET_<NAME>` only
-    /// ([`SECRET_ENV_PREFIX`](crate::channel::http::SECRET_ENV_PREFIX)).
+    /// `SOLID_NOTIFY_SECRET_<NAME>` only (`channel::http::SECRET_ENV_PREFIX`
+    /// with the `http` feature).
     /// Redacted by `Debug`. Default: empty.
     pub secrets: HashMap<String, String>,
     /// RabbitMQ for the `amqp` channel and the confirmation queue. Default
@@ -89,7 +89,7 @@ pub struct Config {
     /// non-public addresses, for every definition (one definition opts in
     /// with its target's `allow_private_network`). Off, a host is resolved
     /// and only its public addresses are connected to (see
-    /// [`crate::channel::http`]), so a producer's URL cannot reach the
+    /// `channel::http`), so a producer's URL cannot reach the
     /// internal network. Default `false`; the tests and the quickstart,
     /// whose receivers listen on 127.0.0.1, turn it on.
     pub allow_private_network: bool,

@@ -205,9 +205,14 @@ pub(crate) async fn run(
     // Tasks the last sweeps started meanwhile (alert hooks, releases):
     // what is left of the deadline.
     if let Some(at) = stopping_at.get() {
-        let deadline =
-            *at + worker_timeout + solid_notify::RELEASE_GRACE + solid_notify::HARD_STOP_MARGIN;
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        // A timeout too long to add up means no deadline.
+        let deadline = at.checked_add(
+            worker_timeout
+                .saturating_add(solid_notify::RELEASE_GRACE + solid_notify::HARD_STOP_MARGIN),
+        );
+        let left = deadline.map_or(Duration::MAX, |d| {
+            d.saturating_duration_since(std::time::Instant::now())
+        });
         tokio::time::timeout(left, notifier_for_shutdown.shutdown(Duration::ZERO))
             .await
             .ok();

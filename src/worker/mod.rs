@@ -389,13 +389,19 @@ impl Worker {
         });
         // The deadline, once shutdown is asked for: everything is done,
         // or given up, by then.
-        let total = self.config.shutdown_timeout + RELEASE_GRACE + HARD_STOP_MARGIN;
+        // (A timeout too long to add up means no deadline.)
+        let total = self
+            .config
+            .shutdown_timeout
+            .saturating_add(RELEASE_GRACE + HARD_STOP_MARGIN);
         let deadline = Arc::new(std::sync::OnceLock::new());
         let noted = tokio::spawn({
             let (shutdown, deadline) = (shutdown.clone(), deadline.clone());
             async move {
                 shutdown.cancelled().await;
-                let _ = deadline.set(Instant::now() + total);
+                if let Some(at) = Instant::now().checked_add(total) {
+                    let _ = deadline.set(at);
+                }
             }
         });
         let hard_stop = async {
@@ -610,14 +616,19 @@ impl Worker {
                 defs
             }
         };
-        // Alerts are swept by every worker, whatever its filters.
+        // Alerts are swept by every worker, whatever its filters, that can
+        // deliver them (built with `email`): one that cannot would claim and
+        // release them again and again.
         let filtered = !(self.config.defs.is_empty()
             && self.config.handlers.is_empty()
             && self.config.partitions.is_empty());
         let always = match filtered {
             false => Vec::new(),
             true => match self.notifier.engine.alert_def().await {
-                Ok(def) => vec![def.id],
+                Ok(def) if crate::attempt::available(&self.notifier.engine, &def).is_ok() => {
+                    vec![def.id]
+                }
+                Ok(_) => Vec::new(),
                 Err(e) => {
                     // The worker's own notices go on; alerts wait for the
                     // next sweep that can read their definition.
