@@ -38,6 +38,8 @@ pub const BACKOFF_FIRST: Duration = Duration::from_millis(50);
 /// ... up to this pause between tries.
 pub const BACKOFF_MAX: Duration = Duration::from_secs(5);
 
+/// The driver's error under `e` (none without a backend feature).
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 fn sqlx_error(e: &DbErr) -> Option<&sea_orm::sqlx::Error> {
     match e {
         DbErr::Exec(RuntimeErr::SqlxError(e))
@@ -47,11 +49,18 @@ fn sqlx_error(e: &DbErr) -> Option<&sea_orm::sqlx::Error> {
     }
 }
 
+/// The SQLSTATE (or SQLite's code) of the database's error under `e`.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 fn sql_state(e: &DbErr) -> Option<String> {
     sqlx_error(e)?
         .as_database_error()
         .and_then(|db| db.code())
         .map(|c| c.into_owned())
+}
+
+#[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
+fn sql_state(_: &DbErr) -> Option<String> {
+    None
 }
 
 /// Whether the database aborted the statement as a conflict to be retried:
@@ -82,10 +91,17 @@ pub(crate) fn in_aborted_transaction(e: &DbErr) -> bool {
     sql_state(e).is_some_and(|code| code == "25P02") || rolled_back_transaction(e)
 }
 
+/// MySQL's or MariaDB's error number under `e`.
+#[cfg(feature = "mysql")]
 fn mysql_code(e: &DbErr) -> Option<u16> {
     let db = sqlx_error(e)?.as_database_error()?;
     db.try_downcast_ref::<sea_orm::sqlx::mysql::MySqlDatabaseError>()
         .map(|m| m.number())
+}
+
+#[cfg(not(feature = "mysql"))]
+fn mysql_code(_: &DbErr) -> Option<u16> {
+    None
 }
 
 /// Whether `e` is a fault of the connection or the server rather than of the
@@ -94,9 +110,17 @@ pub(crate) fn is_transient(e: &DbErr) -> bool {
     if is_conflict(e) {
         return true;
     }
-    if matches!(e, DbErr::ConnectionAcquire(_) | DbErr::Conn(_)) {
-        return true;
-    }
+    matches!(e, DbErr::ConnectionAcquire(_) | DbErr::Conn(_)) || driver_transient(e)
+}
+
+/// [`is_transient`], for the driver's own errors.
+#[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
+fn driver_transient(_: &DbErr) -> bool {
+    false
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+fn driver_transient(e: &DbErr) -> bool {
     let Some(sqlx) = sqlx_error(e) else {
         return false;
     };
@@ -133,9 +157,17 @@ pub(crate) fn is_transient(e: &DbErr) -> bool {
 /// Whether `e` means the connection (or the server) went away while the
 /// statement ran, so that its outcome is unknown: it may have been applied.
 pub(crate) fn connection_lost(e: &DbErr) -> bool {
-    if matches!(e, DbErr::Conn(_)) {
-        return true;
-    }
+    matches!(e, DbErr::Conn(_)) || driver_lost(e)
+}
+
+/// [`connection_lost`], for the driver's own errors.
+#[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
+fn driver_lost(_: &DbErr) -> bool {
+    false
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+fn driver_lost(e: &DbErr) -> bool {
     let Some(sqlx) = sqlx_error(e) else {
         return false;
     };
@@ -213,6 +245,7 @@ fn millis_since_epoch() -> u64 {
 
 /// Whether this process abandoned a database call ([`timed_out`]) within
 /// the last `window`: its pools' idle connections may be cut off too.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn abandoned_within(window: Duration) -> bool {
     use std::sync::atomic::Ordering;
     match ABANDONED.load(Ordering::Relaxed) {

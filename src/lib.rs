@@ -36,11 +36,15 @@
 //! ## Cargo features
 //!
 //! All on by default; the outbox, the workers, the [`ops`] calls and the
-//! handler channel need none of them. A definition whose channel is
-//! compiled out is left to a process built with it.
+//! handler channel need only the database they run on. A definition whose
+//! channel is compiled out is left to a process built with it; a database
+//! whose feature is off is refused when connecting.
 //!
 //! | feature | adds |
 //! |---|---|
+//! | `postgres` | PostgreSQL (sqlx-postgres): notices sent with the `COMMIT`, `LISTEN` wake-ups |
+//! | `mysql` | MySQL and MariaDB (sqlx-mysql) |
+//! | `sqlite` | SQLite (sqlx-sqlite) |
 //! | `http` | the HTTP channel, signed webhooks (reqwest) |
 //! | `amqp` | the AMQP channel and the confirmation listener (lapin) |
 //! | `email` | the e-mail channel and alert e-mails (lettre's transports) |

@@ -37,6 +37,10 @@
 //! unique index can answer at once with the notice that already holds it.
 
 mod control;
+#[cfg(feature = "postgres")]
+mod pg;
+#[cfg(not(feature = "postgres"))]
+#[path = "pg_off.rs"]
 mod pg;
 mod tx;
 
@@ -330,6 +334,7 @@ impl Notifier {
     /// ```
     pub async fn begin(&self) -> Result<NoticeTx> {
         let db = &self.engine.store.db;
+        #[cfg(feature = "postgres")]
         if db.get_database_backend() == DbBackend::Postgres {
             let pg = pg::PgTx::new(db.pool().get_postgres_connection_pool(), db.bound()).await?;
             return Ok(NoticeTx::top_pg(self.clone(), pg));

@@ -63,7 +63,9 @@ enum Kind {
     /// A sea-orm transaction; notices inserted as they are added.
     Sea(DatabaseTransaction),
     /// PostgreSQL: notices buffered and sent with the commit (until a
-    /// savepoint may exist). Shared by every level.
+    /// savepoint may exist). Shared by every level. (Without the `postgres`
+    /// feature `PgTx` has no values.)
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     Pg(Arc<PgTx>),
 }
 
@@ -147,6 +149,7 @@ impl NoticeTx {
     }
 
     /// [`Notifier::begin`] on PostgreSQL.
+    #[cfg(feature = "postgres")]
     pub(super) fn top_pg(notifier: Notifier, pg: PgTx) -> Self {
         NoticeTx::new(notifier, Kind::Pg(Arc::new(pg)), Level::Top)
     }
@@ -640,6 +643,7 @@ async fn commit_sea(txn: DatabaseTransaction, shared: &Shared, bound: Duration) 
 /// transaction so begun is rolled back at once).
 async fn probe(txn: &DatabaseTransaction) -> Option<String> {
     let backend = txn.get_database_backend();
+    #[cfg(feature = "postgres")]
     if backend == DbBackend::Postgres {
         return match txn.execute_unprepared(super::pg::PROBE[0]).await {
             Ok(_) => txn

@@ -328,16 +328,7 @@ pub(crate) async fn succeed_pairs_pg(
     let ids: Vec<i64> = pairs.iter().map(|p| p.0).collect();
     let versions: Vec<i32> = pairs.iter().map(|p| p.1).collect();
     let Some((next, lease, continuing)) = next else {
-        let moved = sea_orm::sqlx::query_scalar(sea_orm::sqlx::AssertSqlSafe(sql.as_str()))
-            .bind(ids)
-            .bind(versions)
-            .fetch_all(db.pool().get_postgres_connection_pool());
-        let moved = crate::db::bounded(db.bound(), async {
-            moved
-                .await
-                .map_err(|e| DbErr::Query(sea_orm::RuntimeErr::SqlxError(std::sync::Arc::new(e))))
-        })
-        .await?;
+        let moved = moved_ids_pg(db, sql, ids, versions).await?;
         return Ok((moved, Vec::new()));
     };
     let values = [
@@ -373,6 +364,49 @@ pub(crate) async fn succeed_pairs_pg(
     Ok((moved, claimed))
 }
 
+/// PostgreSQL: runs [`succeed_pairs_pg`]'s statement that only moves rows,
+/// straight on the driver: the ids moved.
+#[cfg(feature = "postgres")]
+async fn moved_ids_pg(
+    db: &crate::db::Db,
+    sql: &str,
+    ids: Vec<i64>,
+    versions: Vec<i32>,
+) -> Result<Vec<i64>, DbErr> {
+    let moved = sea_orm::sqlx::query_scalar(sea_orm::sqlx::AssertSqlSafe(sql))
+        .bind(ids)
+        .bind(versions)
+        .fetch_all(db.pool().get_postgres_connection_pool());
+    crate::db::bounded(db.bound(), async {
+        moved
+            .await
+            .map_err(|e| DbErr::Query(sea_orm::RuntimeErr::SqlxError(std::sync::Arc::new(e))))
+    })
+    .await
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn moved_ids_pg(
+    _: &crate::db::Db,
+    _: &str,
+    _: Vec<i64>,
+    _: Vec<i32>,
+) -> Result<Vec<i64>, DbErr> {
+    Err(no_postgres())
+}
+
+/// What a PostgreSQL-only call answers in a build without `postgres`
+/// (never asked: no PostgreSQL connection exists in such a build).
+#[cfg(not(feature = "postgres"))]
+fn no_postgres() -> DbErr {
+    DbErr::Custom("PostgreSQL is not compiled in (the `postgres` feature)".into())
+}
+
+#[cfg(not(feature = "postgres"))]
+pub(crate) fn model_at_pg(_: &sea_orm::QueryResult) -> Result<notify_msg::Model, DbErr> {
+    Err(no_postgres())
+}
+
 /// PostgreSQL: a notice row read by position, its columns in the order of
 /// [`Column`] (a statement's `RETURNING` list from [`returning_all`]).
 ///
@@ -380,6 +414,7 @@ pub(crate) async fn succeed_pairs_pg(
 /// for each `NULL` it meets (a fifth of a no-op drain's worker CPU went to
 /// decoding claimed rows); this one reads positions and takes `NULL` as
 /// `None`.
+#[cfg(feature = "postgres")]
 pub(crate) fn model_at_pg(row: &sea_orm::QueryResult) -> Result<notify_msg::Model, DbErr> {
     use sea_orm::{ActiveEnum, sqlx::Row};
     let Some(row) = row.try_as_pg_row() else {

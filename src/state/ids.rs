@@ -3,6 +3,8 @@
 //! `add_notice` can answer with the id at once and the row can still be
 //! written together with the commit. Ids of a block a process never uses are
 //! simply skipped; ids are unique, not ordered by time across processes.
+//! Used only with the `postgres` feature.
+#![cfg_attr(not(feature = "postgres"), allow(dead_code))]
 
 use std::{collections::VecDeque, sync::Mutex};
 

@@ -19,7 +19,7 @@
 //! [`Notifier::begin`]: crate::Notifier::begin
 
 use sea_orm::{
-    ConnectionTrait, DbBackend, DbErr, IdenStatic,
+    ConnectionTrait, DbBackend, DbErr,
     sea_query::{Expr, InsertStatement, IntoIden, Query},
 };
 
@@ -238,9 +238,11 @@ fn values(backend: DbBackend, row: &NewRow) -> [Expr; 15] {
 /// `COMMIT` ([`pg_insert_literal`]), estimated from the text's size plus
 /// [`LITERAL_ROW_BYTES`] a row; larger batches go as a prepared statement
 /// ([`pg_insert_rows`]) before it: 1 MiB.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))] // PostgreSQL's alone
 pub(crate) const LITERAL_INSERT_MAX_BYTES: usize = 1024 * 1024;
 
 /// SQL text of one literal row besides its strings (an upper bound).
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))] // PostgreSQL's alone
 const LITERAL_ROW_BYTES: usize = 320;
 
 /// PostgreSQL: buffered rows (ids handed out beforehand) as one `INSERT`
@@ -253,6 +255,7 @@ const LITERAL_ROW_BYTES: usize = 320;
 /// verbatim, whatever `standard_conforming_strings`, `backslash_quote` or a
 /// multibyte `client_encoding` say (no escaping is involved). The rows passed
 /// [`check`] (no NUL).
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))] // PostgreSQL's alone
 pub(crate) fn pg_insert_literal(rows: &[(i64, NewRow)]) -> Option<String> {
     let text = |r: &NewRow| {
         r.param.len()
@@ -302,6 +305,7 @@ pub(crate) fn pg_insert_literal(rows: &[(i64, NewRow)]) -> Option<String> {
 /// `s` finds the numbers it holds, so the cost is linear whatever `s` is.
 /// `$` is never the trail byte of a multibyte character in any encoding
 /// PostgreSQL accepts from a client, so a tag cannot hide inside one.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))] // PostgreSQL's alone
 fn dollar_quote(s: &str) -> String {
     let held: std::collections::HashSet<u64> = s
         .match_indices("$sn")
@@ -377,10 +381,12 @@ pub(crate) async fn insert_new<C: ConnectionTrait>(
 /// their number: `INSERT … SELECT … FROM UNNEST($1::bigint[], …)`. Planned
 /// once per connection; every value is a bound parameter. Inside the
 /// caller's transaction, or alone (then it commits by itself).
+#[cfg(feature = "postgres")]
 pub(crate) async fn pg_insert_rows(
     conn: &mut sea_orm::sqlx::PgConnection,
     rows: &[(i64, NewRow)],
 ) -> Result<(), sea_orm::sqlx::Error> {
+    use sea_orm::IdenStatic;
     static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     let sql = SQL.get_or_init(|| {
         let now = "(statement_timestamp() AT TIME ZONE 'UTC')";
@@ -465,6 +471,8 @@ pub(crate) async fn pg_insert_rows(
 
 #[cfg(test)]
 mod tests {
+    use sea_orm::IdenStatic;
+
     use super::*;
 
     fn row() -> NewRow {

@@ -106,7 +106,39 @@ pub const RELEASE_PING_BOUND: Duration = Duration::from_secs(5);
 ///   pool of such connections none; closed, it is replaced by a new one
 ///   once the network is back.
 pub fn pool_options(url: impl Into<String>) -> sea_orm::ConnectOptions {
-    use sea_orm::sqlx;
+    let mut options = sea_orm::ConnectOptions::new(url.into());
+    options
+        .test_before_acquire(false)
+        .acquire_timeout(crate::config::DEFAULT_DB_TIMEOUT);
+    #[cfg(feature = "postgres")]
+    options
+        .map_sqlx_postgres_before_acquire(hooks::checked::<hooks::sqlx::PgConnection>)
+        .map_sqlx_postgres_pool_opts(|o| {
+            o.after_connect(hooks::pg_session)
+                .after_release(hooks::alive::<hooks::sqlx::PgConnection>)
+        });
+    #[cfg(feature = "mysql")]
+    options
+        .map_sqlx_mysql_before_acquire(hooks::checked::<hooks::sqlx::MySqlConnection>)
+        .map_sqlx_mysql_pool_opts(|o| {
+            o.after_connect(hooks::mysql_session)
+                .after_release(hooks::rolled_back)
+        });
+    options
+}
+
+/// [`pool_options`]'s hooks on the connections of PostgreSQL and MySQL
+/// pools.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod hooks {
+    use std::time::Duration;
+
+    pub(super) use sea_orm::sqlx;
+
+    use crate::worker::{
+        IDLE_TRANSACTION_TIMEOUT, POOL_PING_IF_IDLE_FOR, RELEASE_PING_BOUND, SUSPECT_PING_BOUND,
+        SUSPECT_WINDOW,
+    };
     // Whether a check answered within `bound`: past it an error, not
     // `false`, so the pool closes the connection without a goodbye (which
     // could hang too).
@@ -120,7 +152,8 @@ pub fn pool_options(url: impl Into<String>) -> sea_orm::ConnectOptions {
             Err(_) => Err(sqlx::Error::PoolTimedOut),
         }
     }
-    fn alive<'c, C: sqlx::Connection>(
+    #[cfg(feature = "postgres")]
+    pub(super) fn alive<'c, C: sqlx::Connection>(
         conn: &'c mut C,
         _: sqlx::pool::PoolConnectionMetadata,
     ) -> futures::future::BoxFuture<'c, std::result::Result<bool, sqlx::Error>> {
@@ -129,7 +162,8 @@ pub fn pool_options(url: impl Into<String>) -> sea_orm::ConnectOptions {
     // MySQL/MariaDB: a ROLLBACK instead of the ping (one round trip
     // either way, and harmless outside a transaction): it also ends a
     // transaction whose BEGIN was given up before it answered.
-    fn rolled_back<'c>(
+    #[cfg(feature = "mysql")]
+    pub(super) fn rolled_back<'c>(
         conn: &'c mut sqlx::MySqlConnection,
         _: sqlx::pool::PoolConnectionMetadata,
     ) -> futures::future::BoxFuture<'c, std::result::Result<bool, sqlx::Error>> {
@@ -140,7 +174,7 @@ pub fn pool_options(url: impl Into<String>) -> sea_orm::ConnectOptions {
     // POOL_PING_IF_IDLE_FOR, and of every one for SUSPECT_WINDOW after an
     // abandoned call (more briefly); one that does not answer is closed
     // without a goodbye, and another tried.
-    fn checked<'c, C: sqlx::Connection>(
+    pub(super) fn checked<'c, C: sqlx::Connection>(
         conn: &'c mut C,
         meta: sqlx::pool::PoolConnectionMetadata,
     ) -> futures::future::BoxFuture<'c, std::result::Result<bool, sqlx::Error>> {
@@ -156,7 +190,8 @@ pub fn pool_options(url: impl Into<String>) -> sea_orm::ConnectOptions {
         })
     }
     // Each new connection: the server ends a transaction left idle.
-    fn pg_session<'c>(
+    #[cfg(feature = "postgres")]
+    pub(super) fn pg_session<'c>(
         conn: &'c mut sqlx::PgConnection,
         _: sqlx::pool::PoolConnectionMetadata,
     ) -> futures::future::BoxFuture<'c, std::result::Result<(), sqlx::Error>> {
@@ -169,7 +204,8 @@ pub fn pool_options(url: impl Into<String>) -> sea_orm::ConnectOptions {
             conn.execute(sqlx::AssertSqlSafe(set)).await.map(drop)
         })
     }
-    fn mysql_session<'c>(
+    #[cfg(feature = "mysql")]
+    pub(super) fn mysql_session<'c>(
         conn: &'c mut sqlx::MySqlConnection,
         _: sqlx::pool::PoolConnectionMetadata,
     ) -> futures::future::BoxFuture<'c, std::result::Result<(), sqlx::Error>> {
@@ -186,18 +222,6 @@ pub fn pool_options(url: impl Into<String>) -> sea_orm::ConnectOptions {
             Ok(())
         })
     }
-    let mut options = sea_orm::ConnectOptions::new(url.into());
-    options
-        .test_before_acquire(false)
-        .acquire_timeout(crate::config::DEFAULT_DB_TIMEOUT)
-        .map_sqlx_postgres_before_acquire(checked::<sqlx::PgConnection>)
-        .map_sqlx_mysql_before_acquire(checked::<sqlx::MySqlConnection>)
-        .map_sqlx_postgres_pool_opts(|o| {
-            o.after_connect(pg_session)
-                .after_release(alive::<sqlx::PgConnection>)
-        })
-        .map_sqlx_mysql_pool_opts(|o| o.after_connect(mysql_session).after_release(rolled_back));
-    options
 }
 
 /// How long [`connect`] waits for the database: 5 seconds.
@@ -797,6 +821,7 @@ impl Worker {
 /// it can have within 200 ms) and runs a statement on each that touches the
 /// notice tables, so the connections a worker needs exist, warm, before its
 /// first sweep.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 async fn warm_up(db: &sea_orm::DatabaseConnection) {
     use sea_orm::sqlx;
     const WARM: &str = "SELECT 1 FROM notify_msg WHERE id < 0 UNION ALL SELECT 1 FROM notify_msg_history WHERE id < 0";
@@ -816,11 +841,17 @@ async fn warm_up(db: &sea_orm::DatabaseConnection) {
         }
     }
     match db.get_database_backend() {
+        #[cfg(feature = "postgres")]
         sea_orm::DbBackend::Postgres => warm(db.get_postgres_connection_pool()).await,
+        #[cfg(feature = "mysql")]
         sea_orm::DbBackend::MySql => warm(db.get_mysql_connection_pool()).await,
         _ => {}
     }
 }
+
+/// Nothing to warm: SQLite's connections are files.
+#[cfg(not(any(feature = "postgres", feature = "mysql")))]
+async fn warm_up(_: &sea_orm::DatabaseConnection) {}
 
 /// After this many sweeps failed in a row a worker logs at `error` and
 /// raises an alert (once per run of failures): 10.

@@ -18,7 +18,6 @@
 
 use std::time::Duration;
 
-use sea_orm::DbBackend;
 use tokio_util::sync::CancellationToken;
 
 use crate::notifier::Notifier;
@@ -27,6 +26,7 @@ use crate::notifier::Notifier;
 pub const WAKE_CHANNEL: &str = migration::WAKE_CHANNEL;
 
 /// Pause before listening again after the listener failed to connect.
+#[cfg(feature = "postgres")]
 const RECONNECT_PAUSE: Duration = Duration::from_millis(500);
 
 /// How long the listener may hear nothing before it checks that its
@@ -38,9 +38,16 @@ pub const LISTEN_CHECK_EVERY: Duration = Duration::from_secs(30);
 /// Listens for `NOTIFY solid_notify` until `stop` and wakes the notifier's
 /// workers on each notification and after each reconnection. Does nothing on
 /// other backends.
+#[cfg(not(feature = "postgres"))]
+pub(crate) async fn listen(_: Notifier, _: CancellationToken) {}
+
+/// Listens for `NOTIFY solid_notify` until `stop` and wakes the notifier's
+/// workers on each notification and after each reconnection. Does nothing on
+/// other backends.
+#[cfg(feature = "postgres")]
 pub(crate) async fn listen(notifier: Notifier, stop: CancellationToken) {
     let db = notifier.db().clone();
-    if db.get_database_backend() != DbBackend::Postgres {
+    if db.get_database_backend() != sea_orm::DbBackend::Postgres {
         return;
     }
     let options = db.get_postgres_connection_pool().connect_options();

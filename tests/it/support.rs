@@ -304,22 +304,41 @@ impl TestDb {
             .expect("read history row")
     }
 
+    /// Notices live and in history. On SQLite (its default rollback
+    /// journal), a reader waits for a writer's commit at most
+    /// `busy_timeout` (5 s), and a worker moving megabytes of notices on a
+    /// loaded machine can commit for longer: the count is asked again
+    /// (for up to 2 minutes), as any poller would.
     pub async fn counts(&self) -> (u64, u64) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            match self.try_counts().await {
+                Ok(counts) => return counts,
+                Err(e)
+                    if e.to_string().contains("database is locked")
+                        && Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("count: {e:?}"),
+            }
+        }
+    }
+
+    async fn try_counts(&self) -> Result<(u64, u64), sea_orm::DbErr> {
         // Only ids: MariaDB reads every column a counted subquery names,
         // params included.
         let live = notify_msg::Entity::find()
             .select_only()
             .column(notify_msg::Column::Id)
             .count(&self.db)
-            .await
-            .expect("count");
+            .await?;
         let done = notify_msg_history::Entity::find()
             .select_only()
             .column(notify_msg_history::Column::Id)
             .count(&self.db)
-            .await
-            .expect("count");
-        (live, done)
+            .await?;
+        Ok((live, done))
     }
 
     /// The definition `ship` and a notifier whose handler `ship` records
