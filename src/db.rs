@@ -38,6 +38,39 @@ pub const BACKOFF_FIRST: Duration = Duration::from_millis(50);
 /// ... up to this pause between tries.
 pub const BACKOFF_MAX: Duration = Duration::from_secs(5);
 
+/// Refuses a backend whose cargo feature is off in this build
+/// ([`Error::BackendNotCompiled`](crate::error::Error::BackendNotCompiled)):
+/// sea-orm may still have its driver, from another crate of the build, but
+/// solid-notify's own code for it (PostgreSQL's producer connection and
+/// reads, MySQL's error numbers, the pools' hooks) would be missing.
+pub fn check_backend(backend: DbBackend) -> Result<(), crate::error::Error> {
+    let (name, feature, compiled) = match backend {
+        DbBackend::Postgres => ("PostgreSQL", "postgres", cfg!(feature = "postgres")),
+        DbBackend::MySql => ("MySQL/MariaDB", "mysql", cfg!(feature = "mysql")),
+        DbBackend::Sqlite => ("SQLite", "sqlite", cfg!(feature = "sqlite")),
+        _ => ("this database", "", false),
+    };
+    if compiled {
+        Ok(())
+    } else {
+        Err(crate::error::Error::BackendNotCompiled {
+            backend: name,
+            feature,
+        })
+    }
+}
+
+/// The backend a database URL names, by its scheme.
+pub(crate) fn backend_of_url(url: &str) -> Option<DbBackend> {
+    let scheme = url.split_once(':')?.0.to_ascii_lowercase();
+    match scheme.as_str() {
+        "postgres" | "postgresql" => Some(DbBackend::Postgres),
+        "mysql" | "mariadb" => Some(DbBackend::MySql),
+        "sqlite" => Some(DbBackend::Sqlite),
+        _ => None,
+    }
+}
+
 /// The driver's error under `e` (none without a backend feature).
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 fn sqlx_error(e: &DbErr) -> Option<&sea_orm::sqlx::Error> {

@@ -79,6 +79,23 @@ pub enum Error {
         problem: String,
     },
 
+    /// The database's backend is not compiled into this build: its cargo
+    /// feature (`postgres`, `mysql` or `sqlite`) is off. Refused when the
+    /// notifier is built, before migrations and when a pool is opened,
+    /// even if sea-orm itself has the driver (another crate in the build
+    /// may enable it): what solid-notify does for that backend would be
+    /// missing.
+    #[error(
+        "this build of solid-notify does not support {backend}: enable its cargo feature `{feature}`"
+    )]
+    BackendNotCompiled {
+        /// The backend: PostgreSQL, MySQL/MariaDB or SQLite.
+        backend: &'static str,
+        /// The cargo feature that compiles it in (empty for a backend
+        /// solid-notify does not know).
+        feature: &'static str,
+    },
+
     /// A purge could not write its archive.
     #[error("cannot write the purge archive {path}: {problem}; the batch was not deleted")]
     Archive {

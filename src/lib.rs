@@ -38,7 +38,7 @@
 //! All on by default; the outbox, the workers, the [`ops`] calls and the
 //! handler channel need only the database they run on. A definition whose
 //! channel is compiled out is left to a process built with it; a database
-//! whose feature is off is refused when connecting.
+//! whose feature is off is refused ([`Error::BackendNotCompiled`]).
 //!
 //! | feature | adds |
 //! |---|---|
@@ -106,8 +106,13 @@ pub use worker::{Worker, WorkerConfig};
 
 /// Runs solid-notify's migrations (its own tracking table,
 /// `solid_notify_migrations`): creates or upgrades the three tables.
+///
+/// Fails with [`Error::BackendNotCompiled`] when the connection's database
+/// has no cargo feature in this build.
 pub async fn migrate(db: &sea_orm::DatabaseConnection) -> Result<()> {
     use migration::MigratorTrait;
+    use sea_orm::ConnectionTrait;
+    db::check_backend(db.get_database_backend())?;
     migration::Migrator::up(db, None).await?;
     Ok(())
 }

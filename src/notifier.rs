@@ -213,7 +213,10 @@ impl NotifierBuilder {
     }
 
     /// Checks the configuration and builds the notifier.
+    /// Fails with [`Error::BackendNotCompiled`](crate::error::Error::BackendNotCompiled)
+    /// when the connection's database has no cargo feature in this build.
     pub fn build(self) -> Result<Notifier> {
+        crate::db::check_backend(self.db.get_database_backend())?;
         self.config.validate()?;
         let store = Store::new(self.db, self.config.lease, self.config.db_timeout);
         let producing = Producing {
@@ -232,5 +235,68 @@ impl NotifierBuilder {
             engine: Arc::new(engine),
             producing: Arc::new(producing),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::error::Error;
+
+    /// The build's backends: a connection to one without its feature is
+    /// refused by the builder, by `migrate` and by `worker::connect`, even
+    /// though sea-orm has the driver (the dev-dependencies give it all
+    /// three, as another crate of an application may); one with it is
+    /// taken. Run by `.ci/run` with `sqlite` alone too.
+    #[tokio::test]
+    async fn a_database_without_its_feature_is_refused() {
+        let pg = std::env::var("SN_TEST_PG_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+        let db = sea_orm::Database::connect(&pg)
+            .await
+            .unwrap_or_else(|e| panic!("cannot connect to {pg}: {e} (.ci/run starts the servers)"));
+        let built = super::Notifier::builder(db.clone()).build();
+        let migrated = crate::migrate(&db).await;
+        // A password that must not show in any error.
+        let url = pg.replacen("postgres@", "postgres:hunter2@", 1);
+        let connected = crate::worker::connect(&url, Duration::from_secs(5)).await;
+        if cfg!(feature = "postgres") {
+            assert!(built.is_ok(), "{:?}", built.err());
+            assert!(migrated.is_ok(), "{migrated:?}");
+        } else {
+            for refused in [built.err(), migrated.err(), connected.err()] {
+                let refused = refused.expect("refused");
+                assert!(
+                    matches!(
+                        refused,
+                        Error::BackendNotCompiled {
+                            feature: "postgres",
+                            ..
+                        }
+                    ),
+                    "{refused:?}"
+                );
+                assert!(!refused.to_string().contains("hunter2"));
+            }
+        }
+        let sqlite = sea_orm::Database::connect("sqlite::memory:").await;
+        let sqlite = sqlite.expect("an in-memory SQLite database");
+        assert_eq!(
+            super::Notifier::builder(sqlite).build().is_ok(),
+            cfg!(feature = "sqlite")
+        );
+    }
+
+    /// `worker::connect` names the host, never the password, whatever
+    /// sea-orm's error says (an unknown scheme: sea-orm names the URL).
+    #[tokio::test]
+    async fn a_refused_url_never_shows_its_password() {
+        let refused =
+            crate::worker::connect("nosuch://user:hunter2@127.0.0.1/db", Duration::from_secs(5))
+                .await
+                .expect_err("no driver for the scheme");
+        assert!(!refused.to_string().contains("hunter2"), "{refused}");
+        assert!(refused.to_string().contains("127.0.0.1"), "{refused}");
     }
 }

@@ -1,5 +1,7 @@
-//! Without the `postgres` feature no PostgreSQL connection exists, so no
-//! [`PgTx`] can be made: it has no values, and the PostgreSQL arms of
+//! Without the `postgres` feature a notifier refuses a PostgreSQL
+//! connection (`db::check_backend`, even when sea-orm has the driver from
+//! another crate), so no [`PgTx`] can be made: it has no values, and the
+//! PostgreSQL arms of
 //! [`NoticeTx`](super::tx::NoticeTx) are never reached. The methods have
 //! the real one's shape (`pg.rs`).
 

@@ -396,7 +396,8 @@ async fn moved_ids_pg(
 }
 
 /// What a PostgreSQL-only call answers in a build without `postgres`
-/// (never asked: no PostgreSQL connection exists in such a build).
+/// (never asked: such a build's notifier refuses PostgreSQL connections,
+/// `db::check_backend`).
 #[cfg(not(feature = "postgres"))]
 fn no_postgres() -> DbErr {
     DbErr::Custom("PostgreSQL is not compiled in (the `postgres` feature)".into())

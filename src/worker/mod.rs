@@ -105,6 +105,9 @@ pub const RELEASE_PING_BOUND: Duration = Duration::from_secs(5);
 ///   its place in the pool until TCP gives up (minutes to hours), and a
 ///   pool of such connections none; closed, it is replaced by a new one
 ///   once the network is back.
+///
+/// The hooks on PostgreSQL's connections exist with the `postgres` feature,
+/// those on MySQL's with `mysql`; SQLite has none.
 pub fn pool_options(url: impl Into<String>) -> sea_orm::ConnectOptions {
     let mut options = sea_orm::ConnectOptions::new(url.into());
     options
@@ -236,15 +239,21 @@ pub async fn connect(
 ) -> crate::error::Result<sea_orm::DatabaseConnection> {
     // Bounded here, not by sea-orm's `connect_timeout`: that one becomes the
     // pool's acquire timeout for the pool's whole life.
+    if let Some(backend) = crate::db::backend_of_url(url) {
+        crate::db::check_backend(backend)?;
+    }
     let options = pool_options(url);
+    let target = describe_url(url);
     let unreachable = |problem: String| crate::error::Error::Unreachable {
-        target: describe_url(url),
+        target: target.clone(),
         timeout,
         problem,
     };
     match tokio::time::timeout(timeout, sea_orm::Database::connect(options)).await {
         Ok(Ok(db)) => Ok(db),
-        Ok(Err(e)) => Err(unreachable(e.to_string())),
+        // sea-orm names the whole URL in some errors (an unknown scheme):
+        // the host only, never the password.
+        Ok(Err(e)) => Err(unreachable(e.to_string().replace(url, &target))),
         Err(_) => Err(unreachable("timed out".into())),
     }
 }
