@@ -60,12 +60,12 @@ pub fn check_backend(backend: DbBackend) -> Result<(), crate::error::Error> {
     }
 }
 
-/// The backend a database URL names, by its scheme.
-pub(crate) fn backend_of_url(url: &str) -> Option<DbBackend> {
-    let scheme = url.split_once(':')?.0.to_ascii_lowercase();
-    match scheme.as_str() {
+/// The backend a database URL names, by its scheme (as the `url` crate
+/// reads it: spaces around it trimmed, any case).
+pub(crate) fn backend_of_url(url: &url::Url) -> Option<DbBackend> {
+    match url.scheme() {
         "postgres" | "postgresql" => Some(DbBackend::Postgres),
-        "mysql" | "mariadb" => Some(DbBackend::MySql),
+        "mysql" => Some(DbBackend::MySql),
         "sqlite" => Some(DbBackend::Sqlite),
         _ => None,
     }

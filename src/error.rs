@@ -80,11 +80,10 @@ pub enum Error {
     },
 
     /// The database's backend is not compiled into this build: its cargo
-    /// feature (`postgres`, `mysql` or `sqlite`) is off. Refused when the
-    /// notifier is built, before migrations and when a pool is opened,
-    /// even if sea-orm itself has the driver (another crate in the build
-    /// may enable it): what solid-notify does for that backend would be
-    /// missing.
+    /// feature (`postgres`, `mysql` or `sqlite`) is off. Refused by
+    /// `NotifierBuilder::build`, `migrate` and `worker::connect`, even if
+    /// sea-orm itself has the driver (another crate in the build may enable
+    /// it): what solid-notify does for that backend would be missing.
     #[error(
         "this build of solid-notify does not support {backend}: enable its cargo feature `{feature}`"
     )]

@@ -38,7 +38,8 @@
 //! All on by default; the outbox, the workers, the [`ops`] calls and the
 //! handler channel need only the database they run on. A definition whose
 //! channel is compiled out is left to a process built with it; a database
-//! whose feature is off is refused ([`Error::BackendNotCompiled`]).
+//! whose feature is off is refused ([`Error::BackendNotCompiled`]) by
+//! [`NotifierBuilder::build`], [`migrate`] and [`worker::connect`].
 //!
 //! | feature | adds |
 //! |---|---|
@@ -111,7 +112,6 @@ pub use worker::{Worker, WorkerConfig};
 /// has no cargo feature in this build.
 pub async fn migrate(db: &sea_orm::DatabaseConnection) -> Result<()> {
     use migration::MigratorTrait;
-    use sea_orm::ConnectionTrait;
     db::check_backend(db.get_database_backend())?;
     migration::Migrator::up(db, None).await?;
     Ok(())

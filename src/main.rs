@@ -25,6 +25,8 @@ struct Cli {
     #[arg(
         long,
         env = "DATABASE_URL",
+        // `--help` would show the URL, password included.
+        hide_env_values = true,
         global = true,
         default_value = "sqlite://solid-notify.db?mode=rwc"
     )]

@@ -239,20 +239,44 @@ pub async fn connect(
 ) -> crate::error::Result<sea_orm::DatabaseConnection> {
     // Bounded here, not by sea-orm's `connect_timeout`: that one becomes the
     // pool's acquire timeout for the pool's whole life.
-    if let Some(backend) = crate::db::backend_of_url(url) {
-        crate::db::check_backend(backend)?;
-    }
-    let options = pool_options(url);
     let target = describe_url(url);
     let unreachable = |problem: String| crate::error::Error::Unreachable {
         target: target.clone(),
         timeout,
         problem,
     };
+    let parsed = url::Url::parse(url).ok();
+    if let Some(backend) = parsed.as_ref().and_then(crate::db::backend_of_url) {
+        crate::db::check_backend(backend)?;
+    }
+    // A server URL without `//host` (`postgres:user:pw@host/db`) would
+    // have the driver take `user:pw@host/db` for a database name, and echo
+    // it in its error: refused before connecting.
+    let authority = |u: &url::Url| {
+        let rest = url.trim().get(u.scheme().len() + 1..);
+        rest.is_some_and(|rest| rest.starts_with("//"))
+    };
+    if parsed
+        .as_ref()
+        .is_some_and(|u| u.scheme() != "sqlite" && !authority(u))
+    {
+        return Err(unreachable(
+            "not a URL of the form scheme://user:password@host:port/database".into(),
+        ));
+    }
+    let options = pool_options(url);
     match tokio::time::timeout(timeout, sea_orm::Database::connect(options)).await {
-        Ok(Ok(db)) => Ok(db),
+        // Whatever the URL said, the connection's backend must be compiled in.
+        Ok(Ok(db)) => match crate::db::check_backend(db.get_database_backend()) {
+            Ok(()) => Ok(db),
+            Err(refused) => {
+                db.close().await.ok();
+                Err(refused)
+            }
+        },
         // sea-orm names the whole URL in some errors (an unknown scheme):
         // the host only, never the password.
+        Ok(Err(e)) if url.is_empty() => Err(unreachable(e.to_string())),
         Ok(Err(e)) => Err(unreachable(e.to_string().replace(url, &target))),
         Err(_) => Err(unreachable("timed out".into())),
     }
@@ -265,6 +289,8 @@ fn describe_url(url: &str) -> String {
         Ok(u) if u.scheme() == "sqlite" => {
             format!("{}{}", u.host_str().unwrap_or(""), u.path())
         }
+        // No host: its path may hold anything, a password included.
+        Ok(u) if !u.has_host() => format!("a {} URL without a host", u.scheme()),
         Ok(u) => format!(
             "{}:{}{}",
             u.host_str().unwrap_or("localhost"),

@@ -378,3 +378,23 @@ db_test!(absurd_limits_are_typed_errors_not_panics, |db: Arc<
     // sweep_once caps what it is asked for instead of overflowing.
     assert!(notifier.sweep_once(u64::MAX).await.unwrap().is_empty());
 });
+
+/// `--help`, the top level's and a command's, names the variable that sets
+/// the database URL, never its value (the password in it).
+#[test]
+fn help_never_shows_the_database_url() {
+    for args in [&["--help"][..], &["worker", "--help"]] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_solid-notify"))
+            .args(args)
+            .env("DATABASE_URL", "postgres://user:hunter2@127.0.0.1:5432/app")
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(text.contains("DATABASE_URL"), "{args:?}: {text}");
+        assert!(!text.contains("hunter2"), "{args:?}: {text}");
+    }
+}
