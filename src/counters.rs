@@ -75,7 +75,9 @@ fn outcome(result: &AttemptResult) -> &'static str {
         AttemptResult::WillRetry { .. } => "will_retry",
         AttemptResult::FinalFailure { .. } => "final_failure",
         AttemptResult::LostClaim => "lost_claim",
-        AttemptResult::Skipped { .. } | AttemptResult::AlreadyAdded => "skipped",
+        AttemptResult::Skipped { .. } | AttemptResult::AlreadyAdded | AttemptResult::Scheduled => {
+            "skipped"
+        }
         AttemptResult::Released { .. } => "released",
         AttemptResult::Parked { .. } => "parked",
         AttemptResult::Error { .. } => "error",

@@ -101,7 +101,7 @@ pub use error::{DefinitionError, Error, Result};
 pub use handler::{BoxError, Handler, Notice, Outcome};
 pub use load_balance::LoadBalance;
 pub use notifier::{HARD_STOP_MARGIN, Notifier, NotifierBuilder, RELEASE_GRACE};
-pub use producer::{NewNotice, NoticeTx};
+pub use producer::{MAX_DELAY, NewNotice, NoticeTx};
 pub use status::Status;
 pub use worker::{Worker, WorkerConfig};
 

@@ -50,6 +50,10 @@ pub enum AttemptResult {
         /// Why.
         reason: String,
     },
+    /// A delayed notice ([`NewNotice::not_before`](crate::NewNotice::not_before),
+    /// [`NewNotice::delay`](crate::NewNotice::delay)): not attempted after
+    /// its commit; a sweeper takes it once it is due.
+    Scheduled,
     /// Nothing written, nothing attempted: an idempotent add found an
     /// existing notice of the definition with the same key (the report's
     /// `notice_id`), in flight or in history.

@@ -226,7 +226,9 @@ impl WorkerStats {
             AttemptResult::WillRetry { .. } => &self.retried,
             AttemptResult::FinalFailure { .. } => &self.final_failures,
             AttemptResult::LostClaim => &self.lost_claims,
-            AttemptResult::Skipped { .. } | AttemptResult::AlreadyAdded => &self.skipped,
+            AttemptResult::Skipped { .. }
+            | AttemptResult::AlreadyAdded
+            | AttemptResult::Scheduled => &self.skipped,
             AttemptResult::Released { .. } => &self.released,
             AttemptResult::Parked { .. } => &self.parked,
             AttemptResult::Error { .. } => &self.errors,

@@ -53,7 +53,7 @@ const NOTIFY_MSG_HISTORY: &str = "notify_msg_history";
 
 /// A UTC timestamp column with microsecond precision on every backend,
 /// defaulting to the database's current UTC time when `default_now`.
-fn timestamp(backend: DbBackend, col: impl IntoIden, default_now: bool) -> ColumnDef {
+pub(crate) fn timestamp(backend: DbBackend, col: impl IntoIden, default_now: bool) -> ColumnDef {
     let mut def = ColumnDef::new(col);
     match backend {
         DbBackend::MySql => def.custom(Alias::new("datetime(6)")),

@@ -24,6 +24,10 @@ use crate::state::{Lease, claim};
 pub(crate) fn after_commit(engine: &Arc<Engine>, pending: Vec<PendingNotice>) {
     let mut left = Vec::new();
     for p in pending {
+        if p.is_later() {
+            // Delayed: a sweeper takes it when it is due.
+            continue;
+        }
         if !p.attempted_here() || engine.tasks.is_closed() {
             left.push(p);
             continue;
@@ -60,17 +64,23 @@ pub(crate) async fn wait_for(
     pending: Vec<PendingNotice>,
 ) -> Vec<AttemptReport> {
     if engine.tasks.is_closed() {
-        let ids: Vec<i64> = pending.iter().map(PendingNotice::id).collect();
-        not_attempted(engine, pending);
-        return ids
-            .into_iter()
-            .map(|notice_id| AttemptReport {
-                notice_id,
-                result: AttemptResult::Released {
-                    reason: "shutting down".into(),
+        let reports = pending
+            .iter()
+            .map(|p| AttemptReport {
+                notice_id: p.id(),
+                result: match p.is_later() {
+                    true => AttemptResult::Scheduled,
+                    false => AttemptResult::Released {
+                        reason: "shutting down".into(),
+                    },
                 },
             })
             .collect();
+        not_attempted(
+            engine,
+            pending.into_iter().filter(|p| !p.is_later()).collect(),
+        );
+        return reports;
     }
     // Counted as running, so that shutdown waits for them.
     let _running = engine.tasks.token();
@@ -86,6 +96,9 @@ async fn attempt(engine: &Arc<Engine>, mut p: PendingNotice) -> AttemptReport {
     let report = |result| AttemptReport { notice_id, result };
     if !p.is_new() {
         return report(AttemptResult::AlreadyAdded);
+    }
+    if p.is_later() {
+        return report(AttemptResult::Scheduled);
     }
     if !p.attempted_here() {
         not_attempted(engine, vec![p]);
@@ -116,7 +129,7 @@ async fn attempt(engine: &Arc<Engine>, mut p: PendingNotice) -> AttemptReport {
             claim::claim_reserved(&engine.store, &model, p.written).await
         }
         Start::ClaimInTurn => claim::claim_in_turn(&engine.store, p.id).await,
-        Start::ClaimDue | Start::Sweeper | Start::Existing => {
+        Start::ClaimDue | Start::Sweeper | Start::Later | Start::Existing => {
             let model = p.take_model();
             claim::claim_one(&engine.store, &model).await
         }

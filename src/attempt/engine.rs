@@ -69,6 +69,10 @@ pub(crate) struct Engine {
     /// The earliest time a notice recorded through this engine falls due
     /// again (a retry, a confirmation deadline), for workers built on it.
     due_hint: watch::Sender<Option<Instant>>,
+    /// Bumped when a notice was added due later in another process
+    /// (PostgreSQL's `NOTIFY solid_notify, 'later'`): workers ask when it is
+    /// due, without sweeping.
+    due_checks: watch::Sender<u64>,
 }
 
 impl Engine {
@@ -100,6 +104,7 @@ impl Engine {
             on_trip,
             released: AtomicU64::new(0),
             due_hint: watch::channel(None).0,
+            due_checks: watch::channel(0).0,
             handlers,
             config,
             alerts,
@@ -160,6 +165,17 @@ impl Engine {
                 true
             }
         });
+    }
+
+    /// Tells the workers built on this engine that a notice was added due
+    /// later: they ask the database when, without sweeping.
+    pub fn ask_due(&self) {
+        self.due_checks.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// A receiver that changes whenever [`ask_due`](Self::ask_due) is called.
+    pub fn subscribe_due_checks(&self) -> watch::Receiver<u64> {
+        self.due_checks.subscribe()
     }
 
     /// A receiver that changes whenever [`wake_workers`](Self::wake_workers) is called.

@@ -54,6 +54,9 @@ pub(super) enum Start {
     /// Not attempted after commit (after-commit attempts are off, or the
     /// notifier is shutting down): due now for a sweeper.
     Sweeper,
+    /// Delayed ([`Due::Later`]): never attempted after commit; a sweeper
+    /// takes it once it is due.
+    Later,
     /// Nothing was written: an idempotent add found this existing notice.
     Existing,
 }
@@ -66,6 +69,7 @@ impl PendingNotice {
             Due::Reserved(_) => Start::ClaimReservation,
             Due::InTurn => Start::ClaimInTurn,
             Due::Now => Start::Sweeper,
+            Due::Later(_) => Start::Later,
         };
         PendingNotice {
             id,
@@ -138,7 +142,33 @@ impl PendingNotice {
 
     /// Whether an after-commit attempt may run in this process.
     pub(super) fn attempted_here(&self) -> bool {
-        !matches!(self.start, Start::Sweeper | Start::Existing)
+        !matches!(self.start, Start::Sweeper | Start::Later | Start::Existing)
+    }
+
+    /// Whether the add wrote a delayed notice, never attempted after commit.
+    pub(super) fn is_later(&self) -> bool {
+        self.start == Start::Later
+    }
+
+    /// A delayed notice: about how long until it is due, from now (at most
+    /// that long: its insert came after `written`, by the database's clock
+    /// for [`NewNotice::delay`](crate::NewNotice::delay), by this host's
+    /// for [`NewNotice::not_before`](crate::NewNotice::not_before)).
+    /// `None` for any other notice.
+    pub(crate) fn due_in(&self) -> Option<std::time::Duration> {
+        use crate::state::clock::Later;
+        if !self.is_later() {
+            return None;
+        }
+        match self.row.due {
+            Due::Later(Later::By(d)) => Some(d.saturating_sub(self.written.elapsed())),
+            Due::Later(Later::At(t)) => Some(
+                (t - chrono::Utc::now().naive_utc())
+                    .to_std()
+                    .unwrap_or_default(),
+            ),
+            _ => None,
+        }
     }
 
     /// The row as inserted (times are not known here and are not used),
@@ -167,6 +197,7 @@ impl PendingNotice {
             ordering_key: r.ordering_key.clone(),
             step: 0,
             step_result: None,
+            not_before: None,
         }
     }
 }

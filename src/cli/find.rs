@@ -95,7 +95,7 @@ fn print_list(views: &[NoticeView], json: bool) {
             "{:<10} {:<20} {:<16} {:>7}  {:<26} {}",
             v.id,
             v.def.as_deref().unwrap_or("?"),
-            v.status.to_string(),
+            v.state(),
             v.retry_times,
             v.next_call_time.to_string(),
             v.errors.last().map(String::as_str).unwrap_or("")
@@ -115,6 +115,10 @@ fn print_view(v: &NoticeView) {
         v.def_id
     );
     println!("status        {} ({place})", v.status);
+    if let Some(t) = v.not_before {
+        let state = if v.scheduled { "scheduled" } else { "due" };
+        println!("not before    {t} UTC ({state})");
+    }
     println!("attempts      {} failed", v.retry_times);
     println!("created       {} UTC", v.create_time);
     if let Some(t) = v.last_call_time {

@@ -49,6 +49,11 @@ pub(crate) struct WorkerArgs {
     /// Only these load_balance_num partitions, comma separated.
     #[arg(long, env = "SOLID_NOTIFY_PARTITIONS", value_delimiter = ',')]
     partitions: Option<Vec<i32>>,
+    /// On MySQL/MariaDB and SQLite, how often to ask when the next notice
+    /// is due, so that notices other processes add are sent on time
+    /// (default 500ms; 0s: never).
+    #[arg(long, env = "SOLID_NOTIFY_DUE_CHECK_EVERY", value_parser = humantime::parse_duration)]
+    due_check_every: Option<Duration>,
     /// Claim lease (default 60s): a killed worker's rows are due again after it.
     #[arg(long, env = "SOLID_NOTIFY_LEASE", value_parser = humantime::parse_duration)]
     lease: Option<Duration>,
@@ -154,6 +159,7 @@ impl WorkerArgs {
         set!(w.partitions, self.partitions.clone());
         set!(w.shutdown_timeout, self.shutdown_timeout);
         set!(w.max_in_flight_bytes, self.max_in_flight_bytes);
+        set!(w.due_check_every, self.due_check_every);
         Ok((n, w, file.retention))
     }
 }

@@ -377,7 +377,7 @@ fn notice_table(state: &AppState, found: &[NoticeView]) -> Markup {
                         tr data-id=(v.id) {
                             td.num { a href=(state.link(&format!("/notices/{}", v.id))) { (v.id) } }
                             td { (v.def.as_deref().unwrap_or("?")) }
-                            td { (status_tag(v.status)) @if v.claim_live { " " span.muted { "(running)" } } }
+                            td { (status_tag(v.status)) @if v.claim_live { " " span.muted { "(running)" } } @if v.scheduled { " " span.scheduled { "scheduled" } } }
                             td.num { (v.retry_times) }
                             td { (time(Some(v.create_time))) }
                             td { (time(v.last_call_time)) }
@@ -407,7 +407,10 @@ pub(super) async fn notice(
         dl.detail {
             dt { "Definition" } dd { (v.def.as_deref().unwrap_or("?")) " (id " (v.def_id) ")" }
             dt { "Where" } dd { (match v.place { Place::InFlight => "in flight", Place::History => "history" }) }
-            dt { "Status" } dd { (status_tag(v.status)) }
+            dt { "Status" } dd { (status_tag(v.status)) @if v.scheduled { " " span.scheduled { "scheduled" } } }
+            @if let Some(t) = v.not_before {
+                dt { "Not before" } dd { (time(Some(t))) @if v.scheduled { " (no attempt before then)" } }
+            }
             dt { "Failed attempts" } dd { (v.retry_times) }
             dt { "Created" } dd { (time(Some(v.create_time))) " UTC" }
             dt { "Last call" } dd { (time(v.last_call_time)) }
@@ -438,6 +441,9 @@ pub(super) async fn notice(
         @if state.config.allow_actions {
             @if v.place == Place::History && v.status.is_requeueable() {
                 (action_form(&state, &token, &format!("/notices/{id}/requeue"), "Requeue", "Back in flight, due now, with a fresh retry budget."))
+            }
+            @if v.scheduled {
+                (action_form(&state, &token, &format!("/notices/{id}/requeue"), "Send now", "Due at once instead of at its time (its key's order still applies)."))
             }
             @if v.place == Place::InFlight {
                 (action_form(&state, &token, &format!("/notices/{id}/cancel"), "Cancel", "Moves it to history as cancelled; a running attempt loses its claim."))

@@ -65,6 +65,11 @@ pub struct Model {
     /// none.
     #[sea_orm(column_type = "Text", nullable)]
     pub step_result: Option<String>,
+    /// The earliest time (UTC, by the database's clock) the notice may be
+    /// attempted: a delayed notice ([`NewNotice::not_before`](crate::NewNotice::not_before),
+    /// [`NewNotice::delay`](crate::NewNotice::delay)). `None`: due when
+    /// added. A requeue clears it.
+    pub not_before: Option<DateTime>,
 }
 
 /// See [`super::notify_def::Relation`].

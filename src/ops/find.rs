@@ -132,6 +132,12 @@ pub struct NoticeView {
     /// Whether an attempt holds it right now: leased, and the lease has not
     /// ended by this host's clock.
     pub claim_live: bool,
+    /// A delayed notice's earliest attempt (UTC); `None` when it was due
+    /// when added (or a requeue cleared it).
+    pub not_before: Option<NaiveDateTime>,
+    /// Whether it is *scheduled*: in flight, never attempted, not held,
+    /// and delayed until a time still ahead by this host's clock.
+    pub scheduled: bool,
     /// The step it is on, 0-based (multi-step definitions; 0 otherwise).
     pub step: i32,
     /// Steps that succeeded: those before `step`, and `step` itself once
@@ -139,6 +145,17 @@ pub struct NoticeView {
     pub steps_done: i32,
     /// The result the last step that succeeded passed on, as stored.
     pub step_result: Option<String>,
+}
+
+impl NoticeView {
+    /// The state to show: `scheduled` for a [scheduled](Self::scheduled)
+    /// notice, else its status.
+    pub fn state(&self) -> String {
+        match self.scheduled {
+            true => "scheduled".into(),
+            false => self.status.to_string(),
+        }
+    }
 }
 
 macro_rules! view_from {
@@ -177,6 +194,11 @@ macro_rules! view_from {
                         .as_deref()
                         .and_then(crate::trace::trace_id),
                     claim_live: row.leased && row.next_call_time > now,
+                    scheduled: $place == Place::InFlight
+                        && row.status == Status::NotSent
+                        && !row.leased
+                        && row.not_before.is_some_and(|t| t > now),
+                    not_before: row.not_before,
                     step: row.step,
                     steps_done: row
                         .step

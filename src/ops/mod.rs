@@ -194,7 +194,9 @@ impl Notifier {
     /// Moves a finished notice (final failure, cancelled or parked) back into
     /// `notify_msg`, due at once, with a fresh retry budget and its failure
     /// log kept, plus the line `requeued by AUDIT`. Its id stays the same,
-    /// so receivers still see one notice.
+    /// so receivers still see one notice. A *scheduled* notice (delayed,
+    /// its time still ahead) is made due at once instead, with the line
+    /// `sent now (was scheduled) by AUDIT`.
     pub async fn requeue(&self, id: i64) -> Result<()> {
         self.requeue_audited(id, &Audit::operator()).await
     }
@@ -250,11 +252,32 @@ impl Notifier {
                     }
                     continue;
                 }
+                (true, Place::InFlight) if view.scheduled => {
+                    // A scheduled notice: sent now instead of at its time.
+                    let seen = crate::state::operator::Seen {
+                        id,
+                        version: view.version,
+                        errors: view.errors.join("\n"),
+                    };
+                    let note = format!("sent now (was scheduled) by {audit}");
+                    let changed = crate::state::operator::send_now(
+                        &self.engine.store,
+                        &seen,
+                        &note,
+                        self.engine.app_now(),
+                    )
+                    .await?;
+                    if changed {
+                        self.engine.wake_everyone().await;
+                        return Ok(());
+                    }
+                    continue;
+                }
                 (true, _) => {
                     return Err(Error::WrongState {
                         id,
                         status: view.status,
-                        problem: "only final failures, cancelled and parked notices can be requeued",
+                        problem: "only final failures, cancelled and parked notices, and scheduled notices, can be requeued",
                     });
                 }
                 (false, Place::History) => {

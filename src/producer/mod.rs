@@ -60,6 +60,7 @@ use crate::{
     notifier::Notifier,
     state::{
         add,
+        clock::{Due, Later},
         insert::{self, InsertError, NewRow, Within},
         keyed::Keyed,
     },
@@ -76,7 +77,21 @@ pub struct NewNotice {
     idempotency_key: Option<String>,
     ordering_key: Option<String>,
     target_override: Option<Value>,
+    later: Option<When>,
 }
+
+/// A delayed notice's time, as the producer gave it.
+#[derive(Debug, Clone, Copy)]
+enum When {
+    At(chrono::DateTime<chrono::Utc>),
+    By(std::time::Duration),
+}
+
+/// The longest a notice may be delayed ([`NewNotice::not_before`],
+/// [`NewNotice::delay`]): 10 years of 366 days. A later time, or a
+/// `not_before` as far in the past, is refused ([`Error::InvalidNotice`])
+/// as a mistake.
+pub const MAX_DELAY: std::time::Duration = std::time::Duration::from_secs(10 * 366 * 86_400);
 
 impl NewNotice {
     /// A notice of definition `def` carrying `param` as JSON.
@@ -90,6 +105,7 @@ impl NewNotice {
             idempotency_key: None,
             ordering_key: None,
             target_override: None,
+            later: None,
         }
     }
 
@@ -141,6 +157,31 @@ impl NewNotice {
     /// byte for byte. Default: none (no order).
     pub fn ordering_key(mut self, key: impl Into<String>) -> Self {
         self.ordering_key = Some(key.into());
+        self
+    }
+
+    /// Delays the notice: no attempt starts before `time` (UTC), neither
+    /// after its commit nor in a sweep; workers sleeping until their next
+    /// poll wake for it on time. Until then it is *scheduled*: listed,
+    /// shown and cancelled like any notice, and a requeue sends it now (it
+    /// clears the time). The database's clock decides when `time` has
+    /// come: a time already past is due at once for a sweeper (workers are
+    /// woken at commit), not attempted after commit. With an
+    /// [`ordering_key`](Self::ordering_key), it
+    /// holds the younger notices of its key until it is sent. At most
+    /// [`MAX_DELAY`] ahead. Overrides an earlier [`delay`](Self::delay).
+    /// Default: due at once.
+    pub fn not_before(mut self, time: chrono::DateTime<chrono::Utc>) -> Self {
+        self.later = Some(When::At(time));
+        self
+    }
+
+    /// Delays the notice by `delay` from its insert, by the database's
+    /// clock: as [`not_before`](Self::not_before), at the insert's time
+    /// plus `delay`. Zero adds a notice due at once. At most
+    /// [`MAX_DELAY`]. Overrides an earlier `not_before`. Default: none.
+    pub fn delay(mut self, delay: std::time::Duration) -> Self {
+        self.later = Some(When::By(delay));
         self
     }
 
@@ -283,6 +324,27 @@ impl Notifier {
                     .into(),
             ));
         }
+        let later = match notice.later {
+            None => None,
+            Some(When::By(d)) if d > MAX_DELAY => {
+                return Err(invalid(format!(
+                    "delay of {d:?} is over the limit of {MAX_DELAY:?} (MAX_DELAY)"
+                )));
+            }
+            Some(When::By(d)) if d.is_zero() => None,
+            Some(When::By(d)) => Some(Later::By(d)),
+            Some(When::At(t)) => {
+                let apart = (t - chrono::Utc::now()).abs().to_std().unwrap_or(MAX_DELAY);
+                if apart >= MAX_DELAY {
+                    return Err(invalid(format!(
+                        "not_before {t} is {MAX_DELAY:?} (MAX_DELAY) or more away from now"
+                    )));
+                }
+                // Even a time this host sees as past: the database's clock
+                // decides, and it may be behind this host's.
+                Some(Later::At(ceil_micros(t.naive_utc())))
+            }
+        };
         let row = NewRow {
             def_id: def.id,
             param,
@@ -291,7 +353,10 @@ impl Notifier {
             idempotency_key: notice.idempotency_key,
             target_override,
             trace_context: crate::trace::capture(),
-            due: self.engine.first_due(notice.ordering_key.is_some()),
+            due: match later {
+                Some(later) => Due::Later(later),
+                None => self.engine.first_due(notice.ordering_key.is_some()),
+            },
             ordering_key: notice.ordering_key,
         };
         insert::check(&row, self.engine.config.max_param_bytes).map_err(invalid)?;
@@ -306,8 +371,16 @@ impl Notifier {
         if pending.is_empty() {
             return Vec::new();
         }
-        if pending.iter().any(|p| p.is_new() && !p.reserved()) {
+        if pending
+            .iter()
+            .any(|p| p.is_new() && !p.reserved() && p.due_in().is_none())
+        {
             self.wake_workers();
+        }
+        // Delayed notices: this process's workers sleep until then at the
+        // latest (the others learn it from the database).
+        if let Some(first) = pending.iter().filter_map(PendingNotice::due_in).min() {
+            self.engine.due_after(first);
         }
         if wait {
             return background::wait_for(&self.engine, pending).await;
@@ -355,6 +428,16 @@ impl Notifier {
     /// sent.
     pub fn wrap(&self, txn: DatabaseTransaction) -> NoticeTx {
         NoticeTx::wrapped(self.clone(), txn)
+    }
+}
+
+/// `t` rounded up to a whole microsecond, the finest time every backend
+/// keeps: stored, it is never earlier than asked.
+fn ceil_micros(t: chrono::NaiveDateTime) -> chrono::NaiveDateTime {
+    let nanos = t.and_utc().timestamp_subsec_nanos() % 1_000;
+    match nanos {
+        0 => t,
+        n => t + chrono::Duration::nanoseconds(i64::from(1_000 - n)),
     }
 }
 

@@ -381,7 +381,7 @@ pub(crate) async fn claim_due(
     let backend = store.backend();
     let found = selected(filter, backend).add(not_paused(backend)).add(
         Condition::any()
-            .add(super::order::may_wait())
+            .add(super::order::may_wait(backend))
             .add(super::order::in_turn(backend)),
     );
     let candidates = due_rows(store, found, limit);
@@ -829,7 +829,7 @@ pub(crate) async fn claim_in_turn(store: &Store, id: i64) -> Result<Option<Lease
     let backend = store.backend();
     let due_or_aside = Condition::any()
         .add(Expr::col(Column::NextCallTime).lte(clock::now(backend)))
-        .add(super::order::may_wait());
+        .add(super::order::may_wait(backend));
     let row = notify_msg::Entity::find()
         .filter(Expr::col(Column::Id).eq(id))
         .filter(due_or_aside)
@@ -975,8 +975,9 @@ pub(crate) async fn claim_probe(store: &Store, def_id: i64) -> Result<Option<Lea
 /// key's turn ([`order`](super::order)), and not held by a live lease (a
 /// claim or an after-commit reservation whose end has not passed, by the
 /// database's clock). It need not be due: a rejection claims a row awaiting
-/// confirmation. `None`: someone else holds or finished it, or it is not
-/// its turn.
+/// confirmation. But a delayed notice is claimed only once its
+/// `not_before` has come. `None`: someone else holds or finished it, it is
+/// not its turn, or not its time.
 pub(crate) async fn claim_one(
     store: &Store,
     row: &notify_msg::Model,
@@ -986,9 +987,13 @@ pub(crate) async fn claim_one(
     let free = Condition::any()
         .add(Expr::col(Column::Leased).eq(false))
         .add(Expr::col(Column::NextCallTime).lte(clock::now(backend)));
+    let timely = Condition::any()
+        .add(Expr::col(Column::NotBefore).is_null())
+        .add(Expr::col(Column::NotBefore).lte(clock::now(backend)));
     let guard = columns::at_version(row.id, row.version)
         .add(Expr::col(Column::Status).is_in(Status::DUE.map(|s| s as i16)))
         .add(free)
+        .add(timely)
         .add(super::order::in_turn(backend));
     let claimed = if backend == DbBackend::MySql {
         // MySQL refuses a subquery on the table an UPDATE changes: lock the

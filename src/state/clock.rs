@@ -108,6 +108,28 @@ pub(crate) enum Due {
     /// that respects its key's order (a notice with an `ordering_key`: it
     /// cannot be reserved, since an older notice of its key may be unfinished).
     InTurn,
+    /// Later: a delayed notice, due for sweepers only from then on (its
+    /// `not_before`), never attempted after commit.
+    Later(Later),
+}
+
+/// When a delayed notice falls due.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Later {
+    /// This long after its insert, by the database's clock.
+    By(Duration),
+    /// At this UTC time (whole microseconds: every backend keeps them).
+    At(NaiveDateTime),
+}
+
+impl Later {
+    /// The time as an SQL expression.
+    pub fn expr(self, backend: DbBackend) -> Expr {
+        match self {
+            Later::By(d) => after(backend, d),
+            Later::At(t) => Expr::val(t),
+        }
+    }
 }
 
 impl Due {
@@ -120,6 +142,15 @@ impl Due {
         match self {
             Due::Now | Due::InTurn => now(backend),
             Due::Reserved(d) => after(backend, d),
+            Due::Later(later) => later.expr(backend),
+        }
+    }
+
+    /// The row's `not_before`: the due time of a delayed notice, else NULL.
+    pub fn not_before(self, backend: DbBackend) -> Expr {
+        match self {
+            Due::Later(later) => later.expr(backend),
+            _ => Expr::val(Option::<NaiveDateTime>::None),
         }
     }
 }

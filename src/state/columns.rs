@@ -443,6 +443,7 @@ pub(crate) fn model_at_pg(row: &sea_orm::QueryResult) -> Result<notify_msg::Mode
         ordering_key: row.try_get(16).map_err(e)?,
         step: row.try_get(17).map_err(e)?,
         step_result: row.try_get(18).map_err(e)?,
+        not_before: row.try_get(19).map_err(e)?,
     })
 }
 
@@ -481,6 +482,7 @@ mod tests {
                 "ordering_key",
                 "step",
                 "step_result",
+                "not_before",
             ]
         );
     }

@@ -154,6 +154,8 @@ enum Init {
     Reserved,
     /// The database's time of the insert ([`clock::insert_time`]).
     Now,
+    /// `not_before`: a delayed notice's due time, else NULL.
+    NotBefore,
     /// `errors`: empty.
     Empty,
     /// `status`, `retry_times`, `version`: 0.
@@ -164,7 +166,7 @@ enum Init {
 /// but `id`, given by the database or the caller, `last_call_time`, NULL
 /// until a first call, and `step` and `step_result`, 0 and NULL until a
 /// first step succeeds).
-const NEW_ROW: [(Column, Init); 15] = [
+const NEW_ROW: [(Column, Init); 16] = [
     (Column::DefId, Init::DefId),
     (Column::Param, Init::Param),
     (Column::Description, Init::Description),
@@ -180,6 +182,7 @@ const NEW_ROW: [(Column, Init); 15] = [
     (Column::Leased, Init::Reserved),
     (Column::TraceContext, Init::TraceContext),
     (Column::OrderingKey, Init::OrderingKey),
+    (Column::NotBefore, Init::NotBefore),
 ];
 
 pub(super) fn statement(backend: DbBackend, row: &NewRow, within: Within) -> InsertStatement {
@@ -213,7 +216,7 @@ pub(super) fn statement(backend: DbBackend, row: &NewRow, within: Within) -> Ins
 }
 
 /// The values of `row`, in the order of [`NEW_ROW`].
-fn values(backend: DbBackend, row: &NewRow) -> [Expr; 15] {
+fn values(backend: DbBackend, row: &NewRow) -> [Expr; 16] {
     let value = |init: Init| -> Expr {
         match init {
             Init::DefId => row.def_id.into(),
@@ -226,6 +229,7 @@ fn values(backend: DbBackend, row: &NewRow) -> [Expr; 15] {
             Init::OrderingKey => row.ordering_key.clone().into(),
             Init::Due => row.due.expr(backend),
             Init::Reserved => row.due.reserved().into(),
+            Init::NotBefore => row.due.not_before(backend),
             Init::Now => clock::insert_time(backend),
             Init::Empty => "".into(),
             Init::Zero => 0.into(),
@@ -243,7 +247,7 @@ pub(crate) const LITERAL_INSERT_MAX_BYTES: usize = 1024 * 1024;
 
 /// SQL text of one literal row besides its strings (an upper bound).
 #[cfg_attr(not(feature = "postgres"), allow(dead_code))] // PostgreSQL's alone
-const LITERAL_ROW_BYTES: usize = 320;
+const LITERAL_ROW_BYTES: usize = 512;
 
 /// PostgreSQL: buffered rows (ids handed out beforehand) as one `INSERT`
 /// whose values are SQL literals, for a simple-protocol message that also
@@ -390,6 +394,8 @@ pub(crate) async fn pg_insert_rows(
     static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     let sql = SQL.get_or_init(|| {
         let now = "(statement_timestamp() AT TIME ZONE 'UTC')";
+        // A delayed notice's time (`r.at`), or `r.due` seconds from now.
+        let due = format!("COALESCE(r.at, {now} + make_interval(secs => r.due))");
         let values = NEW_ROW.map(|(_, init)| match init {
             Init::DefId => "r.def_id".to_string(),
             Init::Param => "r.param".into(),
@@ -399,26 +405,33 @@ pub(crate) async fn pg_insert_rows(
             Init::TargetOverride => "r.over".into(),
             Init::TraceContext => "r.trace".into(),
             Init::OrderingKey => "r.ordering".into(),
-            Init::Due => format!("{now} + make_interval(secs => r.due)"),
+            Init::Due => due.clone(),
             Init::Reserved => "r.reserved".into(),
+            Init::NotBefore => format!("CASE WHEN r.later THEN {due} END"),
             Init::Now => clock::PG_INSERT_TIME.into(),
             Init::Empty => "''".into(),
             Init::Zero => "0".into(),
         });
         // `due_at` (migration 16) as `next_call_time`: no trigger call.
-        let due = format!("{now} + make_interval(secs => r.due)");
         format!(
             "INSERT INTO notify_msg (id, {}, due_at) SELECT r.id, {}, {due} \
              FROM UNNEST($1::bigint[], $2::bigint[], $3::text[], $4::text[], $5::int[], \
-             $6::text[], $7::text[], $8::float8[], $9::bool[], $10::text[], $11::text[]) \
-             AS r(id, def_id, param, description, lb, key, over, due, reserved, trace, ordering)",
+             $6::text[], $7::text[], $8::float8[], $9::bool[], $10::text[], $11::text[], \
+             $12::timestamp[], $13::bool[]) \
+             AS r(id, def_id, param, description, lb, key, over, due, reserved, trace, ordering, \
+             at, later)",
             NEW_ROW.map(|(c, _)| c.as_str()).join(", "),
             values.join(", ")
         )
     });
+    use super::clock::Later;
     let due = |row: &NewRow| match row.due {
-        Due::Now | Due::InTurn => 0.0,
-        Due::Reserved(d) => d.as_secs_f64(),
+        Due::Now | Due::InTurn | Due::Later(Later::At(_)) => 0.0,
+        Due::Reserved(d) | Due::Later(Later::By(d)) => d.as_secs_f64(),
+    };
+    let at = |row: &NewRow| match row.due {
+        Due::Later(Later::At(t)) => Some(t),
+        _ => None,
     };
     sea_orm::sqlx::query(sea_orm::sqlx::AssertSqlSafe(sql.as_str()))
         .bind(rows.iter().map(|(id, _)| *id).collect::<Vec<i64>>())
@@ -463,6 +476,16 @@ pub(crate) async fn pg_insert_rows(
             rows.iter()
                 .map(|(_, r)| r.ordering_key.clone())
                 .collect::<Vec<Option<String>>>(),
+        )
+        .bind(
+            rows.iter()
+                .map(|(_, r)| at(r))
+                .collect::<Vec<Option<chrono::NaiveDateTime>>>(),
+        )
+        .bind(
+            rows.iter()
+                .map(|(_, r)| matches!(r.due, Due::Later(_)))
+                .collect::<Vec<bool>>(),
         )
         .execute(conn)
         .await
@@ -529,11 +552,14 @@ mod tests {
         assert!(sql.contains("make_interval(secs => 1.5)"), "{sql}");
         assert!(
             sql.contains(
-                r#"TRUE, $sn${"traceparent":"a'b"}$sn$, $sn$o'k$sn$, ((statement_timestamp() AT TIME ZONE 'UTC') + make_interval(secs => 1.5))), (8, 1, "#
+                r#"TRUE, $sn${"traceparent":"a'b"}$sn$, $sn$o'k$sn$, NULL, ((statement_timestamp() AT TIME ZONE 'UTC') + make_interval(secs => 1.5))), (8, 1, "#
             ),
             "two rows, the trace context quoted, due_at last as next_call_time: {sql}"
         );
-        assert!(sql.contains(r#""ordering_key", "due_at") VALUES"#), "{sql}");
+        assert!(
+            sql.contains(r#""ordering_key", "not_before", "due_at") VALUES"#),
+            "{sql}"
+        );
         // Many small rows count their SQL, not only their text.
         let many: Vec<_> = (0..10_000).map(|id| (id, row())).collect();
         assert!(pg_insert_literal(&many).is_none());

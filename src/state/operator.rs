@@ -98,6 +98,32 @@ pub(crate) async fn cancel(
     Ok(moved)
 }
 
+/// Makes `row`, a scheduled notice in flight as read (never attempted, not
+/// held, delayed until a time still ahead), due at once: `not_before`
+/// cleared, `next_call_time` now (the database's clock), `note` (dated
+/// `at`) in its log. Its key's turn still applies. Whether it changed
+/// (`false`: it changed since it was read, or its time came meanwhile).
+pub(crate) async fn send_now(
+    store: &Store,
+    row: &Seen,
+    note: &str,
+    at: NaiveDateTime,
+) -> Result<bool, DbErr> {
+    let now = clock::now(store.backend());
+    let guard = guard(std::slice::from_ref(row))
+        .add(Expr::col(Column::Status).eq(Status::NotSent as i16))
+        .add(Expr::col(Column::Leased).eq(false))
+        .add(Expr::col(Column::NotBefore).gt(now.clone()));
+    let sets = vec![
+        (Column::NextCallTime, now),
+        (Column::NotBefore, Expr::val(Option::<NaiveDateTime>::None)),
+        (Column::Errors, audited(std::slice::from_ref(row), note, at)),
+    ];
+    let changed =
+        db::on_conflict_retry(|| columns::update(&store.db, guard.clone(), sets.clone())).await?;
+    Ok(changed == 1)
+}
+
 /// Cancels `rows`, final failures or parked notices in history as read: they
 /// stay in history with status 5 and `note` (dated `at`) in their log. With
 /// `stop_on_failure` this lets the later notices of their ordering key go
@@ -172,6 +198,8 @@ pub(crate) async fn requeue(
                 .into(),
         ),
         (Column::Errors, audited(rows, note, at)),
+        // A requeue makes a delayed notice due at once too.
+        (Column::NotBefore, Expr::val(Option::<NaiveDateTime>::None)),
     ];
     let requeueable = |rows: &[Seen]| {
         guard(rows).add(

@@ -82,13 +82,20 @@ pub const TURN_RECHECK: Duration = Duration::from_secs(60);
 /// Keys promoted per statement: 500.
 pub(crate) const PROMOTE_CHUNK: usize = 500;
 
-/// Rows a claim may set aside when they are not in turn: keyed, never
-/// attempted since queued, not leased.
-pub(crate) fn may_wait() -> Condition {
+/// Rows a claim may set aside when they are not in turn, and a promotion
+/// may make due: keyed, never attempted since queued, not leased, and not
+/// delayed past now (a delayed notice waits for its `not_before` whatever
+/// its turn: only time makes it due).
+pub(crate) fn may_wait(backend: DbBackend) -> Condition {
     Condition::all()
         .add(Expr::col(Column::OrderingKey).is_not_null())
         .add(Expr::col(Column::Status).eq(Status::NotSent as i16))
         .add(Expr::col(Column::Leased).eq(false))
+        .add(
+            Condition::any()
+                .add(Expr::col(Column::NotBefore).is_null())
+                .add(Expr::col(Column::NotBefore).lte(clock::now(backend))),
+        )
 }
 
 /// The condition on a `notify_msg` row (the statement's own `notify_msg`)
@@ -260,6 +267,7 @@ fn next_of_moved(skip: bool) -> String {
 /// sent after the run.
 pub(crate) fn next_of_moved_pg(claim: bool) -> String {
     const MAY_WAIT: &str = "p.status = 0 AND NOT p.leased \
+         AND (p.not_before IS NULL OR p.not_before <= (statement_timestamp() AT TIME ZONE 'UTC')) \
          AND p.def_id IN (SELECT d.id FROM notify_def d WHERE d.ordering = 'per_key')";
     const NOW: &str = "(statement_timestamp() AT TIME ZONE 'UTC')";
     const PARTITION: &str = "(cardinality($3::int[]) = 0 OR {t}.load_balance_num = ANY($3::int[]))";
@@ -299,6 +307,7 @@ pub(crate) fn next_of_moved_pg(claim: bool) -> String {
                  SELECT b.id, row_number() OVER w AS pos, bool_and(b.free) OVER w AS free \
                  FROM (SELECT n.id, n.create_time, \
                          n.status = 0 AND NOT n.leased AND {partition} \
+                         AND (n.not_before IS NULL OR n.not_before <= {NOW}) \
                          AND n.id NOT IN (SELECT id FROM moved) \
                          AND octet_length(n.param) <= {RUN_MEMBER_BYTES} \
                          AND (f.id IS NULL OR (n.create_time, n.id) < (f.create_time, f.id)) AS free \
@@ -406,7 +415,7 @@ pub(crate) async fn promote<C: ConnectionTrait>(
                 .cond_where(
                     Condition::all()
                         .add(Expr::col(Column::Id).is_in(ids))
-                        .add(may_wait())
+                        .add(may_wait(backend))
                         .add(Expr::cust_with_exprs(
                             not_indexed_after("next_call_time", &placeholder(backend, 1)),
                             [at.clone()],

@@ -23,6 +23,12 @@ pub const DEFAULT_CONCURRENCY: usize = 32;
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default [`WorkerConfig::heartbeat_every`]: 5 seconds.
 pub const DEFAULT_HEARTBEAT_EVERY: Duration = Duration::from_secs(5);
+/// Default [`WorkerConfig::due_check_every`]: 500 ms.
+pub const DEFAULT_DUE_CHECK_EVERY: Duration = Duration::from_millis(500);
+/// Shortest [`WorkerConfig::due_check_every`] a worker accepts (but zero): 50 ms.
+pub const MIN_DUE_CHECK_EVERY: Duration = Duration::from_millis(50);
+/// Longest [`WorkerConfig::due_check_every`] a worker accepts: 1 hour.
+pub const MAX_DUE_CHECK_EVERY: Duration = Duration::from_secs(3600);
 /// Default [`WorkerConfig::max_in_flight_bytes`]: 64 MiB.
 pub const DEFAULT_MAX_IN_FLIGHT_BYTES: u64 = crate::sweep::DEFAULT_MAX_IN_FLIGHT_BYTES;
 
@@ -76,6 +82,18 @@ pub struct WorkerConfig {
     /// on PostgreSQL) and when the earliest due time it knows of comes,
     /// besides the schedule. Off: sweep on the schedule only. Default: `true`.
     pub wake: bool,
+    /// With [`wake`](Self::wake) on MySQL/MariaDB and SQLite, which cannot
+    /// tell other processes' workers when a notice is added: how often the
+    /// worker asks the database when its next notice is due (one indexed
+    /// `MIN` query), so that a notice added by another process is sent on
+    /// time (a delayed notice when it falls due, a notice due at once
+    /// within this long) rather than at the next tick. PostgreSQL's
+    /// workers are told by `NOTIFY` and never ask on this schedule. Zero:
+    /// never (other processes' notices wait for the tick); else
+    /// [`MIN_DUE_CHECK_EVERY`] to [`MAX_DUE_CHECK_EVERY`]. Default
+    /// [`DEFAULT_DUE_CHECK_EVERY`].
+    #[serde(with = "humantime_serde")]
+    pub due_check_every: Duration,
     /// How often the worker writes its heartbeat row in `notify_worker`
     /// (shown by the dashboard; a row silent for three of these is a worker
     /// gone). Zero: no heartbeat. Default [`DEFAULT_HEARTBEAT_EVERY`].
@@ -105,6 +123,7 @@ impl Default for WorkerConfig {
             confirm_listener: true,
             wake: true,
             heartbeat_every: DEFAULT_HEARTBEAT_EVERY,
+            due_check_every: DEFAULT_DUE_CHECK_EVERY,
             max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
         }
     }

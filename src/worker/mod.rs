@@ -23,9 +23,9 @@ use tracing::Instrument;
 
 pub use crate::stats::{RECENT_SWEEPS, StatsSnapshot, WorkerStats};
 pub use config::{
-    DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, DEFAULT_CRON, DEFAULT_DELAY, DEFAULT_HEARTBEAT_EVERY,
-    DEFAULT_MAX_IN_FLIGHT_BYTES, DEFAULT_SHUTDOWN_TIMEOUT, MAX_BATCH_SIZE, MAX_CONCURRENCY, Mode,
-    WorkerConfig,
+    DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, DEFAULT_CRON, DEFAULT_DELAY, DEFAULT_DUE_CHECK_EVERY,
+    DEFAULT_HEARTBEAT_EVERY, DEFAULT_MAX_IN_FLIGHT_BYTES, DEFAULT_SHUTDOWN_TIMEOUT, MAX_BATCH_SIZE,
+    MAX_CONCURRENCY, MAX_DUE_CHECK_EVERY, MIN_DUE_CHECK_EVERY, Mode, WorkerConfig,
 };
 
 use crate::{
@@ -314,6 +314,27 @@ pub const SWEEP_RETRY_MAX: Duration = Duration::from_secs(30);
 /// scheduled nothing for later: every 250 ms at most.
 pub const NEXT_DUE_EVERY: Duration = Duration::from_millis(250);
 
+/// What a worker's wait listens to, besides time and shutdown.
+struct Listeners<'a> {
+    /// Notices due now (this process, and `NOTIFY` on PostgreSQL).
+    wakes: &'a mut tokio::sync::watch::Receiver<u64>,
+    /// Due times recorded in this process.
+    hints: &'a mut tokio::sync::watch::Receiver<Option<Instant>>,
+    /// Notices added due later in another process (PostgreSQL).
+    checks: &'a mut tokio::sync::watch::Receiver<u64>,
+}
+
+/// What ended a worker's wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Woke {
+    /// The schedule's tick.
+    Tick,
+    /// A wake-up or a due time, before the tick.
+    Early,
+    /// Time to ask what is due next (no sweep).
+    Check,
+}
+
 /// A sweeping loop over one notifier.
 ///
 /// ```no_run
@@ -372,6 +393,16 @@ impl Worker {
         }
         if config.partitions.iter().any(|p| *p < 0) {
             return Err(Error::Config("partitions must not be negative".into()));
+        }
+        let check = config.due_check_every;
+        if !check.is_zero()
+            && !(config::MIN_DUE_CHECK_EVERY..=config::MAX_DUE_CHECK_EVERY).contains(&check)
+        {
+            return Err(Error::Config(format!(
+                "due_check_every: {check:?} is neither zero nor between {:?} and {:?}",
+                config::MIN_DUE_CHECK_EVERY,
+                config::MAX_DUE_CHECK_EVERY
+            )));
         }
         Ok(Worker {
             notifier,
@@ -524,9 +555,13 @@ impl Worker {
         let mut wakes = self.notifier.engine.subscribe_wakes();
         wakes.mark_unchanged();
         let mut hints = self.notifier.engine.subscribe_due_hint();
+        let mut checks = self.notifier.engine.subscribe_due_checks();
+        checks.mark_unchanged();
         // With wake-ups on, a starting worker catches up at once.
         let mut next_due: Option<Instant> = self.config.wake.then(Instant::now);
         let mut next_due_asked: Option<Instant> = None;
+        // A pending ask of what is due next, without a sweep.
+        let mut recheck: Option<Instant> = None;
         let mut first = true;
         // After a failed sweep: the next one within this, doubling from
         // SWEEP_RETRY_FIRST (never later than the schedule's tick).
@@ -548,16 +583,48 @@ impl Worker {
                 Some(after) => tick.min(Instant::now() + after),
                 None => tick,
             };
-            match self
-                .wait(tick, next_due, &mut wakes, &mut hints, shutdown)
-                .await
-            {
-                None => return,
-                Some(true) => {
+            let woken = loop {
+                // When to ask what is due next without sweeping: a check
+                // armed after a wake-up (a notice added for later, in
+                // another process), and, where no `NOTIFY` tells of other
+                // processes' notices, every `due_check_every`.
+                let every = (self.config.wake
+                    && !self.config.due_check_every.is_zero()
+                    && self.notifier.engine.store.backend() != sea_orm::DbBackend::Postgres)
+                    .then(|| {
+                        next_due_asked.map_or_else(Instant::now, |t| {
+                            t.checked_add(self.config.due_check_every).unwrap_or(tick)
+                        })
+                    });
+                let check_at = match (recheck, every) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                let listeners = Listeners {
+                    wakes: &mut wakes,
+                    hints: &mut hints,
+                    checks: &mut checks,
+                };
+                match self
+                    .wait(tick, next_due, check_at, listeners, shutdown)
+                    .await
+                {
+                    None => return,
+                    Some(Woke::Check) => {
+                        recheck = None;
+                        next_due = self.next_due(next_due).await;
+                        next_due_asked = Some(Instant::now());
+                    }
+                    Some(Woke::Early) => break true,
+                    Some(Woke::Tick) => break false,
+                }
+            };
+            match woken {
+                true => {
                     tracing::trace!("woken");
                     self.stats.add_wakeup();
                 }
-                Some(false) => tracing::trace!("tick"),
+                false => tracing::trace!("tick"),
             }
             let before = self.stats.snapshot();
             let swept_at = Instant::now();
@@ -584,26 +651,40 @@ impl Worker {
             let stale = next_due_asked.is_none_or(|t: Instant| t.elapsed() >= NEXT_DUE_EVERY);
             if self.config.wake && (scheduled || stale) {
                 let asked = Instant::now();
-                next_due = self.next_due().await;
+                next_due = self.next_due(next_due).await;
                 tracing::trace!(ms = asked.elapsed().as_millis() as u64, due_in_ms = ?next_due.map(|d| d.saturating_duration_since(Instant::now()).as_millis()), "next due");
                 next_due_asked = Some(Instant::now());
-            } else if next_due.is_some_and(|d| d <= Instant::now()) {
-                next_due = None;
+                recheck = None;
+            } else {
+                if next_due.is_some_and(|d| d <= Instant::now()) {
+                    next_due = None;
+                }
+                // Woken (a notice added, perhaps due later) but asked too
+                // recently to ask again: ask once NEXT_DUE_EVERY has passed.
+                if self.config.wake && woken && recheck.is_none() {
+                    recheck = next_due_asked.map(|t| t + NEXT_DUE_EVERY);
+                }
             }
         }
     }
 
     /// Waits for the scheduled `tick`, the earliest known due time (what the
-    /// database said, or a due time recorded in this process meanwhile), or
-    /// a wake-up. `Some(true)`: woken early; `None`: shutdown.
+    /// database said, or a due time recorded in this process meanwhile), a
+    /// wake-up, or `check_at` (time to ask what is due next). `None`:
+    /// shutdown.
     async fn wait(
         &self,
         tick: Instant,
         next_due: Option<Instant>,
-        wakes: &mut tokio::sync::watch::Receiver<u64>,
-        hints: &mut tokio::sync::watch::Receiver<Option<Instant>>,
+        check_at: Option<Instant>,
+        listeners: Listeners<'_>,
         shutdown: &CancellationToken,
-    ) -> Option<bool> {
+    ) -> Option<Woke> {
+        let Listeners {
+            wakes,
+            hints,
+            checks,
+        } = listeners;
         loop {
             let hint = if self.config.wake {
                 *hints.borrow_and_update()
@@ -618,12 +699,21 @@ impl Worker {
                 Some(due) if due < tick => (due, true),
                 _ => (tick, false),
             };
+            let woke = |early: bool| match early {
+                true => Woke::Early,
+                false => Woke::Tick,
+            };
             return tokio::select! {
-                _ = tokio::time::sleep_until(at.into()) => Some(early),
-                changed = wakes.changed(), if self.config.wake => Some(changed.is_ok()),
+                _ = tokio::time::sleep_until(at.into()) => Some(woke(early)),
+                _ = tokio::time::sleep_until(check_at.unwrap_or(at).into()), if check_at.is_some_and(|c| c < at) => Some(Woke::Check),
+                changed = wakes.changed(), if self.config.wake => Some(woke(changed.is_ok())),
                 changed = hints.changed(), if self.config.wake => match changed {
                     Ok(()) => continue,
-                    Err(_) => Some(true),
+                    Err(_) => Some(Woke::Early),
+                },
+                changed = checks.changed(), if self.config.wake => match changed {
+                    Ok(()) => Some(Woke::Check),
+                    Err(_) => Some(Woke::Early),
                 },
                 _ = shutdown.cancelled() => None,
             };
@@ -631,20 +721,21 @@ impl Worker {
     }
 
     /// When the earliest notice this worker may take is due (at least
-    /// [`MIN_DUE_WAIT`] from now); `None` when nothing is in flight.
-    async fn next_due(&self) -> Option<Instant> {
+    /// [`MIN_DUE_WAIT`] from now); `None` when nothing is in flight. When
+    /// the database cannot tell, the time `known` so far.
+    async fn next_due(&self, known: Option<Instant>) -> Option<Instant> {
         let filter = match self.filter().await {
             Ok(filter) => filter,
             Err(e) => {
                 tracing::debug!(error = %e, "cannot read definitions for the next due time");
-                return None;
+                return known;
             }
         };
         match crate::state::claim::next_due(&self.notifier.engine.store, &filter).await {
             Ok(due) => due.map(|d| Instant::now() + d.max(MIN_DUE_WAIT)),
             Err(e) => {
                 tracing::debug!(error = %e, "cannot read the next due time");
-                None
+                known
             }
         }
     }

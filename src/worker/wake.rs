@@ -8,6 +8,12 @@
 //!   whoever runs it (another process, plain SQL from another language). The
 //!   listener reconnects by itself, and a lost connection wakes the worker
 //!   too, since notifications may have been missed meanwhile.
+//! - **A notice added due later** (a delayed notice), in this process (the
+//!   producer hands its time over at commit) or, on PostgreSQL, in any
+//!   (`NOTIFY solid_notify, 'later'`, migration 20): the worker asks the
+//!   database when its next notice is due, without sweeping. On MySQL and
+//!   SQLite it also asks every
+//!   [`due_check_every`](crate::WorkerConfig::due_check_every).
 //! - **The earliest due time** the worker knows of (a retry scheduled for
 //!   later, a lease that may run out, a confirmation deadline): the worker
 //!   sleeps until then, not blindly until its next tick.
@@ -24,6 +30,11 @@ use crate::notifier::Notifier;
 
 /// The channel PostgreSQL workers listen on (see the migrations).
 pub const WAKE_CHANNEL: &str = migration::WAKE_CHANNEL;
+
+/// The payload of the notification sent for a notice added due later
+/// (migration 20): workers ask when it is due instead of sweeping.
+#[cfg(feature = "postgres")]
+const LATER_PAYLOAD: &str = "later";
 
 /// Pause before listening again after the listener failed to connect.
 #[cfg(feature = "postgres")]
@@ -109,6 +120,11 @@ pub(crate) async fn listen(notifier: Notifier, stop: CancellationToken) {
                 _ = stop.cancelled() => return,
             };
             match next {
+                // A notice added due later: when is it due?
+                Ok(Some(n)) if n.payload() == LATER_PAYLOAD => {
+                    tracing::trace!("notified of a notice due later");
+                    notifier.engine.ask_due();
+                }
                 Ok(Some(_)) => {
                     tracing::trace!("notified");
                     notifier.wake_workers();

@@ -16,6 +16,7 @@ mod census;
 mod committed;
 mod dashboard;
 mod defs;
+mod delayed;
 mod due_index;
 mod exposure;
 mod faults;
