@@ -13,6 +13,7 @@ use crate::cli::{
     common::{FilterArgs, PageArgs, parse_time},
     defs::{self, DefsCommand},
     find::{self, HistoryCommand},
+    keys::{self, KeysCommand},
     pause, purge,
     worker::{self, WorkerArgs},
 };
@@ -91,6 +92,11 @@ enum Command {
     /// id may also be a final failure or parked notice in history: it is
     /// given up for good (cancelled), releasing its ordering key.
     Cancel(Box<BulkArgs>),
+    /// Ordering keys: those held back by a failure.
+    Keys {
+        #[command(subcommand)]
+        command: KeysCommand,
+    },
     /// Delete old succeeded and cancelled history in batches.
     Purge {
         /// Finished more than this long ago, e.g. 30d, 12h.
@@ -213,6 +219,7 @@ async fn run(cli: Cli) -> solid_notify::Result<()> {
                     page,
                 },
         } => find::history(&db, filter, range, page).await?,
+        Command::Keys { command } => keys::run(&db, command).await?,
         Command::Requeue(args) => bulk::run(db, *args, true).await?,
         Command::Cancel(args) => bulk::run(db, *args, false).await?,
         Command::Purge {

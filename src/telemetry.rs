@@ -12,6 +12,7 @@
 //! | `solid_notify_oldest_due_seconds` | gauge: how long the oldest due notice has waited (0: none) | `def` |
 //! | `solid_notify_awaiting_confirmation` | gauge: notices sent, waiting for confirmation | `def` |
 //! | `solid_notify_paused` | gauge: 1 while the definition is paused | `def` |
+//! | `solid_notify_blocked_keys` | gauge: ordering keys held back by a final failure or parked notice ([`ops::keys`](crate::ops::keys)) | `def` |
 //! | `solid_notify_attempts_total` | counter: attempts by how they ended | `def`, `outcome` |
 //! | `solid_notify_attempt_duration_seconds` | histogram: claim to recorded outcome | `def` |
 //! | `solid_notify_claims_total` | counter: rows claimed | |
@@ -197,8 +198,10 @@ async fn render(handle: PrometheusHandle) -> impl axum::response::IntoResponse {
 
 /// Refreshes the database gauges every `every` until `shutdown`: one
 /// grouped query over `notify_msg` (count and earliest `next_call_time` per
-/// definition and status) and two small reads of `notify_def` (the paused
-/// definitions and the names of the busiest, [`METRICS_MAX_DEFS`] at most).
+/// definition and status), two small reads of `notify_def` (the paused
+/// definitions and the names of the busiest, [`METRICS_MAX_DEFS`] at most),
+/// and the count of blocked keys per definition
+/// ([`ops::keys::blocked_counts`](crate::ops::keys::blocked_counts)).
 pub fn spawn_gauges(
     notifier: Notifier,
     every: Duration,
@@ -226,6 +229,7 @@ pub fn spawn_gauges(
 struct Seen {
     counts: Vec<(String, Status)>,
     paused: Vec<String>,
+    blocked: Vec<String>,
 }
 
 /// One refresh. Series seen last time and absent now are set to 0.
@@ -323,6 +327,7 @@ async fn refresh_gauges(notifier: &Notifier, seen_before: &Seen) -> Result<Seen>
     for def in &paused_now {
         gauge!("solid_notify_paused", "def" => def.clone()).set(1.0);
     }
+    let blocked = blocked_gauges(db, &seen_before.blocked).await?;
     Ok(Seen {
         counts: counts
             .into_iter()
@@ -330,5 +335,40 @@ async fn refresh_gauges(notifier: &Notifier, seen_before: &Seen) -> Result<Seen>
             .map(|(k, _)| k)
             .collect(),
         paused: paused_now,
+        blocked,
     })
+}
+
+/// Sets `solid_notify_blocked_keys` per definition (the first
+/// [`METRICS_MAX_DEFS`] by name, the rest under `_other`), and to 0 for
+/// those `before` that have none now. Returns the definitions set above 0.
+async fn blocked_gauges(db: &crate::db::Db, before: &[String]) -> Result<Vec<String>> {
+    use sea_orm::{ColumnTrait, QueryFilter, QueryOrder, QuerySelect};
+    let counts = crate::ops::keys::blocked_counts(db).await?;
+    let named = notify_def::Entity::find()
+        .filter(notify_def::Column::Id.is_in(counts.keys().copied()))
+        .order_by_asc(notify_def::Column::Name)
+        .limit(METRICS_MAX_DEFS as u64)
+        .all(db)
+        .await?;
+    let names: HashMap<i64, String> = named.iter().map(|d| (d.id, label(&d.name))).collect();
+    let mut by_label: HashMap<String, u64> = HashMap::new();
+    for (def_id, n) in counts {
+        let def = names
+            .get(&def_id)
+            .cloned()
+            .unwrap_or_else(|| OTHER_DEFS.to_string());
+        *by_label.entry(def).or_default() += n;
+    }
+    for def in before {
+        by_label.entry(def.clone()).or_insert(0);
+    }
+    for (def, n) in &by_label {
+        gauge!("solid_notify_blocked_keys", "def" => def.clone()).set(*n as f64);
+    }
+    Ok(by_label
+        .into_iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(def, _)| def)
+        .collect())
 }

@@ -7,6 +7,7 @@ pub(crate) mod bulk;
 pub(crate) mod common;
 pub(crate) mod defs;
 pub(crate) mod find;
+pub(crate) mod keys;
 pub(crate) mod pause;
 pub(crate) mod purge;
 #[cfg(feature = "dashboard")]

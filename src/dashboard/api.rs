@@ -68,6 +68,18 @@ pub(super) async fn notice(State(state): State<AppState>, Path(id): Path<i64>) -
     }
 }
 
+/// `GET /api/keys/blocked`: the ordering keys held back by a failure,
+/// oldest head first.
+pub(super) async fn keys_blocked(
+    State(state): State<AppState>,
+    Query(query): Query<super::view::KeysQuery>,
+) -> Response {
+    match super::view::blocked_keys(&state, &query).await {
+        Ok(keys) => Json(keys).into_response(),
+        Err(e) => Failure::from(e).json(),
+    }
+}
+
 /// Most definitions `GET /api/defs` answers at once: 1,000.
 const DEFS_LIMIT: u64 = 1_000;
 

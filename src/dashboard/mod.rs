@@ -125,6 +125,7 @@ pub fn router(notifier: Notifier, config: DashboardConfig) -> Router {
         .route("/notices/{id}/cancel", post(pages::cancel))
         .route("/bulk", get(pages::bulk_confirm).post(pages::bulk_run))
         .route("/defs", get(pages::defs))
+        .route("/keys/blocked", get(pages::keys_blocked))
         .route("/defs/{name}/pause", post(pages::pause))
         .route("/defs/{name}/resume", post(pages::resume))
         .route("/assets/style.css", get(pages::style))
@@ -135,6 +136,7 @@ pub fn router(notifier: Notifier, config: DashboardConfig) -> Router {
         .route("/api/notices/{id}/cancel", post(api::cancel))
         .route("/api/bulk", post(api::bulk))
         .route("/api/defs", get(api::defs))
+        .route("/api/keys/blocked", get(api::keys_blocked))
         .route("/api/defs/{name}/pause", post(api::pause))
         .route("/api/defs/{name}/resume", post(api::resume))
         .layer(axum::middleware::from_fn_with_state(

@@ -49,6 +49,7 @@ fn page(state: &AppState, title: &str, current: &str, body: Markup) -> Markup {
         ("in_flight", "/notices?place=in_flight", "In flight"),
         ("history", "/notices?place=history", "History"),
         ("defs", "/defs", "Definitions"),
+        ("keys", "/keys/blocked", "Blocked keys"),
     ];
     html! {
         (DOCTYPE)
@@ -122,6 +123,59 @@ fn csrf_field(token: &Token) -> Markup {
 
 fn notices_link(state: &AppState, query: &NoticeQuery) -> String {
     state.link(&format!("/notices?{}", view::query_string(query)))
+}
+
+/// `GET /keys/blocked`: the ordering keys held back by a final failure or
+/// parked notice (`?def=` one definition's), each with its head's requeue
+/// and cancel.
+pub(super) async fn keys_blocked(
+    State(state): State<AppState>,
+    Extension(token): Extension<Token>,
+    Query(query): Query<super::view::KeysQuery>,
+) -> Response {
+    let keys = match super::view::blocked_keys(&state, &query).await {
+        Ok(keys) => keys,
+        Err(e) => return failure_page(&state, e.into()),
+    };
+    let now = chrono::Utc::now().naive_utc();
+    let def = query.def.clone().unwrap_or_default();
+    let body = html! {
+        p.muted {
+            "Keys of ordered definitions with stop_on_failure whose oldest final failure or parked notice holds back the younger notices of the key. "
+            "Requeue the head to send it again first, or cancel it to let the key go on."
+        }
+        form.filters method="get" action=(state.link("/keys/blocked")) {
+            label { "Definition " input type="search" name="def" value=(def); }
+            button type="submit" { "Find" }
+        }
+        p.muted data-count="blocked" { (keys.len()) " blocked" }
+        @if !keys.is_empty() {
+            table.keys {
+                thead { tr { th { "Definition" } th { "Key" } th { "Head" } th { "Status" } th { "Blocked for" } th { "Waiting" } @if state.config.allow_actions { th { "Actions on the head" } } } }
+                tbody {
+                    @for k in &keys {
+                        // Keys are the producers': control characters escaped.
+                        @let key = k.ordering_key.escape_debug().to_string();
+                        tr data-key=(key) data-def=(k.def) data-waiting=(k.waiting) {
+                            td { (k.def) }
+                            td { code { (key) } }
+                            td { a href=(state.link(&format!("/notices/{}", k.head_id))) { (k.head_id) } }
+                            td { (status_tag(k.head_status)) }
+                            td { (age((now - k.blocked_since).num_seconds() as f64)) }
+                            td { (k.waiting) }
+                            @if state.config.allow_actions {
+                                td {
+                                    (action_form(&state, &token, &format!("/notices/{}/requeue", k.head_id), "Requeue", "Sent again first."))
+                                    (action_form(&state, &token, &format!("/notices/{}/cancel", k.head_id), "Cancel", "Given up; the key goes on."))
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    };
+    page(&state, "Blocked keys", "keys", body).into_response()
 }
 
 /// A search among definitions, and where a page of them starts.

@@ -384,6 +384,41 @@ pub(super) async fn find_bounded(
     }
 }
 
+/// A filter of blocked keys: `?def=` one definition's, `?limit=` at most
+/// this many ([`keys::DEFAULT_BLOCKED_LIMIT`](crate::ops::keys::DEFAULT_BLOCKED_LIMIT)
+/// by default).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(super) struct KeysQuery {
+    pub def: Option<String>,
+    pub limit: Option<u64>,
+}
+
+/// The blocked keys a query asks for.
+pub(super) async fn blocked_keys(
+    state: &super::AppState,
+    query: &KeysQuery,
+) -> crate::error::Result<Vec<crate::ops::keys::BlockedKey>> {
+    use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+    let db = state.notifier.db();
+    let def_id = match &query.def {
+        None => None,
+        Some(name) if name.is_empty() => None,
+        Some(name) => Some(
+            crate::entity::notify_def::Entity::find()
+                .filter(crate::entity::notify_def::Column::Name.eq(name.as_str()))
+                .one(db)
+                .await?
+                .ok_or_else(|| crate::error::Error::UnknownDef(name.clone()))?
+                .id,
+        ),
+    };
+    let limit = query
+        .limit
+        .unwrap_or(crate::ops::keys::DEFAULT_BLOCKED_LIMIT);
+    crate::ops::keys::blocked(db, def_id, limit).await
+}
+
 #[cfg(test)]
 mod prop {
     use proptest::prelude::*;

@@ -21,6 +21,7 @@
 
 pub mod bulk;
 pub mod find;
+pub mod keys;
 pub mod overview;
 pub mod pause;
 pub mod purge;

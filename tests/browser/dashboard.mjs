@@ -1,6 +1,6 @@
 // Drives the dashboard in Debian's headless Chromium (never a downloaded
 // browser): overview counts, filter to final failures, bulk requeue with a
-// reason; another site's image, fetch and frame of it refused. Prints one JSON line of what it saw; saves a screenshot of each
+// reason; the blocked keys, and a cancel of one's head; another site's image, fetch and frame of it refused. Prints one JSON line of what it saw; saves a screenshot of each
 // page. Usage: node dashboard.mjs BASE_URL SCREENSHOT_DIR
 import { chromium } from 'playwright-core';
 import { mkdtempSync, mkdirSync, rmSync } from 'node:fs';
@@ -70,6 +70,26 @@ try {
   await page.getByRole('link', { name: 'In flight' }).click();
   seen.in_flight_rows = await page.locator('tr[data-id]').count();
   await shot('in-flight');
+
+  // The blocked keys, then a cancel of key b's head from its row.
+  await page.getByRole('link', { name: 'Blocked keys' }).click();
+  const blocked = async () => {
+    const rows = [];
+    for (const row of await page.locator('tr[data-key]').all()) {
+      rows.push([await row.getAttribute('data-def'), await row.getAttribute('data-key'),
+        Number(await row.getAttribute('data-waiting'))]);
+    }
+    return rows.sort();
+  };
+  seen.blocked = await blocked();
+  await shot('blocked-keys');
+  const rowB = page.locator('tr[data-key="b"]');
+  const cancelB = rowB.locator('form', { has: page.getByRole('button', { name: 'Cancel' }) });
+  await cancelB.locator('input[name=reason]').fill('give up b');
+  await cancelB.getByRole('button', { name: 'Cancel' }).click();
+  await page.waitForLoadState();
+  await page.getByRole('link', { name: 'Blocked keys' }).click();
+  seen.blocked_after = await blocked();
 
   // 4. Another site's page (served on localhost, another site than
   // 127.0.0.1): its image, fetch and frame of the dashboard are refused,

@@ -46,6 +46,9 @@ fn serve(db: &TestDb) -> (KillOnDrop, String) {
 pg_test!(a_browser_sees_the_counts_and_bulk_requeues, |db: Arc<
     TestDb,
 >| async move {
+    // The blocked keys first: their notices are all finished or held when
+    // the dashboard's seed sweeps.
+    crate::keys::seed(&db).await;
     let seeded = seed(&db).await;
     let (_server, url) = serve(&db);
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -93,8 +96,41 @@ pg_test!(a_browser_sees_the_counts_and_bulk_requeues, |db: Arc<
             row.errors
         );
     }
-    assert_eq!(seen["in_flight_rows"], 3 + 2 + 3, "{seen}");
-    // 5. Another site's image, fetch and frame: refused, nothing framed.
+    // Billing's and orders', and the ordered notices held behind keys.
+    let held: u64 = crate::keys::BLOCKED.iter().map(|(_, _, n)| n).sum();
+    assert_eq!(seen["in_flight_rows"], 3 + 2 + 3 + held, "{seen}");
+    // 5. The blocked keys page agrees with the CLI; a cancel of key b's
+    // head from its row releases it.
+    let (ok, out, err) = crate::ops::cli(&db, &["keys", "blocked", "--json"]);
+    assert!(ok, "{err}");
+    let cli: Vec<Value> = serde_json::from_str(&out).unwrap();
+    let mut from_cli: Vec<Value> = cli
+        .iter()
+        .map(|k| {
+            // The page shows keys with control characters escaped.
+            let key = k["ordering_key"]
+                .as_str()
+                .unwrap()
+                .escape_debug()
+                .to_string();
+            serde_json::json!([k["def"], key, k["waiting"]])
+        })
+        .collect();
+    from_cli.sort_by_key(|v| v.to_string());
+    let shown = |key: &str| {
+        let mut rows = seen[key].as_array().cloned().unwrap_or_default();
+        rows.sort_by_key(|v| v.to_string());
+        rows
+    };
+    assert_eq!(
+        from_cli.len(),
+        2,
+        "key b was cancelled from the page: {out}"
+    );
+    assert_eq!(shown("blocked").len(), 3, "{seen}");
+    assert_eq!(shown("blocked_after"), from_cli, "{seen}");
+    assert!(shown("blocked").iter().any(|r| r[1] == "b"), "{seen}");
+    // 6. Another site's image, fetch and frame: refused, nothing framed.
     assert_eq!(seen["cross_site"]["frame"], 403, "{seen}");
     assert_eq!(seen["cross_site"]["fetch"], 403, "{seen}");
     // An image's answer is 403, or dropped by the browser before the page.

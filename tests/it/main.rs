@@ -25,6 +25,7 @@ mod history;
 mod http;
 mod idempotent;
 mod inputs;
+mod keys;
 mod mail;
 mod many_defs;
 mod ops;
