@@ -343,21 +343,17 @@ async fn refresh_gauges(notifier: &Notifier, seen_before: &Seen) -> Result<Seen>
 /// [`METRICS_MAX_DEFS`] by name, the rest under `_other`), and to 0 for
 /// those `before` that have none now. Returns the definitions set above 0.
 async fn blocked_gauges(db: &crate::db::Db, before: &[String]) -> Result<Vec<String>> {
-    use sea_orm::{ColumnTrait, QueryFilter, QueryOrder, QuerySelect};
-    let counts = crate::ops::keys::blocked_counts(db).await?;
-    let named = notify_def::Entity::find()
-        .filter(notify_def::Column::Id.is_in(counts.keys().copied()))
-        .order_by_asc(notify_def::Column::Name)
-        .limit(METRICS_MAX_DEFS as u64)
-        .all(db)
-        .await?;
-    let names: HashMap<i64, String> = named.iter().map(|d| (d.id, label(&d.name))).collect();
+    let mut counts: Vec<(String, u64)> = crate::ops::keys::blocked_counts(db)
+        .await?
+        .into_iter()
+        .collect();
+    counts.sort();
     let mut by_label: HashMap<String, u64> = HashMap::new();
-    for (def_id, n) in counts {
-        let def = names
-            .get(&def_id)
-            .cloned()
-            .unwrap_or_else(|| OTHER_DEFS.to_string());
+    for (i, (name, n)) in counts.into_iter().enumerate() {
+        let def = match i < METRICS_MAX_DEFS {
+            true => label(&name),
+            false => OTHER_DEFS.to_string(),
+        };
         *by_label.entry(def).or_default() += n;
     }
     for def in before {

@@ -44,11 +44,12 @@ pub(crate) async fn run(db: &DatabaseConnection, command: KeysCommand) -> solid_
                 .id,
         ),
     };
-    let blocked = keys::blocked(db, def_id, limit).await?;
+    let page = keys::blocked(db, def_id, limit).await?;
     if json {
-        print_json(&serde_json::to_value(&blocked));
+        print_json(&serde_json::to_value(&page));
         return Ok(());
     }
+    let blocked = &page.keys;
     if blocked.is_empty() {
         println!("no blocked key");
         return Ok(());
@@ -58,19 +59,22 @@ pub(crate) async fn run(db: &DatabaseConnection, command: KeysCommand) -> solid_
         "{:<20} {:<24} {:>10} {:<14} {:>12} {:>8}",
         "def", "key", "head", "head status", "blocked for", "waiting"
     );
-    for k in &blocked {
+    for k in blocked {
         let age = (now - k.blocked_since).to_std().unwrap_or_default();
         let age = humantime::format_duration(std::time::Duration::from_secs(age.as_secs()));
         println!(
             "{:<20} {:<24} {:>10} {:<14} {:>12} {:>8}",
             k.def,
             // Keys are the producers': control characters escaped.
-            k.ordering_key.escape_debug().to_string(),
+            keys::printable(&k.ordering_key),
             k.head_id,
             k.head_status.to_string(),
             age.to_string(),
             k.waiting
         );
+    }
+    if page.more {
+        println!("… more keys are blocked: the oldest {limit} are shown (--limit)");
     }
     Ok(())
 }

@@ -75,7 +75,7 @@ pub(super) async fn keys_blocked(
     Query(query): Query<super::view::KeysQuery>,
 ) -> Response {
     match super::view::blocked_keys(&state, &query).await {
-        Ok(keys) => Json(keys).into_response(),
+        Ok(page) => Json(page).into_response(),
         Err(e) => Failure::from(e).json(),
     }
 }

@@ -133,8 +133,8 @@ pub(super) async fn keys_blocked(
     Extension(token): Extension<Token>,
     Query(query): Query<super::view::KeysQuery>,
 ) -> Response {
-    let keys = match super::view::blocked_keys(&state, &query).await {
-        Ok(keys) => keys,
+    let (keys, more) = match super::view::blocked_keys(&state, &query).await {
+        Ok(page) => (page.keys, page.more),
         Err(e) => return failure_page(&state, e.into()),
     };
     let now = chrono::Utc::now().naive_utc();
@@ -148,14 +148,17 @@ pub(super) async fn keys_blocked(
             label { "Definition " input type="search" name="def" value=(def); }
             button type="submit" { "Find" }
         }
-        p.muted data-count="blocked" { (keys.len()) " blocked" }
+        p.muted data-count="blocked" {
+            (keys.len()) " blocked"
+            @if more { " (the oldest shown; more are blocked: the gauge solid_notify_blocked_keys counts them all)" }
+        }
         @if !keys.is_empty() {
             table.keys {
                 thead { tr { th { "Definition" } th { "Key" } th { "Head" } th { "Status" } th { "Blocked for" } th { "Waiting" } @if state.config.allow_actions { th { "Actions on the head" } } } }
                 tbody {
                     @for k in &keys {
                         // Keys are the producers': control characters escaped.
-                        @let key = k.ordering_key.escape_debug().to_string();
+                        @let key = crate::ops::keys::printable(&k.ordering_key);
                         tr data-key=(key) data-def=(k.def) data-waiting=(k.waiting) {
                             td { (k.def) }
                             td { code { (key) } }

@@ -398,7 +398,7 @@ pub(super) struct KeysQuery {
 pub(super) async fn blocked_keys(
     state: &super::AppState,
     query: &KeysQuery,
-) -> crate::error::Result<Vec<crate::ops::keys::BlockedKey>> {
+) -> crate::error::Result<crate::ops::keys::BlockedKeys> {
     use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
     let db = state.notifier.db();
     let def_id = match &query.def {

@@ -23,8 +23,9 @@ use crate::{error::Result, status::Status};
 
 /// Default [`blocked`] page size: 100 keys.
 pub const DEFAULT_BLOCKED_LIMIT: u64 = 100;
-/// Largest [`blocked`] page: 10,000 keys.
-pub const MAX_BLOCKED_LIMIT: u64 = 10_000;
+/// Largest [`blocked`] page: 1,000 keys (each counts the notices waiting
+/// behind its head).
+pub const MAX_BLOCKED_LIMIT: u64 = 1_000;
 
 /// One blocked key.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -67,9 +68,30 @@ fn placeholder(backend: DbBackend) -> &'static str {
     }
 }
 
+/// A page of blocked keys.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BlockedKeys {
+    /// Oldest head first.
+    pub keys: Vec<BlockedKey>,
+    /// Whether more keys are blocked than the page holds.
+    pub more: bool,
+}
+
 /// The blocked keys (of definition `def_id`, or of all), oldest head first,
-/// at most `limit` ([`MAX_BLOCKED_LIMIT`] at most).
+/// at most `limit` (1 to [`MAX_BLOCKED_LIMIT`]).
 pub async fn blocked<C: ConnectionTrait>(
+    db: &C,
+    def_id: Option<i64>,
+    limit: u64,
+) -> Result<BlockedKeys> {
+    let limit = limit.clamp(1, MAX_BLOCKED_LIMIT);
+    let mut keys = heads(db, def_id, limit + 1).await?;
+    let more = keys.len() as u64 > limit;
+    keys.truncate(limit as usize);
+    Ok(BlockedKeys { keys, more })
+}
+
+async fn heads<C: ConnectionTrait>(
     db: &C,
     def_id: Option<i64>,
     limit: u64,
@@ -87,7 +109,7 @@ pub async fn blocked<C: ConnectionTrait>(
                  AND (m.create_time, m.id) > (h.create_time, h.id)) \
          {} ORDER BY h.create_time, h.id LIMIT {}",
         HEADS.replace("{def}", &def),
-        limit.clamp(1, MAX_BLOCKED_LIMIT)
+        limit
     );
     let values: Vec<Value> = def_id.into_iter().map(Value::from).collect();
     let rows = db
@@ -117,26 +139,52 @@ pub async fn blocked<C: ConnectionTrait>(
     Ok(keys)
 }
 
-/// The number of blocked keys of each definition that has any.
-pub async fn blocked_counts<C: ConnectionTrait>(db: &C) -> Result<HashMap<i64, u64>> {
+/// The number of blocked keys of each definition that has any, by name:
+/// the distinct keys with a final failure or parked notice in history (each
+/// such key is blocked), one grouped query with no per-row probe.
+pub async fn blocked_counts<C: ConnectionTrait>(db: &C) -> Result<HashMap<String, u64>> {
     let backend = db.get_database_backend();
-    let sql = format!(
-        "SELECT h.def_id, COUNT(*) {} GROUP BY h.def_id",
-        HEADS.replace("{def}", "")
-    );
+    let sql = "SELECT d.name, COUNT(DISTINCT h.ordering_key) FROM notify_def d \
+         JOIN notify_msg_history h ON h.def_id = d.id AND h.status IN (3, 6) \
+         WHERE d.ordering = 'per_key' AND d.stop_on_failure AND h.ordering_key IS NOT NULL \
+         GROUP BY d.name";
     let rows = db
         .query_all_raw(Statement::from_string(backend, sql))
         .await?;
     let mut counts = HashMap::new();
     for row in rows {
-        let def_id: i64 = row.try_get_by_index(0)?;
+        let name: String = row.try_get_by_index(0)?;
         let n = match row.try_get_by_index::<i64>(1) {
             Ok(n) => n,
             Err(_) => i64::from(row.try_get_by_index::<i32>(1)?),
         };
-        counts.insert(def_id, u64::try_from(n).unwrap_or(0));
+        counts.insert(name, u64::try_from(n).unwrap_or(0));
     }
     Ok(counts)
+}
+
+/// `key` as shown to a person: control and invisible formatting
+/// characters (CR, LF, ESC, bidirectional overrides, zero-width ones)
+/// escaped, everything else as stored.
+pub fn printable(key: &str) -> String {
+    let hidden = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}')
+    };
+    let mut shown = String::with_capacity(key.len());
+    for c in key.chars() {
+        if hidden(c) {
+            let escaped: String = c.escape_debug().collect();
+            match escaped.chars().eq(std::iter::once(c)) {
+                // `escape_debug` leaves some format characters as they are.
+                true => shown.extend(c.escape_unicode()),
+                false => shown.push_str(&escaped),
+            }
+        } else {
+            shown.push(c);
+        }
+    }
+    shown
 }
 
 /// A time column: a timestamp on the servers, text on SQLite.
@@ -149,4 +197,14 @@ fn time_at(row: &sea_orm::QueryResult, i: usize) -> Result<NaiveDateTime> {
         .iter()
         .find_map(|f| NaiveDateTime::parse_from_str(&text, f).ok())
         .ok_or_else(|| crate::error::Error::Config(format!("a stored time `{text}` is not a time")))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn printable_escapes_only_what_hides() {
+        assert_eq!(super::printable("O'Brien \\ \"x\""), "O'Brien \\ \"x\"");
+        assert_eq!(super::printable("a\r\nb\u{1b}[31m"), "a\\r\\nb\\u{1b}[31m");
+        assert_eq!(super::printable("x\u{202E}y"), "x\\u{202e}y");
+    }
 }

@@ -253,8 +253,14 @@ impl Notifier {
                     }
                     continue;
                 }
-                (true, Place::InFlight) if view.scheduled => {
-                    // A scheduled notice: sent now instead of at its time.
+                // A delayed notice never attempted (scheduled, by this
+                // host's clock or the database's): sent now.
+                (true, Place::InFlight)
+                    if view.not_before.is_some()
+                        && view.status == crate::status::Status::NotSent
+                        && view.retry_times == 0
+                        && !view.claim_live =>
+                {
                     let seen = crate::state::operator::Seen {
                         id,
                         version: view.version,

@@ -98,11 +98,11 @@ pub(crate) async fn cancel(
     Ok(moved)
 }
 
-/// Makes `row`, a scheduled notice in flight as read (never attempted, not
-/// held, delayed until a time still ahead), due at once: `not_before`
-/// cleared, `next_call_time` now (the database's clock), `note` (dated
-/// `at`) in its log. Its key's turn still applies. Whether it changed
-/// (`false`: it changed since it was read, or its time came meanwhile).
+/// Makes `row`, a delayed notice in flight as read (never attempted, not
+/// held), due at once, whether or not its time has come by the database's
+/// clock: `not_before` cleared, `next_call_time` now, `note` (dated `at`)
+/// in its log. Its key's turn still applies. Whether it changed (`false`:
+/// it changed since it was read).
 pub(crate) async fn send_now(
     store: &Store,
     row: &Seen,
@@ -113,7 +113,7 @@ pub(crate) async fn send_now(
     let guard = guard(std::slice::from_ref(row))
         .add(Expr::col(Column::Status).eq(Status::NotSent as i16))
         .add(Expr::col(Column::Leased).eq(false))
-        .add(Expr::col(Column::NotBefore).gt(now.clone()));
+        .add(Expr::col(Column::NotBefore).is_not_null());
     let sets = vec![
         (Column::NextCallTime, now),
         (Column::NotBefore, Expr::val(Option::<NaiveDateTime>::None)),

@@ -333,6 +333,9 @@ enum Woke {
     Early,
     /// Time to ask what is due next (no sweep).
     Check,
+    /// Told that a notice was added due later: ask what is due next, at
+    /// most every [`NEXT_DUE_EVERY`] (no sweep).
+    Told,
 }
 
 /// A sweeping loop over one notifier.
@@ -615,6 +618,14 @@ impl Worker {
                         next_due = self.next_due(next_due).await;
                         next_due_asked = Some(Instant::now());
                     }
+                    // Asked at most every NEXT_DUE_EVERY, however many
+                    // notices are added due later.
+                    Some(Woke::Told) => {
+                        let at = next_due_asked
+                            .map_or_else(Instant::now, |t| t + NEXT_DUE_EVERY)
+                            .max(Instant::now());
+                        recheck = Some(recheck.map_or(at, |r| r.min(at)));
+                    }
                     Some(Woke::Early) => break true,
                     Some(Woke::Tick) => break false,
                 }
@@ -712,7 +723,7 @@ impl Worker {
                     Err(_) => Some(Woke::Early),
                 },
                 changed = checks.changed(), if self.config.wake => match changed {
-                    Ok(()) => Some(Woke::Check),
+                    Ok(()) => Some(Woke::Told),
                     Err(_) => Some(Woke::Early),
                 },
                 _ = shutdown.cancelled() => None,

@@ -103,8 +103,10 @@ pg_test!(a_browser_sees_the_counts_and_bulk_requeues, |db: Arc<
     // head from its row releases it.
     let (ok, out, err) = crate::ops::cli(&db, &["keys", "blocked", "--json"]);
     assert!(ok, "{err}");
-    let cli: Vec<Value> = serde_json::from_str(&out).unwrap();
-    let mut from_cli: Vec<Value> = cli
+    let cli: Value = serde_json::from_str(&out).unwrap();
+    let mut from_cli: Vec<Value> = cli["keys"]
+        .as_array()
+        .unwrap()
         .iter()
         .map(|k| {
             // The page shows keys with control characters escaped.

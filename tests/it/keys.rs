@@ -92,7 +92,9 @@ db_test!(
     the_cli_the_api_the_page_and_the_gauge_agree_on_blocked_keys,
     |db: Arc<TestDb>| async move {
         let (notifier, head) = seed(&db).await;
-        let found = keys::blocked(&db.db, None, 100).await.unwrap();
+        let found = keys::blocked(&db.db, None, 100).await.unwrap().keys;
+        let page = keys::blocked(&db.db, None, 2).await.unwrap();
+        assert_eq!((page.keys.len(), page.more), (2, true));
         assert_eq!(
             triples(
                 found
@@ -107,7 +109,9 @@ db_test!(
         // The CLI, as JSON and as text (the hostile key escaped).
         let (ok, out, err) = cli(&db, &["keys", "blocked", "--json"]);
         assert!(ok, "{err}");
-        let listed: Vec<Value> = serde_json::from_str(&out).unwrap();
+        let listed: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(listed["more"], false);
+        let listed = listed["keys"].as_array().unwrap().clone();
         let from_json = |v: &[Value]| {
             triples(v.iter().map(|k| {
                 (
@@ -129,7 +133,7 @@ db_test!(
         // The JSON API and the page.
         let (base, stop) = crate::dashboard::serve(&db, Default::default()).await;
         let http = crate::dashboard::client();
-        let api: Vec<Value> = http
+        let api: Value = http
             .get(format!("{base}/api/keys/blocked"))
             .send()
             .await
@@ -137,7 +141,7 @@ db_test!(
             .json()
             .await
             .unwrap();
-        assert_eq!(from_json(&api), expected());
+        assert_eq!(from_json(api["keys"].as_array().unwrap()), expected());
         let page = http
             .get(format!("{base}/keys/blocked"))
             .send()
@@ -170,7 +174,7 @@ db_test!(
         // A cancel of a head releases its key: the notices behind it go.
         notifier.cancel(head).await.unwrap();
         while db.attempt_due(&notifier).await > 0 {}
-        let left = keys::blocked(&db.db, None, 100).await.unwrap();
+        let left = keys::blocked(&db.db, None, 100).await.unwrap().keys;
         assert_eq!(left.len(), 2, "{left:?}");
         assert!(left.iter().all(|k| k.ordering_key != "a"));
         eventually(10, "the gauge follows", || async {
