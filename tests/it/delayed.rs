@@ -2,7 +2,8 @@
 //! row written due later): no attempt before their time, after commit or in
 //! a sweep; delivered within a second after it by a worker that polls only
 //! every 30 s, in process and from another process; not sent early after a
-//! restart, nor by their key's turn; shown as scheduled; a cancelled one is
+//! restart (a graceful stop, or a SIGKILL of a worker process), nor by
+//! their key's turn; shown as scheduled; a cancelled one is
 //! never sent, and a requeue makes it due at once.
 
 use std::{
@@ -353,7 +354,7 @@ db_test!(
         store::sync(&db.db, &[spec]).await.unwrap();
         let clock = (Instant::now(), Utc::now().naive_utc());
         let utc = |at: Instant| clock.1 + (at - clock.0);
-        let _worker = worker_process(&db);
+        let worker = worker_process(&db);
         eventually(30, "the worker process is up", || async {
             (db.scalar("SELECT COUNT(*) FROM notify_worker").await > 0).then_some(())
         })
@@ -408,12 +409,10 @@ db_test!(
         let due_by = not_before(&producer, by).await;
         let due_plain = not_before(&producer, plain).await;
         assert!(producer.status(plain).await.unwrap().scheduled);
-        eventually(8, "both delivered by the other process", || async {
-            (receiver.count_for(by) == 1 && receiver.count_for(plain) == 1).then_some(())
-        })
-        .await;
-        for (id, due) in [(by, due_by), (plain, due_plain)] {
+        wait_both(&receiver, by, plain).await;
+        let on_time = |id: i64, due: NaiveDateTime| {
             let seen: Vec<_> = receiver.seen().into_iter().filter(|s| s.id == id).collect();
+            assert_eq!(seen.len(), 1, "notice {id} sent once");
             let late = utc(seen[0].started) - due;
             assert!(
                 late >= chrono::Duration::zero(),
@@ -423,7 +422,27 @@ db_test!(
                 late < chrono::Duration::seconds(1),
                 "notice {id} sent {late} after its time"
             );
-        }
+        };
+        on_time(by, due_by);
+        on_time(plain, due_plain);
+
+        // The worker that learnt of a delayed notice is killed (SIGKILL)
+        // before its time; another process starts, finds it, and sends it
+        // on time, once.
+        let later = producer
+            .add(
+                &db.db,
+                NewNotice::new("later_http", &json!({"after_kill": 1}))
+                    .delay(Duration::from_secs(3)),
+            )
+            .await
+            .unwrap()
+            .id();
+        let due_later = not_before(&producer, later).await;
+        drop(worker);
+        let _second = worker_process(&db);
+        wait_both(&receiver, later, later).await;
+        on_time(later, due_later);
     }
 );
 
@@ -510,3 +529,10 @@ db_test!(
         running.stop().await;
     }
 );
+
+async fn wait_both(receiver: &Receiver, by: i64, plain: i64) {
+    eventually(8, "both delivered by the other process", || async {
+        (receiver.count_for(by) >= 1 && receiver.count_for(plain) >= 1).then_some(())
+    })
+    .await;
+}
