@@ -8,18 +8,21 @@
 //! promotion of a key's next notice, a run of a key's notices) leaves a
 //! notice alone until its `not_before`.
 //!
-//! On PostgreSQL:
-//! - a `BEFORE INSERT` trigger gives a plain-SQL row written with a future
-//!   `next_call_time`, not leased and without `not_before`, that time as its
-//!   `not_before`, so such a producer needs to write only `next_call_time`
-//!   (the library writes both, and no call is made for its rows);
+//! On every backend an insert trigger gives a plain-SQL row written with a
+//! future `next_call_time`, not leased and without `not_before`, that time
+//! as its `not_before`, so such a producer needs to write only
+//! `next_call_time` (the library writes both; its rows match no trigger's
+//! condition): `BEFORE INSERT` on PostgreSQL and MySQL/MariaDB, an `AFTER
+//! INSERT` update of the row on SQLite (whose `WHEN` skips every other row).
+//!
+//! On PostgreSQL also:
 //! - an insert trigger sends `NOTIFY solid_notify, 'later'` for a delayed
 //!   notice (once per transaction: PostgreSQL folds identical
 //!   notifications), so that every worker asks at once when it falls due
 //!   and sleeps until then, not until its next poll. It does not sweep for
 //!   it: the notice is not due.
 
-use sea_orm_migration::prelude::*;
+use sea_orm_migration::{prelude::*, sea_orm::DbBackend};
 
 use crate::m20261122_000001_create_tables::timestamp;
 use crate::m20261124_000004_wake_trigger::on_postgres;
@@ -74,6 +77,25 @@ const DOWN_PG: [&str; 4] = [
     "DROP FUNCTION IF EXISTS solid_notify_not_before()",
 ];
 
+/// MySQL/MariaDB (no `WHEN` on a trigger: the `IF` is evaluated per row).
+const UP_MYSQL: [&str; 2] = [
+    "DROP TRIGGER IF EXISTS solid_notify_not_before",
+    "CREATE TRIGGER solid_notify_not_before BEFORE INSERT ON notify_msg FOR EACH ROW \
+     IF NEW.not_before IS NULL AND NOT NEW.leased AND NEW.status = 0 \
+        AND NEW.next_call_time > UTC_TIMESTAMP(6) THEN \
+       SET NEW.not_before = NEW.next_call_time; \
+     END IF",
+];
+
+const UP_SQLITE: [&str; 2] = [
+    "DROP TRIGGER IF EXISTS solid_notify_not_before",
+    "CREATE TRIGGER solid_notify_not_before AFTER INSERT ON notify_msg FOR EACH ROW \
+     WHEN NEW.not_before IS NULL AND NOT NEW.leased AND NEW.status = 0 \
+        AND NEW.next_call_time > strftime('%Y-%m-%d %H:%M:%f', 'now') BEGIN \
+       UPDATE notify_msg SET not_before = NEW.next_call_time WHERE id = NEW.id; \
+     END",
+];
+
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
@@ -88,11 +110,25 @@ impl MigrationTrait for Migration {
                 )
                 .await?;
         }
+        let others: &[&str] = match backend {
+            DbBackend::MySql => &UP_MYSQL,
+            DbBackend::Sqlite => &UP_SQLITE,
+            _ => &[],
+        };
+        for sql in others {
+            manager.get_connection().execute_unprepared(sql).await?;
+        }
         on_postgres(manager, UP_PG.map(|sql| sql.replace("@NOW@", NOW))).await
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         on_postgres(manager, DOWN_PG.map(String::from)).await?;
+        if manager.get_database_backend() != DbBackend::Postgres {
+            manager
+                .get_connection()
+                .execute_unprepared("DROP TRIGGER IF EXISTS solid_notify_not_before")
+                .await?;
+        }
         for table in TABLES {
             manager
                 .alter_table(
