@@ -87,11 +87,14 @@ const UP_MYSQL: [&str; 2] = [
      END IF",
 ];
 
+/// SQLite: compared to the millisecond, as `strftime` writes the time
+/// (sqlx writes nanoseconds: a time bound as "now" would otherwise sort
+/// after the same millisecond's `strftime` and look later).
 const UP_SQLITE: [&str; 2] = [
     "DROP TRIGGER IF EXISTS solid_notify_not_before",
     "CREATE TRIGGER solid_notify_not_before AFTER INSERT ON notify_msg FOR EACH ROW \
      WHEN NEW.not_before IS NULL AND NOT NEW.leased AND NEW.status = 0 \
-        AND NEW.next_call_time > strftime('%Y-%m-%d %H:%M:%f', 'now') BEGIN \
+        AND substr(NEW.next_call_time, 1, 23) > strftime('%Y-%m-%d %H:%M:%f', 'now') BEGIN \
        UPDATE notify_msg SET not_before = NEW.next_call_time WHERE id = NEW.id; \
      END",
 ];

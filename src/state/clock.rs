@@ -6,8 +6,9 @@
 //! worker whose clock is minutes off claims exactly what a correct one would.
 //! PostgreSQL uses `statement_timestamp()` in UTC, MySQL/MariaDB
 //! `UTC_TIMESTAMP(6)`, SQLite `strftime('%Y-%m-%d %H:%M:%f', 'now')`
-//! (milliseconds; it compares correctly with the nanosecond text sqlx
-//! writes, as both are ISO text). SQLite has no server: its clock is that of
+//! (milliseconds; compared with the nanosecond text sqlx writes as ISO
+//! text, a bound time sorts after the same millisecond's `strftime`: it
+//! counts as due up to a millisecond later). SQLite has no server: its clock is that of
 //! the process running the statement, which is the host's clock for every
 //! process sharing the file.
 //!

@@ -533,3 +533,32 @@ async fn wait_both(receiver: &Receiver, by: i64, plain: i64) {
     })
     .await;
 }
+
+db_test!(
+    a_plain_sql_row_due_now_is_not_taken_for_a_delayed_one,
+    |db: Arc<TestDb>| async move {
+        db.def("later", "later", |_| {}).await;
+        // Due now to the nanosecond: on SQLite, text with more digits than
+        // `strftime`'s milliseconds (as sqlx writes a bound time) in the
+        // very millisecond of the insert.
+        let now = match db.db.get_database_backend() {
+            DbBackend::Postgres => "(statement_timestamp() AT TIME ZONE 'UTC')",
+            DbBackend::MySql => "UTC_TIMESTAMP(6)",
+            _ => "strftime('%Y-%m-%d %H:%M:%f', 'now') || '999999'",
+        };
+        db.db
+            .execute_unprepared(&format!(
+                "INSERT INTO notify_msg (def_id, param, next_call_time) \
+                 SELECT id, '{{}}', {now} FROM notify_def WHERE name = 'later'"
+            ))
+            .await
+            .unwrap();
+        let live = db.live().await;
+        assert_eq!(live.len(), 1);
+        assert_eq!(
+            live[0].not_before, None,
+            "due now, not delayed: {:?}",
+            live[0]
+        );
+    }
+);
