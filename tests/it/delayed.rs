@@ -18,7 +18,6 @@ use serde_json::json;
 use solid_notify::{
     AttemptResult, NewNotice, Notifier, Outcome, Status, WorkerConfig,
     def::{Channel, DefSpec, store},
-    worker::Mode,
 };
 
 use crate::{
@@ -26,18 +25,12 @@ use crate::{
     faults::{quiet, start},
     ops::cli,
     receiver::Receiver,
-    support::{KillOnDrop, Recorder, TestDb, eventually, test_config},
+    support::{Recorder, TestDb, eventually, test_config, worker_process},
+    wake::slow_poll,
 };
 
-/// A worker that polls only every 30 s: anything on time was woken for.
-fn slow_poll() -> WorkerConfig {
-    WorkerConfig {
-        mode: Mode::FixedDelay,
-        delay: Duration::from_secs(30),
-        confirm_listener: false,
-        ..WorkerConfig::default()
-    }
-}
+/// A worker process's flags: it polls only every 30 s.
+const SLOW_POLL: &[&str] = &["--mode", "fixed-delay", "--delay", "30s"];
 
 /// When each notice was delivered (UTC, this host's clock).
 #[derive(Clone, Default)]
@@ -324,27 +317,6 @@ db_test!(
     }
 );
 
-/// A `solid-notify worker` process polling every 30 s.
-fn worker_process(db: &TestDb) -> KillOnDrop {
-    KillOnDrop(
-        std::process::Command::new(env!("CARGO_BIN_EXE_solid-notify"))
-            .args([
-                "worker",
-                "--allow-private-network",
-                "--mode",
-                "fixed-delay",
-                "--delay",
-                "30s",
-            ])
-            .env("DATABASE_URL", &db.url)
-            .env("RUST_LOG", "error")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    )
-}
-
 db_test!(
     a_worker_process_sends_another_process_s_delayed_notices_on_time,
     |db: Arc<TestDb>| async move {
@@ -354,7 +326,7 @@ db_test!(
         store::sync(&db.db, &[spec]).await.unwrap();
         let clock = (Instant::now(), Utc::now().naive_utc());
         let utc = |at: Instant| clock.1 + (at - clock.0);
-        let worker = worker_process(&db);
+        let worker = worker_process(&db, SLOW_POLL);
         eventually(30, "the worker process is up", || async {
             (db.scalar("SELECT COUNT(*) FROM notify_worker").await > 0).then_some(())
         })
@@ -437,7 +409,7 @@ db_test!(
             .id();
         let due_later = not_before(&producer, later).await;
         drop(worker);
-        let _second = worker_process(&db);
+        let _second = worker_process(&db, SLOW_POLL);
         wait_both(&receiver, later, later).await;
         on_time(later, due_later);
     }

@@ -508,6 +508,22 @@ macro_rules! pg_test {
 /// failing test never leaves a worker running behind it.
 pub struct KillOnDrop(pub std::process::Child);
 
+/// A `solid-notify worker` process on `db` with its defaults (and `extra`
+/// flags), quiet.
+pub fn worker_process(db: &TestDb, extra: &[&str]) -> KillOnDrop {
+    KillOnDrop(
+        std::process::Command::new(env!("CARGO_BIN_EXE_solid-notify"))
+            .args(["worker", "--allow-private-network"])
+            .args(extra)
+            .env("DATABASE_URL", &db.url)
+            .env("RUST_LOG", "error")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
+}
+
 /// A `solid-notify worker` process on `db` (fixed delay of 100 ms, gauges
 /// every 200 ms, and `extra` flags) serving metrics on a free port; returns
 /// it and the metrics URL it printed.

@@ -16,8 +16,8 @@ use crate::{
     support::{Recorder, TestDb, eventually},
 };
 
-/// A worker that polls only every 30 s.
-fn slow_poll() -> WorkerConfig {
+/// A worker that polls only every 30 s: anything on time was woken for.
+pub fn slow_poll() -> WorkerConfig {
     WorkerConfig {
         mode: Mode::FixedDelay,
         delay: Duration::from_secs(30),

@@ -6,18 +6,14 @@
 //! delivered once. A notice larger than the bound goes, alone, without
 //! holding up the others.
 
-use std::{
-    process::{Command, Stdio},
-    sync::Arc,
-    time::Duration,
-};
+use std::{sync::Arc, time::Duration};
 
 use sea_orm::{ConnectionTrait, Statement, Value};
 
 use super::http_def;
 use crate::{
     receiver::{Receiver, Reply},
-    support::{Backend, KillOnDrop, TestDb, eventually},
+    support::{Backend, TestDb, eventually, worker_process},
 };
 
 const MIB: usize = 1024 * 1024;
@@ -99,21 +95,6 @@ async fn allow_packets(db: &TestDb, bytes: usize) {
     }
 }
 
-/// A `solid-notify worker` process with its defaults (and `extra` flags).
-fn worker(db: &TestDb, extra: &[&str]) -> KillOnDrop {
-    KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_solid-notify"))
-            .args(["worker", "--allow-private-network"])
-            .args(extra)
-            .env("DATABASE_URL", &db.url)
-            .env("RUST_LOG", "error")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    )
-}
-
 /// A process's peak resident memory (`VmHWM`), in bytes.
 fn peak_rss(pid: u32) -> usize {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -139,7 +120,7 @@ crate::db_test!(
         let started = std::time::Instant::now();
         insert_params(&db, "big", random_params(N, MIB)).await;
         let inserted = started.elapsed();
-        let mut worker = worker(&db, &[]);
+        let mut worker = worker_process(&db, &[]);
         eventually(600, "every notice delivered", || async {
             (db.counts().await == (0, N as u64)).then_some(())
         })
@@ -177,7 +158,7 @@ crate::db_test!(
         // line, then small ones.
         insert_params(&db, "big", std::iter::once(random_json(16 * MIB))).await;
         insert_params(&db, "big", (0..SMALL).map(|i| format!("{{\"small\":{i}}}"))).await;
-        let _worker = worker(&db, &["--max-in-flight-bytes", &(8 * MIB).to_string()]);
+        let _worker = worker_process(&db, &["--max-in-flight-bytes", &(8 * MIB).to_string()]);
         eventually(120, "every notice delivered", || async {
             (db.counts().await == (0, 1 + SMALL as u64)).then_some(())
         })
