@@ -117,7 +117,7 @@ FLOORS = [
          "stats.rs"]),
     (2, ["def/"]),
     (3, ["state/"]),
-    (4, ["alert.rs", "def/cache.rs"]),
+    (4, ["alert.rs", "event.rs", "def/cache.rs"]),
     (5, ["channel/"]),
     (6, ["config.rs"]),
     (7, ["attempt/"]),

@@ -31,9 +31,19 @@ use sea_orm::TransactionTrait;
 
 use crate::{
     alert::AlertMail,
-    attempt::{self, AttemptResult, Recorder, engine::Engine, record},
+    attempt::{
+        self, AttemptResult, Recorder,
+        engine::Engine,
+        events::{self, EventRows},
+        record,
+    },
     def::DefRef,
-    state::{claim, insert::insert_plain, pause},
+    event::{Event, EventKind},
+    state::{
+        claim,
+        insert::{insert_all, insert_plain},
+        pause,
+    },
 };
 
 /// The start of `pause_reason` while a circuit holds the pause.
@@ -118,8 +128,9 @@ async fn open(engine: Arc<Engine>, def: DefRef) {
         };
         let Some(again) = again else {
             // Delivered: close.
-            match pause::lift_if(&engine.store.db, def.id, CIRCUIT_REASON).await {
-                Ok(_) => engine.wake_everyone().await,
+            match close_in_db(&engine, &def).await {
+                Ok(true) => engine.wake_everyone().await,
+                Ok(false) => taken_over(&engine, &def).await,
                 Err(e) => {
                     tracing::warn!(def = %def.name, error = %e, "cannot close the circuit; its pause ends by itself");
                 }
@@ -148,6 +159,7 @@ async fn open(engine: Arc<Engine>, def: DefRef) {
             }
             Ok(false) => {
                 tracing::info!(def = %def.name, "circuit: an operator changed the pause meanwhile; counting again");
+                taken_over(&engine, &def).await;
                 engine.defs.invalidate();
                 engine.breakers.closed(def.id);
                 return;
@@ -179,23 +191,90 @@ async fn open_in_db(
             record::alert_row(engine, &mail, &engine.closing).await?.0,
         )
     };
+    let why = reason(n);
+    let mut opened = Event::new(EventKind::CircuitOpened, def, why.clone());
+    opened.paused_until = Some(engine.app_now() + hold);
+    let mut paused = Event::new(EventKind::DefinitionPaused, def, why.clone());
+    paused.paused_until = opened.paused_until;
+    let events = events::rows(engine, def, None, &[opened, paused], &engine.closing).await?;
     if engine.closing.is_cancelled() {
         // Shutdown began meanwhile: pause nothing no one here would probe.
         return Ok(false);
     }
     let txn = engine.store.db.begin().await?;
-    if !pause::open_if_unpaused(&txn, def.id, hold, &reason(n)).await? {
+    if !pause::open_if_unpaused(&txn, def.id, hold, &why).await? {
         txn.rollback().await?;
         return Ok(false);
     }
     if let Some(row) = &alert {
         insert_plain(&txn, row).await?;
     }
+    let ids = insert_all(&txn, &events.rows).await?;
     txn.commit().await?;
     if alert.is_some() {
         engine.wake_workers();
     }
+    written(engine, &events, &ids);
     Ok(true)
+}
+
+/// Lifts the circuit's pause of `def` (if it is still the circuit's) with
+/// its `circuit.closed` and `definition.resumed` events, in one
+/// transaction. `true`: this call lifted it.
+async fn close_in_db(engine: &Arc<Engine>, def: &DefRef) -> crate::error::Result<bool> {
+    let why = "a probe attempt was delivered";
+    let closed = Event::new(EventKind::CircuitClosed, def, why);
+    let resumed = Event::new(
+        EventKind::DefinitionResumed,
+        def,
+        format!("circuit closed: {why}"),
+    );
+    let events = events::rows(engine, def, None, &[closed, resumed], &engine.closing).await?;
+    let txn = engine.store.db.begin().await?;
+    if !pause::lift_if(&txn, def.id, CIRCUIT_REASON).await? {
+        txn.rollback().await?;
+        return Ok(false);
+    }
+    let ids = insert_all(&txn, &events.rows).await?;
+    txn.commit().await?;
+    written(engine, &events, &ids);
+    Ok(true)
+}
+
+/// The circuit of `def` closes because an operator resumed or paused the
+/// definition meanwhile (whose own event said so): its `circuit.closed`
+/// event, so that every `circuit.opened` is followed by one. Logged when it
+/// cannot be written.
+async fn taken_over(engine: &Arc<Engine>, def: &DefRef) {
+    let closed = Event::new(
+        EventKind::CircuitClosed,
+        def,
+        "an operator resumed or paused the definition meanwhile",
+    );
+    let written = async {
+        let events = events::rows(engine, def, None, &[closed], &engine.closing).await?;
+        if events.rows.is_empty() {
+            return Ok::<_, crate::error::Error>(());
+        }
+        let txn = engine.store.db.begin().await?;
+        let ids = insert_all(&txn, &events.rows).await?;
+        txn.commit().await?;
+        written(engine, &events, &ids);
+        Ok(())
+    };
+    if let Err(e) = written.await {
+        tracing::warn!(def = %def.name, error = %e, "cannot write the circuit.closed event");
+    }
+}
+
+/// Counts the events written with ids `ids` and attempts them after their
+/// commit.
+fn written(engine: &Arc<Engine>, events: &EventRows, ids: &[i64]) {
+    crate::counters::events_written(ids.len() as u64);
+    let pending = events.pending(engine, ids);
+    if !pending.is_empty() {
+        attempt::background::after_commit(engine, pending);
+    }
 }
 
 /// What a probe found.

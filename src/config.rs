@@ -93,7 +93,14 @@ pub struct Config {
     /// internal network. Default `false`; the tests and the quickstart,
     /// whose receivers listen on 127.0.0.1, turn it on.
     pub allow_private_network: bool,
+    /// The dashboard's address (`https://ops.example.com/notify`): each
+    /// operational event ([`crate::event`]) links to its page there.
+    /// Default: `$SOLID_NOTIFY_DASHBOARD_URL`, else none (no link).
+    pub dashboard_url: Option<String>,
 }
+
+/// The environment variable [`Config::dashboard_url`] defaults to.
+pub const DASHBOARD_URL_ENV: &str = "SOLID_NOTIFY_DASHBOARD_URL";
 
 impl Default for Config {
     fn default() -> Self {
@@ -110,6 +117,9 @@ impl Default for Config {
             max_param_bytes: DEFAULT_MAX_PARAM_BYTES,
             db_timeout: DEFAULT_DB_TIMEOUT,
             allow_private_network: false,
+            dashboard_url: std::env::var(DASHBOARD_URL_ENV)
+                .ok()
+                .filter(|url| !url.trim().is_empty()),
         }
     }
 }
@@ -131,6 +141,7 @@ impl std::fmt::Debug for Config {
             .field("amqp", &self.amqp)
             .field("db_timeout", &self.db_timeout)
             .field("allow_private_network", &self.allow_private_network)
+            .field("dashboard_url", &self.dashboard_url)
             .finish()
     }
 }

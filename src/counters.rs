@@ -49,6 +49,21 @@ pub(crate) fn sweep_failed(in_a_row: u64) {
     gauge!("solid_notify_sweeps_failing_in_a_row").set(in_a_row as f64);
 }
 
+/// Records `n` operational events written (`solid_notify_events_total`).
+pub(crate) fn events_written(n: u64) {
+    if n > 0 {
+        counter!("solid_notify_events_total").increment(n);
+    }
+}
+
+/// Records `n` operational events not written because `events_to` names
+/// no valid definition (`solid_notify_events_dropped_total`).
+pub(crate) fn events_dropped(n: u64) {
+    if n > 0 {
+        counter!("solid_notify_events_dropped_total").increment(n);
+    }
+}
+
 /// Records one sweep's duration.
 pub(crate) fn sweep_finished(took: Duration) {
     histogram!("solid_notify_sweep_duration_seconds").record(took.as_secs_f64());

@@ -573,3 +573,26 @@ pub(crate) fn containing(text: &str) -> sea_orm::sea_query::LikeExpr {
         .replace('_', "\\_");
     sea_orm::sea_query::LikeExpr::new(format!("%{escaped}%")).escape('\\')
 }
+
+/// Tries a database call until it lands (transient faults, until `give_up`).
+pub(crate) async fn retry_db<T, F, Fut>(
+    give_up: &CancellationToken,
+    mut op: F,
+) -> Result<T, crate::error::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = crate::error::Result<T>>,
+{
+    let mut backoff = Backoff::default();
+    loop {
+        match op().await {
+            Err(crate::error::Error::Db(e)) if is_transient(&e) => {
+                tracing::warn!(error = %e, "database unavailable; retrying");
+                if !backoff.wait(give_up).await {
+                    return Err(crate::error::Error::Db(e));
+                }
+            }
+            other => return other,
+        }
+    }
+}

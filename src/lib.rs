@@ -59,8 +59,8 @@
 //! Each floor imports only its own floor and those below (checked by
 //! `.ci/import_circles.py`, with no circle and no import through this
 //! root): 1 leaves (status, error, handler, schedule, trace, db, entity,
-//! report, counters); 2 [`def`]; 3 [`state`], the only writer; 4 [`alert`]
-//! and the definition cache; 5 [`channel`]; 6 [`config`]; 7 [`attempt`],
+//! report, counters); 2 [`def`]; 3 [`state`], the only writer; 4 [`alert`],
+//! [`event`] and the definition cache; 5 [`channel`]; 6 [`config`]; 7 [`attempt`],
 //! whose engine holds what every attempt needs; 8 [`circuit`]'s controller;
 //! 9 [`Notifier`], the facade; 10 [`producer`], [`sweep`], [`confirm`],
 //! [`ops`]; 11 [`telemetry`], [`worker`]; 12 the dashboard and the binary.
@@ -78,6 +78,7 @@ mod db;
 pub mod def;
 pub mod entity;
 pub mod error;
+pub mod event;
 pub mod handler;
 pub mod load_balance;
 mod notifier;

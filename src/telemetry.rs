@@ -20,6 +20,8 @@
 //! | `solid_notify_sweep_duration_seconds` | histogram: one sweep | |
 //! | `solid_notify_in_flight_payload_bytes` | gauge: bytes of params this process's workers hold (waiting, or being delivered, counted three times then) | |
 //! | `solid_notify_outcomes_given_up_total` | counter: outcomes (a delivered success among them) not recorded because the process stopped while the database could not take them; each notice is due again when its lease ends | |
+//! | `solid_notify_events_total` | counter: operational events written ([`event`](crate::event)) | |
+//! | `solid_notify_events_dropped_total` | counter: operational events not written because `events_to` names no valid definition (each logged at `error`) | |
 //!
 //! `def` labels are definition names from `notify_def` (rows of a deleted
 //! definition count under `_unknown`), never notice data; `outcome` is one
@@ -65,6 +67,14 @@ fn describe() {
     describe_counter!(
         "solid_notify_outcomes_given_up_total",
         "Outcomes not recorded because the process stopped while the database could not take them"
+    );
+    describe_counter!(
+        "solid_notify_events_total",
+        "Operational events written to events_to definitions"
+    );
+    describe_counter!(
+        "solid_notify_events_dropped_total",
+        "Operational events not written: events_to names no valid definition"
     );
     describe_gauge!(
         "solid_notify_oldest_due_seconds",

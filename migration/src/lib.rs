@@ -31,6 +31,7 @@ mod m20261207_000017_run_claim;
 mod m20261208_000018_def_touched;
 mod m20261209_000019_paused_index;
 mod m20261210_000020_not_before;
+mod m20261211_000021_events_to;
 
 pub use m20261124_000004_wake_trigger::WAKE_CHANNEL;
 
@@ -64,6 +65,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261208_000018_def_touched::Migration),
             Box::new(m20261209_000019_paused_index::Migration),
             Box::new(m20261210_000020_not_before::Migration),
+            Box::new(m20261211_000021_events_to::Migration),
         ]
     }
 

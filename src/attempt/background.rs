@@ -15,7 +15,7 @@ use super::engine::Engine;
 use super::{
     AttemptReport, AttemptResult, Recorder, available, deliver,
     pending::{PendingNotice, Start},
-    record::{self, Recorded},
+    record::Recorded,
 };
 use crate::state::{Lease, claim};
 
@@ -160,12 +160,12 @@ async fn attempt(engine: &Arc<Engine>, mut p: PendingNotice) -> AttemptReport {
     report(result)
 }
 
-/// Starts what a recorded outcome asks for next (the alert notice it
-/// queued, attempted after its commit) and gives its result. The only way
-/// to read a [`Recorded`] outside the attempt layer.
+/// Starts what a recorded outcome asks for next (the alert and event
+/// notices it queued, attempted after their commit) and gives its result.
+/// The only way to read a [`Recorded`] outside the attempt layer.
 pub(crate) fn follow_up(engine: &Arc<Engine>, recorded: Recorded) -> AttemptResult {
-    if let Some(alert) = recorded.alert {
-        after_commit(engine, vec![alert]);
+    if !recorded.follow.is_empty() {
+        after_commit(engine, recorded.follow);
     }
     recorded.result
 }
@@ -214,7 +214,7 @@ fn release_reservations(engine: &Arc<Engine>, pending: Vec<PendingNotice>) {
     let task = engine.clone();
     engine.tasks.spawn(async move {
         let store = task.store.clone();
-        let released = record::retry_db(&task.stop.give_up, || async {
+        let released = crate::db::retry_db(&task.stop.give_up, || async {
             Ok(claim::release_reserved(&store, &rows).await?)
         })
         .await;

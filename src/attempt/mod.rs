@@ -23,6 +23,7 @@ pub(crate) mod batch;
 pub(crate) mod breaker;
 pub(crate) mod deliver;
 pub(crate) mod engine;
+pub(crate) mod events;
 pub(crate) mod park;
 pub(crate) mod pending;
 pub(crate) mod recheck;
@@ -274,8 +275,12 @@ pub(crate) async fn run(
             Some(Outcome::Retry { .. } | Outcome::Permanent { .. }) => lease.recount_payload(1),
             _ => lease.drop_payload(),
         }
-        // A success after failed tries writes their lines: recorded inline.
-        let recorder = if lease.tries() > 0 {
+        // A success after failed tries writes their lines, and one after
+        // failed attempts may write its `notice.recovered` event: recorded
+        // inline.
+        let failures = u32::try_from(lease.row().retry_times).unwrap_or(0);
+        let recovers = def.events_to.is_some() && def.alert.reported_failing(failures);
+        let recorder = if lease.tries() > 0 || recovers {
             &Recorder::Inline
         } else {
             recorder

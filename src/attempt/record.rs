@@ -17,11 +17,15 @@ use tokio_util::sync::CancellationToken;
 use super::{AttemptResult, pending::PendingNotice};
 use std::sync::Arc;
 
-use super::engine::Engine;
+use super::{
+    engine::Engine,
+    events::{self, EventRows},
+};
 use crate::{
     alert::{self, AlertMail, FailureEvent},
     db::{self, Backoff},
-    def::{Confirm, DefRef},
+    def::{Confirm, DefRef, Ordering},
+    event::{Event, EventKind, NoticeRef, is_event},
     handler::Outcome,
     state::{
         Deadline, Final, Held, Lease, Retry, Scheduled,
@@ -91,29 +95,6 @@ where
     }
 }
 
-/// Tries a database call until it lands (transient faults, until `give_up`).
-pub(crate) async fn retry_db<T, F, Fut>(
-    give_up: &CancellationToken,
-    mut op: F,
-) -> Result<T, crate::error::Error>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = crate::error::Result<T>>,
-{
-    let mut backoff = Backoff::default();
-    loop {
-        match op().await {
-            Err(crate::error::Error::Db(e)) if db::is_transient(&e) => {
-                tracing::warn!(error = %e, "database unavailable; retrying");
-                if !backoff.wait(give_up).await {
-                    return Err(crate::error::Error::Db(e));
-                }
-            }
-            other => return other,
-        }
-    }
-}
-
 /// Releases a lease that will not be attempted here.
 pub(crate) async fn release(
     engine: &Arc<Engine>,
@@ -149,14 +130,15 @@ pub(crate) async fn release_for(
 #[must_use]
 pub(crate) struct Recorded {
     pub(super) result: AttemptResult,
-    pub(super) alert: Option<PendingNotice>,
+    /// The alert and event notices it queued.
+    pub(super) follow: Vec<PendingNotice>,
 }
 
 impl From<AttemptResult> for Recorded {
     fn from(result: AttemptResult) -> Self {
         Recorded {
             result,
-            alert: None,
+            follow: Vec::new(),
         }
     }
 }
@@ -170,7 +152,7 @@ pub(crate) async fn record(
     give_up: &CancellationToken,
 ) -> Recorded {
     match outcome {
-        Outcome::Success { note, .. } => succeed(engine, def, lease, note, give_up).await.into(),
+        Outcome::Success { note, .. } => succeed(engine, def, lease, note, give_up).await,
         Outcome::Retry { reason } => fail(engine, def, lease, reason, false, give_up).await,
         Outcome::Permanent { reason } => fail(engine, def, lease, reason, true, give_up).await,
     }
@@ -182,26 +164,100 @@ async fn succeed(
     lease: Lease,
     note: Option<String>,
     give_up: &CancellationToken,
-) -> AttemptResult {
+) -> Recorded {
     let until = match def.confirm {
         Confirm::NotNeeded => None,
         Confirm::Within(d) => Some(Deadline::After(d)),
         Confirm::Forever => Some(Deadline::Forever),
     };
-    if let Some(until) = until {
-        let note = note.as_deref();
-        return match persist(lease, give_up, |l| l.await_confirmation(until, note)).await {
-            Ok(Ok(())) => {
+    let events = match recovered(engine, def, &lease, give_up).await {
+        Ok(events) => events,
+        Err(e) => return not_queued(lease, "its event", &e),
+    };
+    let note = note.as_deref();
+    let written = match until {
+        Some(until) => persist(lease, give_up, |l| {
+            l.await_confirmation(until, note, &events.rows)
+        })
+        .await
+        .map(|w| {
+            w.map(|ids| {
                 if let Deadline::After(d) = until {
                     engine.due_after(d);
                 }
-                AttemptResult::AwaitingConfirm
+                (AttemptResult::AwaitingConfirm, ids)
+            })
+        }),
+        None => persist(lease, give_up, |l| l.succeed(note, &events.rows))
+            .await
+            .map(|w| w.map(|ids| (AttemptResult::Succeeded, ids))),
+    };
+    match written {
+        Ok(Ok((result, ids))) => {
+            crate::counters::events_written(ids.len() as u64);
+            Recorded {
+                result,
+                follow: events.pending(engine, &ids),
             }
-            Ok(Err(_lost)) => AttemptResult::LostClaim,
-            Err(e) => e.into_result(),
-        };
+        }
+        Ok(Err(_lost)) => AttemptResult::LostClaim.into(),
+        Err(e) => e.into_result().into(),
     }
-    succeed_inline(lease, note.as_deref(), give_up).await
+}
+
+/// The `notice.recovered` event of a delivered notice that was reported
+/// failing (`notice.failing`), when its definition sends events.
+async fn recovered(
+    engine: &Arc<Engine>,
+    def: &DefRef,
+    lease: &Lease,
+    give_up: &CancellationToken,
+) -> Result<EventRows, crate::error::Error> {
+    let failures = u32::try_from(lease.row().retry_times).unwrap_or(0);
+    if def.events_to.is_none() || !def.alert.reported_failing(failures) {
+        return Ok(EventRows::default());
+    }
+    let mut event = Event::new(
+        EventKind::NoticeRecovered,
+        def,
+        format!(
+            "delivered on attempt {} after {failures} failures",
+            lease.attempt()
+        ),
+    );
+    event.notice = Some(notice_ref(lease, failures, None));
+    events::rows(
+        engine,
+        def,
+        Some(&lease.row().description),
+        &[event],
+        give_up,
+    )
+    .await
+}
+
+/// The notice an event about `lease`'s attempt names.
+fn notice_ref(lease: &Lease, failures: u32, next: Option<chrono::NaiveDateTime>) -> NoticeRef {
+    NoticeRef {
+        id: lease.id(),
+        attempt: lease.attempt(),
+        failures,
+        ordering_key: lease.row().ordering_key.clone(),
+        next_attempt_at: next,
+    }
+}
+
+/// An outcome not recorded because what it must queue with it (`what`)
+/// could not be built while the database was away: the row is left to its
+/// lease and attempted again after it (a failure is never recorded without
+/// its alert and events).
+fn not_queued(lease: Lease, what: &str, e: &crate::error::Error) -> Recorded {
+    tracing::error!(notice_id = lease.id(), error = %e, "cannot queue {what}; outcome not recorded, due again when its lease ends");
+    lease.forget();
+    AttemptResult::Error {
+        error: format!("cannot queue {what} ({e}); left to its lease"),
+    }
+    .into()
 }
 
 pub(crate) async fn succeed_inline(
@@ -209,8 +265,8 @@ pub(crate) async fn succeed_inline(
     note: Option<&str>,
     give_up: &CancellationToken,
 ) -> AttemptResult {
-    match persist(lease, give_up, |l| l.succeed(note)).await {
-        Ok(Ok(())) => AttemptResult::Succeeded,
+    match persist(lease, give_up, |l| l.succeed(note, &[])).await {
+        Ok(Ok(_)) => AttemptResult::Succeeded,
         Ok(Err(_lost)) => AttemptResult::LostClaim,
         Err(e) => e.into_result(),
     }
@@ -252,36 +308,87 @@ async fn fail(
         retry_in: (!is_final).then_some(delay),
         next_call_time: None,
     };
-    let (alert, alert_def) = if alerts && !def.alert_emails.is_empty() {
-        match alert_row(engine, &AlertMail::compose(&event), give_up).await {
-            Ok((row, def)) => (Some(row), Some(def)),
-            Err(e) => {
-                // A failure is never recorded without its alert: the row is
-                // left to its lease and attempted again after it.
-                tracing::error!(notice_id = lease.id(), error = %e, "cannot read the alert definition; failure not recorded, due again when its lease ends");
-                lease.forget();
-                return AttemptResult::Error {
-                    error: format!("cannot queue the alert ({e}); left to its lease"),
-                }
-                .into();
-            }
+    let event_notice = is_event(&lease.row().description);
+    let recipients = if event_notice && def.alert_emails.is_empty() {
+        // An event definition's own failures fall back to the alert
+        // definition's recipients.
+        match db::retry_db(give_up, || engine.alert_def()).await {
+            Ok(alert_def) => alert_def.alert_emails.clone(),
+            Err(e) => return not_queued(lease, "the alert", &e),
         }
     } else {
-        (None, None)
+        def.alert_emails.clone()
     };
-    let (result, alert_id) = if is_final {
+    let alert = if alerts && !recipients.is_empty() {
+        let mut mail = AlertMail::compose(&event);
+        mail.to = recipients;
+        match alert_row(engine, &mail, give_up).await {
+            Ok(queued) => Some(queued),
+            Err(e) => return not_queued(lease, "the alert", &e),
+        }
+    } else {
+        None
+    };
+    let mut events = Vec::new();
+    let next = (!is_final).then(|| engine.app_now() + delay);
+    if is_final {
+        let mut failed = Event::new(EventKind::NoticeFailed, def, reason.clone());
+        failed.notice = Some(notice_ref(&lease, failures, None));
+        events.push(failed);
+        if let (
+            Ordering::PerKey {
+                stop_on_failure: true,
+            },
+            Some(key),
+        ) = (def.ordering, &lease.row().ordering_key)
+        {
+            let mut blocked = Event::new(
+                EventKind::KeyBlocked,
+                def,
+                format!("notice {} failed for good: {reason}", lease.id()),
+            );
+            blocked.notice = Some(notice_ref(&lease, failures, None));
+            blocked.key = Some(key.clone());
+            events.push(blocked);
+        }
+    } else if alerts {
+        let mut failing = Event::new(EventKind::NoticeFailing, def, reason.clone());
+        failing.notice = Some(notice_ref(&lease, failures, next));
+        events.push(failing);
+    }
+    let events = match events::rows(
+        engine,
+        def,
+        Some(&lease.row().description),
+        &events,
+        give_up,
+    )
+    .await
+    {
+        Ok(rows) => rows,
+        Err(e) => return not_queued(lease, "its events", &e),
+    };
+    if event_notice && is_final {
+        tracing::error!(notice_id = lease.id(), def = %def.name, reason = %reason, "an operational event failed for good; it raises no event of its own");
+    }
+    let follow: Vec<NewRow> = alert
+        .iter()
+        .map(|(row, _)| row.clone())
+        .chain(events.rows.iter().cloned())
+        .collect();
+    let (result, ids) = if is_final {
         let fail = Final {
             errors,
             retry_times,
-            alert: alert.clone(),
+            follow,
         };
         match persist(lease, give_up, |l| l.fail_for_good(&fail)).await {
-            Ok(Ok(alert_id)) => (
+            Ok(Ok(ids)) => (
                 AttemptResult::FinalFailure {
                     attempt,
                     reason: reason.clone(),
                 },
-                alert_id,
+                ids,
             ),
             Ok(Err(_lost)) => return AttemptResult::LostClaim.into(),
             Err(e) => return e.into_result().into(),
@@ -291,10 +398,10 @@ async fn fail(
             errors,
             retry_times,
             delay,
-            alert: alert.clone(),
+            follow,
         };
         match persist(lease, give_up, |l| l.retry(&retry)).await {
-            Ok(Ok(Scheduled { at, alert })) => {
+            Ok(Ok(Scheduled { at, follow })) => {
                 engine.due_after(delay);
                 event.next_call_time = Some(at);
                 (
@@ -303,25 +410,30 @@ async fn fail(
                         at,
                         reason: reason.clone(),
                     },
-                    alert,
+                    follow,
                 )
             }
             Ok(Err(_lost)) => return AttemptResult::LostClaim.into(),
             Err(e) => return e.into_result().into(),
         }
     };
-    let alert = match (alert_id, alert, alert_def) {
-        (Some(id), Some(row), Some(def)) => {
-            engine.wake_workers();
-            let here = engine.attempts_after_commit();
-            Some(PendingNotice::alert(id, row, def, here))
-        }
-        _ => None,
-    };
+    // The alert's id comes first, then the events'.
+    let (alert_ids, event_ids) = ids.split_at(usize::from(alert.is_some()).min(ids.len()));
+    let mut pending = Vec::new();
+    if let (Some((row, alert_def)), [id]) = (alert, alert_ids) {
+        engine.wake_workers();
+        let here = engine.attempts_after_commit();
+        pending.push(PendingNotice::alert(*id, row, alert_def, here));
+    }
+    crate::counters::events_written(event_ids.len() as u64);
+    pending.extend(events.pending(engine, event_ids));
     if alerts {
         spawn_hook(engine, event);
     }
-    Recorded { result, alert }
+    Recorded {
+        result,
+        follow: pending,
+    }
 }
 
 /// The alert notice of a failure, due at once (attempted right after its
@@ -333,7 +445,7 @@ pub(crate) async fn alert_row(
     mail: &AlertMail,
     give_up: &CancellationToken,
 ) -> Result<(NewRow, DefRef), crate::error::Error> {
-    let def = retry_db(give_up, || engine.alert_def()).await?;
+    let def = db::retry_db(give_up, || engine.alert_def()).await?;
     let row = NewRow {
         def_id: def.id,
         param: mail.param().to_string(),

@@ -466,11 +466,19 @@ pub(super) async fn pause(
 }
 
 /// `POST /api/defs/{name}/resume` (any JSON body, e.g. `{}`).
-pub(super) async fn resume(State(state): State<AppState>, Path(name): Path<String>) -> Response {
+pub(super) async fn resume(
+    State(state): State<AppState>,
+    Extension(actor): Extension<Actor>,
+    Path(name): Path<String>,
+) -> Response {
     if let Err(f) = allowed(&state) {
         return f.json();
     }
-    match state.notifier.resume(&name).await {
+    match state
+        .notifier
+        .resume_audited(&name, &Audit::new(actor.0, ""))
+        .await
+    {
         Ok(()) => Json(json!({ "def": name, "done": "resumed" })).into_response(),
         Err(e) => Failure::from(e).json(),
     }

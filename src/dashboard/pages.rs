@@ -783,6 +783,7 @@ pub(super) async fn defs(
                         })
                         ", to " (if d.email.is_empty() { "nobody" } else { d.email.as_str() })
                     }
+                    @if !d.events_to.is_empty() { dt { "Events to" } dd { (d.events_to) " (operational events, see docs/events.md)" } }
                     dt { "Confirmation" } dd { @if !d.need_confirm { "not required" } @else if d.max_confirm_delay <= 0 { "required, no deadline" } @else { "required, within " (d.max_confirm_delay) " s" } }
                     @if d.channel == "handler" {
                         dt { "Handler errors" } dd { @if d.on_error == "fail" { "fail for good" } @else { "retried" } }
@@ -878,11 +879,19 @@ pub(super) async fn pause(
 }
 
 /// `POST /defs/{name}/resume`.
-pub(super) async fn resume(State(state): State<AppState>, Path(name): Path<String>) -> Response {
+pub(super) async fn resume(
+    State(state): State<AppState>,
+    Extension(actor): Extension<Actor>,
+    Path(name): Path<String>,
+) -> Response {
     if let Err(f) = allowed(&state) {
         return failure_page(&state, f);
     }
-    match state.notifier.resume(&name).await {
+    match state
+        .notifier
+        .resume_audited(&name, &Audit::new(actor.0, ""))
+        .await
+    {
         Ok(()) => Redirect::to(&state.link("/defs")).into_response(),
         Err(e) => failure_page(&state, e.into()),
     }

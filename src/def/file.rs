@@ -23,6 +23,7 @@
 //! rate_limit = "50/s"                # tries started per second across all workers
 //! ordering = "per_key"               # one at a time per ordering_key, oldest first
 //! stop_on_failure = true             # a final failure holds its key's later notices
+//! events_to = "ops_webhook"          # where its operational events go (crate::event)
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -180,7 +181,8 @@ fn parse_each(text: &str, source: &str) -> Result<Vec<Result<DefSpec>>> {
 }
 
 /// The keys a definition's table may hold.
-pub(crate) const KNOWN: [&str; 21] = [
+pub(crate) const KNOWN: [&str; 22] = [
+    "events_to",
     "steps",
     "ordering",
     "stop_on_failure",
@@ -290,6 +292,9 @@ fn spec_from_table(name: &str, mut t: Table) -> FieldResult<DefSpec> {
     }
     if let Some(v) = take_str(&mut t, "ordering")? {
         spec.ordering = v;
+    }
+    if let Some(v) = take_str(&mut t, "events_to")? {
+        spec.events_to = v;
     }
     if let Some(v) = take_str(&mut t, "on_error")? {
         spec.on_error = v;

@@ -34,6 +34,17 @@ impl AlertPolicy {
         }
     }
 
+    /// Whether one of the first `failures` failures, none of them final,
+    /// alerted: the notice was reported failing (its `notice.failing`
+    /// event), so its delivery now is a recovery.
+    pub fn reported_failing(self, failures: u32) -> bool {
+        match self {
+            AlertPolicy::OnFinalFailure | AlertPolicy::Never => false,
+            AlertPolicy::OnEveryFailure => failures >= 1,
+            AlertPolicy::AfterFailures(n) => failures >= n,
+        }
+    }
+
     /// The `alert_trigger_type` column value.
     pub fn type_code(self) -> i16 {
         match self {

@@ -70,6 +70,9 @@ pub struct Def {
     pub ordering: Ordering,
     /// Which target fields a notice may override ([`overrides`]).
     pub overrides: overrides::Overrides,
+    /// The definition that receives this one's operational events
+    /// ([`crate::event`]); `None`: none.
+    pub events_to: Option<String>,
 }
 
 /// One step of a multi-step definition: a channel and its settings.
@@ -244,6 +247,11 @@ pub struct DefSpec {
     /// sync` writes the first step's there). See [`Step`].
     #[serde(default)]
     pub steps: Value,
+    /// The name of the definition that receives this one's operational
+    /// events ([`crate::event`]): any definition, on any channel; empty
+    /// (the default): none. Not this definition itself.
+    #[serde(default)]
+    pub events_to: String,
 }
 
 fn default_stop_on_failure() -> bool {
@@ -290,6 +298,7 @@ impl DefSpec {
             ordering: String::new(),
             stop_on_failure: true,
             steps: Value::Null,
+            events_to: String::new(),
         }
     }
 
@@ -324,6 +333,7 @@ impl DefSpec {
             rate_limit: row.rate_limit.clone(),
             ordering: row.ordering.clone(),
             stop_on_failure: row.stop_on_failure,
+            events_to: row.events_to.clone(),
             steps: match row.steps.trim() {
                 "" => Value::Null,
                 text => serde_json::from_str(text).map_err(|e| DefinitionError {
@@ -359,6 +369,7 @@ impl DefSpec {
             ("email", &self.email, usize::MAX),
             ("description", &self.description, usize::MAX),
             ("channel", &self.channel, usize::MAX),
+            ("events_to", &self.events_to, MAX_NAME_BYTES),
         ] {
             if text.contains('\0') {
                 return Err(fail(field, "must not hold NUL".into()));
@@ -565,6 +576,28 @@ impl DefSpec {
                 ));
             }
         };
+        let events_to = match self.events_to.as_str() {
+            "" => None,
+            name if name == self.name => {
+                return Err(fail(
+                    "events_to",
+                    "must name another definition: a definition's events cannot go to itself"
+                        .into(),
+                ));
+            }
+            name if name.len() > MAX_NAME_BYTES
+                || name.trim() != name
+                || name.contains(|c: char| c.is_control()) =>
+            {
+                return Err(fail(
+                    "events_to",
+                    format!(
+                        "must be a definition's name (1 to {MAX_NAME_BYTES} bytes, no control characters, no surrounding spaces)"
+                    ),
+                ));
+            }
+            name => Some(name.to_string()),
+        };
         Ok(Def {
             id,
             name: self.name.clone(),
@@ -588,6 +621,7 @@ impl DefSpec {
             rate_limit,
             ordering,
             overrides,
+            events_to,
         })
     }
 }

@@ -30,7 +30,8 @@ pub struct SyncReport {
 
 /// Upserts `specs` into `notify_def` by name, in one transaction.
 ///
-/// Every spec is validated first; if any is invalid nothing is written.
+/// Every spec is validated first; if any is invalid nothing is written. An
+/// `events_to` must name a definition of `specs` or one already stored.
 pub async fn sync<C>(db: &C, specs: &[DefSpec]) -> Result<SyncReport>
 where
     C: ConnectionTrait + TransactionTrait,
@@ -46,6 +47,18 @@ where
         .into_iter()
         .map(|row| (row.name.clone(), row))
         .collect();
+    for spec in specs {
+        let to = spec.events_to.as_str();
+        if !to.is_empty() && !existing.contains_key(to) && !specs.iter().any(|s| s.name == to) {
+            return Err(DefinitionError {
+                origin: "sync".into(),
+                def: spec.name.clone(),
+                field: "events_to".into(),
+                problem: format!("no definition is named `{to}`"),
+            }
+            .into());
+        }
+    }
     let mut report = SyncReport::default();
     let now = Utc::now().naive_utc();
     for spec in specs {
@@ -102,6 +115,7 @@ fn write_spec(active: &mut notify_def::ActiveModel, spec: &DefSpec) {
     active.rate_limit = Set(spec.rate_limit.clone());
     active.ordering = Set(spec.ordering.clone());
     active.stop_on_failure = Set(spec.stop_on_failure);
+    active.events_to = Set(spec.events_to.clone());
     active.steps = Set(match &spec.steps {
         serde_json::Value::Null => String::new(),
         steps => steps.to_string(),
@@ -206,6 +220,7 @@ impl StoredRow {
                 ordering: String::new(),
                 stop_on_failure: false,
                 steps: String::new(),
+                events_to: String::new(),
             },
         }
     }

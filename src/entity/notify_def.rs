@@ -75,6 +75,9 @@ pub struct Model {
     /// and `target` (which, with steps, hold the first step's).
     #[sea_orm(column_type = "Text")]
     pub steps: String,
+    /// The name of the definition that receives this one's operational
+    /// events ([`crate::event`]); empty: none.
+    pub events_to: String,
 }
 
 /// No relations are declared: `notify_msg.def_id` is a plain column so that

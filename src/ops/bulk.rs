@@ -422,6 +422,13 @@ impl Notifier {
         let store = &self.engine.store;
         let mut rest = rows;
         let mut changed = Vec::new();
+        let keys = match kind {
+            Kind::Requeue if !rows.is_empty() => self.key_events(note).await?,
+            _ => None,
+        };
+        let on_release = keys
+            .as_ref()
+            .map(|k| move |d: i64, key: &str| k.row(d, key));
         while !rest.is_empty() {
             // Each row's log travels with its audit line: bound the bytes.
             let mut take = 0;
@@ -436,7 +443,13 @@ impl Notifier {
             rest = after;
             let at = self.engine.app_now();
             let done = match kind {
-                Kind::Requeue => operator::requeue(store, part, note, at).await?,
+                Kind::Requeue => {
+                    let on_release = on_release.as_ref().map(|f| f as _);
+                    let (done, events) =
+                        operator::requeue(store, part, note, at, on_release).await?;
+                    self.events_written(events).await;
+                    done
+                }
                 Kind::Cancel => operator::cancel(store, part, note, at).await?,
             };
             report.changed += done.len() as u64;

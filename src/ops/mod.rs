@@ -25,6 +25,7 @@ pub mod keys;
 pub mod overview;
 pub mod pause;
 pub mod purge;
+mod released;
 
 pub use bulk::{BulkAction, BulkReport};
 pub use find::{NoticeFilter, NoticeView, Page, Place};
@@ -241,13 +242,19 @@ impl Notifier {
                         errors: view.errors.join("\n"),
                     };
                     let note = format!("cancelled by {audit}");
-                    let done = crate::state::operator::cancel_finished(
+                    let keys = self.key_events(&note).await?;
+                    let on_release = keys
+                        .as_ref()
+                        .map(|k| move |d: i64, key: &str| k.row(d, key));
+                    let (done, events) = crate::state::operator::cancel_finished(
                         &self.engine.store,
                         std::slice::from_ref(&seen),
                         &note,
                         self.engine.app_now(),
+                        on_release.as_ref().map(|f| f as _),
                     )
                     .await?;
+                    self.events_written(events).await;
                     if done.len() == 1 {
                         return Ok(());
                     }

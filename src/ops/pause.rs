@@ -4,12 +4,17 @@
 //! and after-commit attempts leave them for a sweeper. They are delivered
 //! after the pause ends or [`resume`](crate::Notifier::resume) is called.
 
+use sea_orm::TransactionTrait;
+
 use super::{Audit, find};
 pub use crate::state::pause::PauseEnd;
 use crate::{
+    attempt::events::{self, EventRows},
+    def::Def,
     error::{Error, Result},
+    event::{Event, EventKind},
     notifier::Notifier,
-    state::{clock, pause},
+    state::{clock, insert::insert_all, pause},
 };
 
 /// A pause's end must be after now and before the stored "until resumed"
@@ -36,24 +41,95 @@ fn check_end(end: PauseEnd) -> Result<()> {
 impl Notifier {
     /// Pauses definition `def` until `end`, recording `audit` (who and why)
     /// in `notify_def.pause_reason`. Attempts already running finish.
+    ///
+    /// With `events_to`, a `definition.paused` event is written in the same
+    /// transaction ([`crate::event`]).
     pub async fn pause(&self, def: &str, end: PauseEnd, audit: &Audit) -> Result<()> {
         check_end(end)?;
         let db = &self.engine.store.db;
         let id = find::def_id(db, def).await?;
-        pause::set(db, id, Some(end), Some(format!("paused by {audit}"))).await?;
+        let reason = format!("paused by {audit}");
+        let until = match end {
+            PauseEnd::OnResume => None,
+            PauseEnd::At(at) => Some(at),
+            PauseEnd::After(d) => chrono::Duration::from_std(d)
+                .ok()
+                .map(|d| self.engine.app_now() + d),
+        };
+        let paused = self
+            .event_rows(id, |def| {
+                let mut e = Event::new(EventKind::DefinitionPaused, def, reason.clone());
+                e.paused_until = until;
+                e
+            })
+            .await?;
+        let txn = db.begin().await?;
+        pause::set(&txn, id, Some(end), Some(reason)).await?;
+        let ids = insert_all(&txn, &paused.rows).await?;
+        txn.commit().await?;
         self.engine.defs.invalidate();
+        self.events_written(ids.len()).await;
         Ok(())
     }
 
     /// Ends the pause of definition `def` (a no-op if it is not paused) and
     /// wakes the workers: its due notices are claimed again at once.
+    ///
+    /// With `events_to`, a `definition.resumed` event is written in the
+    /// same transaction when a pause held.
     pub async fn resume(&self, def: &str) -> Result<()> {
+        self.resume_audited(def, &Audit::operator()).await
+    }
+
+    /// [`resume`](Self::resume) with who and why in the event.
+    pub async fn resume_audited(&self, def: &str, audit: &Audit) -> Result<()> {
         let db = &self.engine.store.db;
         let id = find::def_id(db, def).await?;
-        pause::set(db, id, None, None).await?;
+        let resumed = self
+            .event_rows(id, |def| {
+                Event::new(
+                    EventKind::DefinitionResumed,
+                    def,
+                    format!("resumed by {audit}"),
+                )
+            })
+            .await?;
+        let txn = db.begin().await?;
+        let ids = match pause::lift_if_paused(&txn, id).await? {
+            true => insert_all(&txn, &resumed.rows).await?,
+            false => Vec::new(),
+        };
+        txn.commit().await?;
         self.engine.defs.invalidate();
+        self.events_written(ids.len()).await;
         self.wake_everyone().await;
         Ok(())
+    }
+
+    /// The row of the event `build` makes about definition `def_id`, when
+    /// the definition sends events (an invalid one sends none: its
+    /// `events_to` cannot be trusted).
+    async fn event_rows(
+        &self,
+        def_id: i64,
+        build: impl FnOnce(&Def) -> Event,
+    ) -> Result<EventRows> {
+        let engine = &self.engine;
+        let Ok(source) = engine.defs.by_id(&engine.store.db, def_id).await else {
+            return Ok(EventRows::default());
+        };
+        let event = build(&source);
+        events::rows(engine, &source, None, &[event], &events::once()).await
+    }
+
+    /// Counts the events written and wakes the workers, which send them (a
+    /// one-shot CLI process does not attempt them itself: it may exit
+    /// mid-delivery).
+    pub(crate) async fn events_written(&self, n: usize) {
+        crate::counters::events_written(n as u64);
+        if n > 0 {
+            self.wake_everyone().await;
+        }
     }
 
     /// Wakes the workers of this process and, on PostgreSQL, of every

@@ -347,6 +347,18 @@ fn dollar_quote(s: &str) -> String {
     }
 }
 
+/// Inserts `rows` on `conn` (a transaction), in order: their ids.
+pub(crate) async fn insert_all<C: sea_orm::ConnectionTrait>(
+    conn: &C,
+    rows: &[NewRow],
+) -> Result<Vec<i64>, DbErr> {
+    let mut ids = Vec::with_capacity(rows.len());
+    for row in rows {
+        ids.push(insert_plain(conn, row).await?);
+    }
+    Ok(ids)
+}
+
 /// Inserts `row` inside one of solid-notify's own transactions (no
 /// savepoint: the transaction is rolled back whole on error).
 pub(crate) async fn insert_plain<C: ConnectionTrait>(conn: &C, row: &NewRow) -> Result<i64, DbErr> {

@@ -177,8 +177,8 @@ pub(crate) struct Retry {
     pub retry_times: i32,
     /// Wait before the next attempt.
     pub delay: Duration,
-    /// The alert notice to queue with it.
-    pub alert: Option<NewRow>,
+    /// The notices to queue with it (its alert, its events).
+    pub follow: Vec<NewRow>,
 }
 
 /// A failed attempt that ends the notice.
@@ -188,17 +188,17 @@ pub(crate) struct Final {
     pub errors: String,
     /// Failures so far, this one included.
     pub retry_times: i32,
-    /// The alert notice to queue with it.
-    pub alert: Option<NewRow>,
+    /// The notices to queue with it (its alert, its events).
+    pub follow: Vec<NewRow>,
 }
 
 /// What a recorded retry scheduled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Scheduled {
     /// When the next attempt is due (the database's clock).
     pub at: NaiveDateTime,
-    /// The alert notice queued with it.
-    pub alert: Option<i64>,
+    /// The ids of the notices queued with it, in the order given.
+    pub follow: Vec<i64>,
 }
 
 /// How long a sent notice waits for its confirmation.
@@ -386,7 +386,7 @@ impl Lease {
     }
 
     /// Records a failed attempt to be retried after `retry.delay` (status 2),
-    /// with its alert notice in the same transaction.
+    /// with the notices it queues in the same transaction.
     pub async fn retry(self, retry: &Retry) -> Result<Written<Scheduled>, Held> {
         let backend = self.backend();
         let mut sets = self.outcome_sets(false);
@@ -398,25 +398,25 @@ impl Lease {
         ]);
         let (id, version) = (self.id(), self.version());
         let written = db::on_conflict_retry(|| async {
-            let Some(alert) = &retry.alert else {
+            if retry.follow.is_empty() {
                 let row =
                     columns::update_returning(&self.store.db, id, version, sets.clone()).await?;
                 return Ok(row.map(|r| Scheduled {
                     at: r.next_call_time,
-                    alert: None,
+                    follow: Vec::new(),
                 }));
-            };
+            }
             let txn = db::begin(&self.store.db).await?;
             let Some(row) = columns::update_returning(&txn, id, version, sets.clone()).await?
             else {
                 txn.rollback().await?;
                 return Ok(None);
             };
-            let alert = insert::insert_plain(&txn, alert).await?;
+            let follow = insert::insert_all(&txn, &retry.follow).await?;
             txn.commit().await?;
             Ok(Some(Scheduled {
                 at: row.next_call_time,
-                alert: Some(alert),
+                follow,
             }))
         })
         .await;
@@ -428,42 +428,50 @@ impl Lease {
     }
 
     /// Moves the row to history as succeeded, appending `note` to its
-    /// description.
-    pub async fn succeed(self, note: Option<&str>) -> Result<Written<()>, Held> {
+    /// description, with `follow` (its events) queued in the same
+    /// transaction: their ids.
+    pub async fn succeed(
+        self,
+        note: Option<&str>,
+        follow: &[NewRow],
+    ) -> Result<Written<Vec<i64>>, Held> {
         let mut sets = self.outcome_sets(true);
         sets.push((Column::Status, Expr::val(Status::Succeeded as i16)));
         if let Some(note) = note {
             sets.push((Column::Description, Expr::val(self.with_note(note))));
         }
-        match self.finish(sets, None).await {
-            Ok(moved) => Ok(self.written(moved.is_some(), ())),
+        match self.finish(sets, follow).await {
+            Ok(Some(ids)) => Ok(self.done(Ok(ids))),
+            Ok(None) => Ok(self.lost()),
             Err(e) => Err(self.held(e)),
         }
     }
 
-    /// Moves the row to history as a final failure, with its alert notice in
-    /// the same transaction: the alert's id, if any.
-    pub async fn fail_for_good(self, fail: &Final) -> Result<Written<Option<i64>>, Held> {
+    /// Moves the row to history as a final failure, with the notices it
+    /// queues (its alert, its events) in the same transaction: their ids.
+    pub async fn fail_for_good(self, fail: &Final) -> Result<Written<Vec<i64>>, Held> {
         let mut sets = self.outcome_sets(false);
         sets.extend([
             (Column::Status, Expr::val(Status::FinalFailure as i16)),
             (Column::Errors, Expr::val(fail.errors.clone())),
             (Column::RetryTimes, Expr::val(fail.retry_times)),
         ]);
-        match self.finish(sets, fail.alert.as_ref()).await {
-            Ok(Some(alert)) => Ok(self.done(Ok(alert))),
+        match self.finish(sets, &fail.follow).await {
+            Ok(Some(ids)) => Ok(self.done(Ok(ids))),
             Ok(None) => Ok(self.lost()),
             Err(e) => Err(self.held(e)),
         }
     }
 
     /// Leaves the sent notice awaiting confirmation (status 4) until the
-    /// deadline, appending `note` to its description.
+    /// deadline, appending `note` to its description, with `follow` (its
+    /// events) queued in the same transaction: their ids.
     pub async fn await_confirmation(
         self,
         until: Deadline,
         note: Option<&str>,
-    ) -> Result<Written<()>, Held> {
+        follow: &[NewRow],
+    ) -> Result<Written<Vec<i64>>, Held> {
         let backend = self.backend();
         let deadline = match until {
             Deadline::After(d) => clock::after(backend, d),
@@ -478,10 +486,24 @@ impl Lease {
             sets.push((Column::Description, Expr::val(self.with_note(note))));
         }
         let guard = columns::at_version(self.id(), self.version());
-        match db::on_conflict_retry(|| columns::update(&self.store.db, guard.clone(), sets.clone()))
-            .await
-        {
-            Ok(n) => Ok(self.written(n == 1, ())),
+        let written = db::on_conflict_retry(|| async {
+            if follow.is_empty() {
+                let n = columns::update(&self.store.db, guard.clone(), sets.clone()).await?;
+                return Ok((n == 1).then(Vec::new));
+            }
+            let txn = db::begin(&self.store.db).await?;
+            if columns::update(&txn, guard.clone(), sets.clone()).await? != 1 {
+                txn.rollback().await?;
+                return Ok(None);
+            }
+            let ids = insert::insert_all(&txn, follow).await?;
+            txn.commit().await?;
+            Ok(Some(ids))
+        })
+        .await;
+        match written {
+            Ok(Some(ids)) => Ok(self.done(Ok(ids))),
+            Ok(None) => Ok(self.lost()),
             Err(e) => Err(self.held(e)),
         }
     }
@@ -495,16 +517,12 @@ impl Lease {
         description
     }
 
-    /// Moves the claimed row to history with `sets`, and `alert` in the same
-    /// transaction. `None`: lost.
-    async fn finish(
-        &self,
-        sets: Vec<Set>,
-        alert: Option<&NewRow>,
-    ) -> Result<Option<Option<i64>>, DbErr> {
+    /// Moves the claimed row to history with `sets`, and `follow` in the
+    /// same transaction: their ids. `None`: lost.
+    async fn finish(&self, sets: Vec<Set>, follow: &[NewRow]) -> Result<Option<Vec<i64>>, DbErr> {
         let guard = columns::at_version(self.id(), self.version());
         let moved = db::on_conflict_retry(|| async {
-            if self.backend() == DbBackend::Postgres && alert.is_none() {
+            if self.backend() == DbBackend::Postgres && follow.is_empty() {
                 let moved = columns::move_rows(
                     &self.store.db,
                     Table::Live,
@@ -513,7 +531,7 @@ impl Lease {
                     sets.clone(),
                 )
                 .await?;
-                return Ok((!moved.is_empty()).then_some(None));
+                return Ok((!moved.is_empty()).then(Vec::new));
             }
             let txn = db::begin(&self.store.db).await?;
             let moved = columns::move_rows(
@@ -528,12 +546,9 @@ impl Lease {
                 txn.rollback().await?;
                 return Ok(None);
             }
-            let alert = match alert {
-                Some(alert) => Some(insert::insert_plain(&txn, alert).await?),
-                None => None,
-            };
+            let ids = insert::insert_all(&txn, follow).await?;
             txn.commit().await?;
-            Ok(Some(alert))
+            Ok(Some(ids))
         })
         .await?;
         if moved.is_some() {

@@ -5,7 +5,7 @@
 
 use chrono::NaiveDateTime;
 use sea_orm::{
-    DbBackend, DbErr, ExprTrait,
+    ConnectionTrait, DbBackend, DbErr, EntityTrait, ExprTrait, QueryFilter, QuerySelect,
     sea_query::{CaseStatement, Condition, Expr},
 };
 
@@ -13,8 +13,71 @@ use super::{
     Store, clock,
     columns::{self, Column, Set, Table},
     errors_log,
+    insert::{NewRow, insert_plain},
 };
-use crate::{db, status::Status};
+use crate::{
+    db,
+    entity::notify_msg_history::{self, Column as History},
+    status::Status,
+};
+
+/// Builds the notice that reports the release of ordering key `key` of
+/// definition `def_id` (its `key.released` event), or `None` when that
+/// definition sends none. Given by the layer that knows the events.
+pub(crate) type OnRelease<'a> = &'a (dyn Fn(i64, &str) -> Option<NewRow> + Sync);
+
+/// Statuses in history that hold a key (with `stop_on_failure`).
+const HOLDING: [Status; 2] = [Status::FinalFailure, Status::Parked];
+
+/// The `(def_id, ordering_key)` pairs held by the guarded rows of history
+/// (final failures and parked notices with a key), before a change.
+async fn held_keys<C: ConnectionTrait>(
+    conn: &C,
+    guard: Condition,
+) -> Result<Vec<(i64, String)>, DbErr> {
+    notify_msg_history::Entity::find()
+        .select_only()
+        .column(History::DefId)
+        .column(History::OrderingKey)
+        .distinct()
+        .filter(guard)
+        .filter(Expr::col(History::Status).is_in(HOLDING.map(|s| s as i16)))
+        .filter(Expr::col(History::OrderingKey).is_not_null())
+        .into_tuple()
+        .all(conn)
+        .await
+}
+
+/// After a change, writes on `conn` (its transaction) the `key.released`
+/// event of each of `keys` that no final failure or parked notice in
+/// history holds any more. Returns how many it wrote.
+async fn write_released<C: ConnectionTrait>(
+    conn: &C,
+    keys: &[(i64, String)],
+    on_release: OnRelease<'_>,
+) -> Result<usize, DbErr> {
+    let mut written = 0;
+    for (def_id, key) in keys {
+        let Some(row) = on_release(*def_id, key) else {
+            continue;
+        };
+        let still: Option<i64> = notify_msg_history::Entity::find()
+            .select_only()
+            .column(History::Id)
+            .filter(Expr::col(History::DefId).eq(*def_id))
+            .filter(Expr::col(History::OrderingKey).eq(key.as_str()))
+            .filter(Expr::col(History::Status).is_in(HOLDING.map(|s| s as i16)))
+            .limit(1)
+            .into_tuple()
+            .one(conn)
+            .await?;
+        if still.is_none() {
+            insert_plain(conn, &row).await?;
+            written += 1;
+        }
+    }
+    Ok(written)
+}
 
 /// A notice as an operator's tool read it: what a guarded write needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -127,16 +190,18 @@ pub(crate) async fn send_now(
 /// Cancels `rows`, final failures or parked notices in history as read: they
 /// stay in history with status 5 and `note` (dated `at`) in their log. With
 /// `stop_on_failure` this lets the later notices of their ordering key go
-/// on ([`order`](super::order)). Returns the ids cancelled; the others
-/// changed since they were read.
+/// on ([`order`](super::order)), and each key it releases gets its event
+/// (`on_release`) in the same transaction. Returns the ids cancelled (the
+/// others changed since they were read) and the events written.
 pub(crate) async fn cancel_finished(
     store: &Store,
     rows: &[Seen],
     note: &str,
     at: NaiveDateTime,
-) -> Result<Vec<i64>, DbErr> {
+    on_release: Option<OnRelease<'_>>,
+) -> Result<(Vec<i64>, usize), DbErr> {
     if rows.is_empty() {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), 0));
     }
     let guard = guard(rows).add(
         Expr::col(Column::Status).is_in([Status::FinalFailure, Status::Parked].map(|s| s as i16)),
@@ -145,38 +210,45 @@ pub(crate) async fn cancel_finished(
         (Column::Status, Expr::val(Status::Cancelled as i16)),
         (Column::Errors, audited(rows, note, at)),
     ];
-    let changed = db::on_conflict_retry(|| async {
+    let (changed, events) = db::on_conflict_retry(|| async {
         let txn = db::begin(&store.db).await?;
         let ids = columns::history_ids(&txn, guard.clone()).await?;
+        let mut events = 0;
         if !ids.is_empty() {
-            columns::update_history(
-                &txn,
-                Expr::col(Column::Id).is_in(ids.iter().copied()),
-                sets.clone(),
-            )
-            .await?;
+            let mine = Condition::all().add(Expr::col(Column::Id).is_in(ids.iter().copied()));
+            let keys = match on_release {
+                Some(_) => held_keys(&txn, mine.clone()).await?,
+                None => Vec::new(),
+            };
+            columns::update_history(&txn, mine, sets.clone()).await?;
+            if let Some(on_release) = on_release {
+                events = write_released(&txn, &keys, on_release).await?;
+            }
         }
         txn.commit().await?;
-        Ok(ids)
+        Ok((ids, events))
     })
     .await?;
     store.finished_ids(&changed).await;
-    Ok(changed)
+    Ok((changed, events))
 }
 
 /// Puts `rows`, finished notices as read (final failures, cancelled or
 /// parked), back in flight: due now (or, for a notice cancelled while an
 /// attempt held it, when that attempt's lease ends), a fresh retry budget,
-/// `note` (dated `at`) in the log, ids unchanged. Returns the ids requeued;
-/// the others changed since they were read.
+/// `note` (dated `at`) in the log, ids unchanged. Each ordering key it
+/// releases gets its event (`on_release`) in the same transaction. Returns
+/// the ids requeued (the others changed since they were read) and the
+/// events written.
 pub(crate) async fn requeue(
     store: &Store,
     rows: &[Seen],
     note: &str,
     at: NaiveDateTime,
-) -> Result<Vec<i64>, DbErr> {
+    on_release: Option<OnRelease<'_>>,
+) -> Result<(Vec<i64>, usize), DbErr> {
     if rows.is_empty() {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), 0));
     }
     let now = clock::now(store.backend());
     let live_lease = || {
@@ -207,20 +279,52 @@ pub(crate) async fn requeue(
                 .is_in([Status::FinalFailure, Status::Cancelled, Status::Parked].map(|s| s as i16)),
         )
     };
-    match move_guarded(store, Table::History, Table::Live, requeueable(rows), sets).await {
+    let moved = match on_release {
+        None => move_guarded(store, Table::History, Table::Live, requeueable(rows), sets)
+            .await
+            .map(|ids| (ids, 0)),
+        Some(on_release) => {
+            db::on_conflict_retry(|| async {
+                let txn = db::begin(&store.db).await?;
+                let keys = held_keys(&txn, requeueable(rows)).await?;
+                let ids = columns::move_rows(
+                    &txn,
+                    Table::History,
+                    Table::Live,
+                    requeueable(rows),
+                    sets.clone(),
+                )
+                .await?;
+                let events = write_released(&txn, &keys, on_release).await?;
+                txn.commit().await?;
+                Ok((ids, events))
+            })
+            .await
+        }
+    };
+    match moved {
         Err(e) if super::keyed::is_key_conflict(&e) && rows.len() > 1 => {
             // A notice of the same key is in flight (or twice in this
             // batch, from before keys were unique): one at a time, leaving
             // in history each one whose key is taken.
-            let mut moved = Vec::new();
+            let (mut moved, mut events) = (Vec::new(), 0);
             for row in rows {
-                moved.extend(Box::pin(requeue(store, std::slice::from_ref(row), note, at)).await?);
+                let (ids, n) = Box::pin(requeue(
+                    store,
+                    std::slice::from_ref(row),
+                    note,
+                    at,
+                    on_release,
+                ))
+                .await?;
+                moved.extend(ids);
+                events += n;
             }
-            Ok(moved)
+            Ok((moved, events))
         }
         Err(e) if super::keyed::is_key_conflict(&e) => {
             tracing::warn!(notice_id = rows[0].id, error = %e, "not requeued: a notice with its idempotency key is in flight");
-            Ok(Vec::new())
+            Ok((Vec::new(), 0))
         }
         other => other,
     }

@@ -51,6 +51,27 @@ pub(crate) async fn set<C: ConnectionTrait>(
     Ok(updated.rows_affected == 1)
 }
 
+/// Ends the pause of `def_id` if it holds now (by the database's clock),
+/// and clears one that has ended. Returns whether one held.
+pub(crate) async fn lift_if_paused<C: ConnectionTrait>(
+    conn: &C,
+    def_id: i64,
+) -> Result<bool, DbErr> {
+    let backend = conn.get_database_backend();
+    let lifted = notify_def::Entity::update_many()
+        .col_expr(
+            notify_def::Column::PausedUntil,
+            Expr::val(None::<chrono::NaiveDateTime>),
+        )
+        .col_expr(notify_def::Column::PauseReason, Expr::val(None::<String>))
+        .filter(Expr::col(notify_def::Column::Id).eq(def_id))
+        .filter(Expr::col(notify_def::Column::PausedUntil).gt(clock::now(backend)))
+        .exec(conn)
+        .await?;
+    set(conn, def_id, None, None).await?;
+    Ok(lifted.rows_affected == 1)
+}
+
 /// `SELECT id FROM notify_def WHERE paused_until > now`: the definitions
 /// paused right now, by the database's clock.
 pub(crate) fn paused_now(backend: DbBackend) -> SelectStatement {

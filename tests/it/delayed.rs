@@ -264,8 +264,12 @@ db_test!(
         );
         assert!(ok, "{out} {err}");
         wait_delivered(&times, &[far, sent_now], 5).await;
-        let done = notifier.status(sent_now).await.unwrap();
-        assert_eq!(done.status, Status::Succeeded);
+        // Delivered; its success is recorded right after.
+        let done = eventually(5, "the success recorded", || async {
+            let view = notifier.status(sent_now).await.unwrap();
+            (view.status == Status::Succeeded).then_some(view)
+        })
+        .await;
         assert!(
             done.errors
                 .iter()

@@ -68,7 +68,7 @@ conformance!(
         let fail = Final {
             errors: "refused".into(),
             retry_times: 1,
-            alert: None,
+            follow: Vec::new(),
         };
         lease.fail_for_good(&fail).await.unwrap().unwrap();
         let failed = f.history(id).await.unwrap();
@@ -77,9 +77,10 @@ conformance!(
             version: failed.version - 1,
             errors: failed.errors.clone(),
         };
-        let done = operator::cancel_finished(&f.store, &[stale], "cancelled by ops", now())
-            .await
-            .unwrap();
+        let (done, _) =
+            operator::cancel_finished(&f.store, &[stale], "cancelled by ops", now(), None)
+                .await
+                .unwrap();
         assert!(done.is_empty());
         assert_eq!(f.history(id).await.unwrap(), failed);
         let current = Seen {
@@ -87,9 +88,10 @@ conformance!(
             version: failed.version,
             errors: failed.errors.clone(),
         };
-        let done = operator::cancel_finished(&f.store, &[current], "cancelled by ops", now())
-            .await
-            .unwrap();
+        let (done, _) =
+            operator::cancel_finished(&f.store, &[current], "cancelled by ops", now(), None)
+                .await
+                .unwrap();
         assert_eq!(done, [id]);
         assert_eq!(f.history(id).await.unwrap().status, Status::Cancelled);
         f

@@ -170,7 +170,7 @@ conformance!(
             let one_ids: Vec<i64> = one.leases.iter().map(|l| l.id()).collect();
             assert_eq!(one_ids, ids[2..], "set_aside {set_aside}");
             for lease in taken.leases.into_iter().chain(one.leases) {
-                lease.succeed(None).await.unwrap().unwrap();
+                lease.succeed(None, &[]).await.unwrap().unwrap();
             }
         }
         f

@@ -15,7 +15,10 @@ conformance!(awaits_then_confirms, |f: Fixture| async move {
     let id = f.notice().await;
     let lease = f.claim(id).await;
     let until = Deadline::After(Duration::from_secs(3600));
-    assert_eq!(lease.await_confirmation(until, None).await.unwrap(), Ok(()));
+    assert_eq!(
+        lease.await_confirmation(until, None, &[]).await.unwrap(),
+        Ok(vec![])
+    );
     let waiting = f.live(id).await.unwrap();
     assert_eq!(
         (waiting.status, waiting.leased),
@@ -33,7 +36,7 @@ conformance!(a_stale_lease_does_not_await, |f: Fixture| async move {
     let lost = lost_of(&stale);
     let until = Deadline::Forever;
     assert_eq!(
-        stale.await_confirmation(until, None).await.unwrap(),
+        stale.await_confirmation(until, None, &[]).await.unwrap(),
         Err(lost)
     );
     f.unchanged(id, &before).await;
@@ -48,7 +51,7 @@ conformance!(
         let lease = f.claim(id).await;
         let until = Deadline::After(Duration::from_secs(3600));
         lease
-            .await_confirmation(until, None)
+            .await_confirmation(until, None, &[])
             .await
             .unwrap()
             .unwrap();
@@ -79,7 +82,7 @@ conformance!(
         let id = f.notice().await;
         let lease = f.claim(id).await;
         lease
-            .await_confirmation(Deadline::Forever, None)
+            .await_confirmation(Deadline::Forever, None, &[])
             .await
             .unwrap()
             .unwrap();

@@ -12,7 +12,7 @@ fn final_failure(f: &Fixture) -> Final {
     Final {
         errors: "attempt 1: refused".into(),
         retry_times: 1,
-        alert: Some(f.row(None, Due::Now)),
+        follow: vec![f.row(None, Due::Now)],
     }
 }
 
@@ -21,12 +21,14 @@ conformance!(
     |f: Fixture| async move {
         let id = f.notice().await;
         let lease = f.claim(id).await;
-        let alert = lease
+        let queued = lease
             .fail_for_good(&final_failure(&f))
             .await
             .unwrap()
-            .unwrap()
-            .expect("the alert notice");
+            .unwrap();
+        let [alert] = queued[..] else {
+            panic!("one alert notice, got {queued:?}")
+        };
         let done = f.history(id).await.unwrap();
         assert_eq!((done.status, done.retry_times), (Status::FinalFailure, 1));
         assert!(f.live(alert).await.is_some());

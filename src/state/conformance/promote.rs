@@ -53,7 +53,7 @@ conformance!(
         f.unchanged(second, &before).await;
         // The first's success promotes it, without a new version.
         let lease = f.claim(first).await;
-        lease.succeed(None).await.unwrap().unwrap();
+        lease.succeed(None, &[]).await.unwrap().unwrap();
         assert!(due_now(&f, second).await);
         assert_eq!(f.live(second).await.unwrap().version, before.version);
         // Set aside again (a claim raced the finish): a promotion finds it.
@@ -68,7 +68,7 @@ conformance!(
 conformance!(never_moves_a_claimed_notice, |f: Fixture| async move {
     let (first, second) = waiting(&f).await;
     let lease = f.claim(first).await;
-    lease.succeed(None).await.unwrap().unwrap();
+    lease.succeed(None, &[]).await.unwrap().unwrap();
     // The second is claimed (by a sweeper) before the promotion runs.
     f.expire(second).await;
     let claimed = f.claim(second).await;

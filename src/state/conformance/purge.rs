@@ -52,7 +52,7 @@ conformance!(
 conformance!(never_deletes_a_row_that_changed, |f: Fixture| async move {
     let id = f.notice().await;
     let lease = f.claim(id).await;
-    lease.succeed(None).await.unwrap().unwrap();
+    lease.succeed(None, &[]).await.unwrap().unwrap();
     let row = f.history(id).await.unwrap();
     let deleted = retention::delete_history(&f.store.db, &[(id, row.version - 1)])
         .await

@@ -15,7 +15,7 @@ fn retry(f: &Fixture) -> Retry {
         errors: "attempt 1: refused".into(),
         retry_times: 1,
         delay: Duration::from_secs(3600),
-        alert: Some(f.row(None, Due::Now)),
+        follow: vec![f.row(None, Due::Now)],
     }
 }
 
@@ -23,7 +23,9 @@ conformance!(records_a_retry_and_its_alert, |f: Fixture| async move {
     let id = f.notice().await;
     let lease = f.claim(id).await;
     let scheduled = lease.retry(&retry(&f)).await.unwrap().unwrap();
-    let alert = scheduled.alert.expect("the alert notice");
+    let [alert] = scheduled.follow[..] else {
+        panic!("one alert notice, got {:?}", scheduled.follow)
+    };
     let row = f.live(id).await.unwrap();
     assert_eq!(
         (row.status, row.retry_times, row.version, row.leased),

@@ -113,7 +113,7 @@ conformance!(
         let fail = Final {
             errors: "refused".into(),
             retry_times: 1,
-            alert: None,
+            follow: Vec::new(),
         };
         third.fail_for_good(&fail).await.unwrap().unwrap();
         for id in &ids[..2] {
@@ -123,7 +123,7 @@ conformance!(
                 version: row.version,
                 errors: row.errors,
             };
-            operator::requeue(&f.store, &[seen], "requeued", now())
+            operator::requeue(&f.store, &[seen], "requeued", now(), None)
                 .await
                 .unwrap();
         }

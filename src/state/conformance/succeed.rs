@@ -9,7 +9,10 @@ use crate::{state::batch, status::Status};
 conformance!(moves_a_success_to_history, |f: Fixture| async move {
     let id = f.notice().await;
     let lease = f.claim(id).await;
-    assert_eq!(lease.succeed(Some("shipped")).await.unwrap(), Ok(()));
+    assert_eq!(
+        lease.succeed(Some("shipped"), &[]).await.unwrap(),
+        Ok(vec![])
+    );
     assert!(f.live(id).await.is_none());
     let done = f.history(id).await.unwrap();
     assert_eq!((done.status, done.leased), (Status::Succeeded, false));
@@ -24,10 +27,10 @@ conformance!(
         let (stale, current) = f.stale_and_current(id).await;
         let before = f.live(id).await.unwrap();
         let lost = lost_of(&stale);
-        assert_eq!(stale.succeed(Some("late")).await.unwrap(), Err(lost));
+        assert_eq!(stale.succeed(Some("late"), &[]).await.unwrap(), Err(lost));
         f.unchanged(id, &before).await;
         // The current claim still finishes it, once.
-        assert_eq!(current.succeed(None).await.unwrap(), Ok(()));
+        assert_eq!(current.succeed(None, &[]).await.unwrap(), Ok(vec![]));
         assert_eq!(f.counts().await, (0, 1));
         assert_eq!(f.history(id).await.unwrap().description, "");
         f
@@ -73,7 +76,7 @@ conformance!(
         assert_eq!(cancelled, [id]);
         let before = f.history(id).await.unwrap();
         let lost = lost_of(&lease);
-        assert_eq!(lease.succeed(None).await.unwrap(), Err(lost));
+        assert_eq!(lease.succeed(None, &[]).await.unwrap(), Err(lost));
         assert_eq!(f.history(id).await.unwrap(), before);
         assert_eq!(before.status, Status::Cancelled);
         f
