@@ -184,7 +184,8 @@ impl AlertMail {
                 .collect::<Vec<_>>()
                 .join("\n"),
             bytes = ALERT_PARAM_BYTES,
-            param = truncate(&event.param, ALERT_PARAM_BYTES),
+            param = crate::crypto::shown(&event.param)
+                .unwrap_or_else(|| truncate(&event.param, ALERT_PARAM_BYTES)),
         );
         AlertMail {
             to: event.def.alert_emails.clone(),

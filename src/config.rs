@@ -2,8 +2,10 @@
 
 use std::{collections::HashMap, time::Duration};
 
+pub use crate::crypto::Keys;
 use crate::{
     channel::{amqp::AmqpConfig, mail::MailConfig},
+    crypto::KEYS_ENV,
     error::{Error, Result},
     load_balance::LoadBalance,
 };
@@ -97,6 +99,12 @@ pub struct Config {
     /// operational event ([`crate::event`]) links to its page there.
     /// Default: `$SOLID_NOTIFY_DASHBOARD_URL`, else none (no link).
     pub dashboard_url: Option<String>,
+    /// Keys that seal the params of definitions with `encrypt = true`
+    /// ([`crate::crypto`]): the current one seals, every one opens.
+    /// Redacted by `Debug` (ids only). Default: [`Keys::from_env`]
+    /// (`$SOLID_NOTIFY_KEYS`; invalid text is logged at `error` and gives
+    /// no keys, so encrypted notices are refused, never sealed badly).
+    pub keys: Keys,
 }
 
 /// The environment variable [`Config::dashboard_url`] defaults to.
@@ -120,6 +128,10 @@ impl Default for Config {
             dashboard_url: std::env::var(DASHBOARD_URL_ENV)
                 .ok()
                 .filter(|url| !url.trim().is_empty()),
+            keys: Keys::from_env().unwrap_or_else(|e| {
+                tracing::error!(error = %e, "{KEYS_ENV} is not usable; no encryption keys");
+                Keys::new()
+            }),
         }
     }
 }
@@ -142,6 +154,7 @@ impl std::fmt::Debug for Config {
             .field("db_timeout", &self.db_timeout)
             .field("allow_private_network", &self.allow_private_network)
             .field("dashboard_url", &self.dashboard_url)
+            .field("keys", &self.keys)
             .finish()
     }
 }

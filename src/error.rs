@@ -59,6 +59,18 @@ pub enum Error {
         problem: String,
     },
 
+    /// A notice of a definition with `encrypt = true` cannot be sealed (no
+    /// key configured, or the `encrypt` feature is off), or a value cannot
+    /// be opened; nothing was written and the caller's transaction is
+    /// untouched.
+    #[error("encryption for `{def}`: {source}")]
+    Crypto {
+        /// The definition.
+        def: String,
+        /// Why.
+        source: crate::crypto::CryptoError,
+    },
+
     /// A definitions file could not be read or parsed.
     #[error("cannot read definitions from {path}: {problem}")]
     DefinitionFile {

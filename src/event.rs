@@ -39,7 +39,11 @@ use serde_json::{Map, Value, json};
 
 use crate::{
     def::Def,
-    state::{clock::Due, errors_log::truncate, insert::NewRow},
+    state::{
+        clock::Due,
+        errors_log::{clean, truncate},
+        insert::NewRow,
+    },
 };
 
 /// The version of the event document: a field is added within a version,
@@ -188,9 +192,10 @@ impl Event {
         if let Some(key) = &self.key {
             doc.insert("key".into(), json!(key));
         }
+        // As the failure log shows it: one line, control characters blanked.
         doc.insert(
             "reason".into(),
-            json!(truncate(&self.reason, EVENT_REASON_BYTES)),
+            json!(truncate(&clean(&self.reason), EVENT_REASON_BYTES)),
         );
         if let Some(until) = self.paused_until {
             doc.insert("paused_until".into(), json!(time(until)));
@@ -239,6 +244,8 @@ pub fn is_event(description: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
     use crate::def::{Channel, DefSpec};
 

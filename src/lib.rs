@@ -49,6 +49,7 @@
 //! | `http` | the HTTP channel, signed webhooks (reqwest) |
 //! | `amqp` | the AMQP channel and the confirmation listener (lapin) |
 //! | `email` | the e-mail channel and alert e-mails (lettre's transports) |
+//! | `encrypt` | params of definitions with `encrypt = true` sealed at rest ([`crypto`]; chacha20poly1305) |
 //! | `cli` | the `solid-notify` binary (clap, tracing-subscriber) |
 //! | `dashboard` | `dashboard`: the operator pages and JSON API (axum, maud) |
 //! | `metrics` | `telemetry::serve_metrics`, a Prometheus endpoint; the counters go through the `metrics` facade either way |
@@ -72,6 +73,7 @@ pub mod circuit;
 pub mod config;
 pub mod confirm;
 mod counters;
+pub mod crypto;
 #[cfg(feature = "dashboard")]
 pub mod dashboard;
 mod db;

@@ -97,6 +97,20 @@ enum Command {
         #[command(subcommand)]
         command: KeysCommand,
     },
+    /// Seal every param and step result again with the current encryption
+    /// key (the first of $SOLID_NOTIFY_KEYS), in batches, after a key
+    /// rotation; also seals the plaintext ones of definitions with encrypt =
+    /// true. Old keys must still be in $SOLID_NOTIFY_KEYS to open what they
+    /// sealed.
+    Rekey {
+        /// Rows read per batch.
+        #[arg(long, default_value_t = solid_notify::ops::rekey::DEFAULT_REKEY_BATCH,
+              value_parser = clap::value_parser!(u64).range(1..=solid_notify::ops::rekey::MAX_REKEY_BATCH))]
+        batch_size: u64,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Delete old succeeded and cancelled history in batches.
     Purge {
         /// Finished more than this long ago, e.g. 30d, 12h.
@@ -220,6 +234,7 @@ async fn run(cli: Cli) -> solid_notify::Result<()> {
                 },
         } => find::history(&db, filter, range, page).await?,
         Command::Keys { command } => keys::run(&db, command).await?,
+        Command::Rekey { batch_size, json } => keys::rekey(&db, batch_size, json).await?,
         Command::Requeue(args) => bulk::run(db, *args, true).await?,
         Command::Cancel(args) => bulk::run(db, *args, false).await?,
         Command::Purge {

@@ -32,6 +32,7 @@ mod m20261208_000018_def_touched;
 mod m20261209_000019_paused_index;
 mod m20261210_000020_not_before;
 mod m20261211_000021_events_to;
+mod m20261212_000022_encrypt;
 
 pub use m20261124_000004_wake_trigger::WAKE_CHANNEL;
 
@@ -66,6 +67,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261209_000019_paused_index::Migration),
             Box::new(m20261210_000020_not_before::Migration),
             Box::new(m20261211_000021_events_to::Migration),
+            Box::new(m20261212_000022_encrypt::Migration),
         ]
     }
 

@@ -6,6 +6,7 @@
 //! handler stops at its next `.await`. A handler that blocks a thread or
 //! spawns work of its own cannot be stopped this way; keep handlers async.
 
+use std::borrow::Cow;
 use std::{panic::AssertUnwindSafe, time::Duration};
 
 use futures::FutureExt;
@@ -36,6 +37,19 @@ fn compiled_in(target: &Target) -> Result<(), String> {
 /// Whether this process can deliver notices of `def` at all (every step).
 /// When it cannot, the notice is left for a process that can.
 pub(crate) fn available(engine: &Engine, def: &DefRef) -> Result<(), String> {
+    // Encrypted notices go to a process that can open them; one that holds
+    // keys but not the notice's parks it ([`unopenable`]).
+    if def.encrypt && !cfg!(feature = "encrypt") {
+        return Err(
+            "encryption is not compiled into this process (cargo feature `encrypt`)".into(),
+        );
+    }
+    if def.encrypt && engine.config.keys.current_id().is_none() {
+        return Err(format!(
+            "`{}` has encrypt = true and this process has no encryption keys",
+            def.name
+        ));
+    }
     for step in &def.steps {
         compiled_in(&step.target)?;
         match &step.target {
@@ -165,15 +179,15 @@ pub(crate) async fn deliver(
             };
             Err(Outcome::retry(format!("not confirmed {waited}")))
         }
-        _ => prepare(def, lease),
+        _ => prepare(engine, def, lease),
     };
     let outcome = match prepared {
-        Ok((target, notice)) => {
+        Ok((target, notice, raw)) => {
             let run = engine.channels.send(
                 &engine.handlers,
                 &target,
                 notice,
-                &row.param,
+                &raw,
                 timeout,
                 def.on_error,
             );
@@ -199,11 +213,17 @@ pub(crate) fn of_step(def: &DefRef, lease: &Lease, outcome: Outcome) -> Outcome 
     }
 }
 
-/// The target of the step `lease`'s row is on, and the notice its channel
-/// gets; a permanent failure when the row cannot be delivered as stored.
-fn prepare(def: &DefRef, lease: &Lease) -> Result<(Target, Notice), Outcome> {
+/// The target of the step `lease`'s row is on, the notice its channel gets
+/// and its param's text (opened, when sealed); a permanent failure when the
+/// row cannot be delivered as stored.
+fn prepare<'r>(
+    engine: &Engine,
+    def: &DefRef,
+    lease: &'r Lease,
+) -> Result<(Target, Notice, Cow<'r, str>), Outcome> {
     let row = lease.row();
-    let param = serde_json::from_str(&row.param)
+    let raw = opened(engine, def, &row.param, "param")?;
+    let param = serde_json::from_str(&raw)
         .map_err(|e| Outcome::permanent(format!("param is not valid JSON: {e}")))?;
     let index = usize::try_from(row.step).unwrap_or(usize::MAX);
     let step = def.steps.get(index).ok_or_else(|| {
@@ -239,9 +259,12 @@ fn prepare(def: &DefRef, lease: &Lease) -> Result<(Target, Notice), Outcome> {
     };
     let previous_result = match &row.step_result {
         None => None,
-        Some(text) => Some(serde_json::from_str(text).map_err(|e| {
-            Outcome::permanent(format!("the previous step's result is not valid JSON: {e}"))
-        })?),
+        Some(text) => Some(
+            serde_json::from_str(&opened(engine, def, text, "the previous step's result")?)
+                .map_err(|e| {
+                    Outcome::permanent(format!("the previous step's result is not valid JSON: {e}"))
+                })?,
+        ),
     };
     let notice = Notice {
         id: row.id,
@@ -263,7 +286,54 @@ fn prepare(def: &DefRef, lease: &Lease) -> Result<(Target, Notice), Outcome> {
         steps: u32::try_from(def.steps.len()).unwrap_or(u32::MAX),
         previous_result,
     };
-    Ok((target, notice))
+    Ok((target, notice, raw))
+}
+
+/// Why the notice `lease` holds cannot be opened here, to park it with:
+/// sealed with a key this process does not have, or not sealed although
+/// `def` has `encrypt = true` (a plain-SQL producer's row, or one written
+/// before encryption was turned on: `solid-notify rekey` seals those).
+pub(crate) fn unopenable(engine: &Engine, def: &DefRef, lease: &Lease) -> Option<String> {
+    let row = lease.row();
+    let keys = &engine.config.keys;
+    for (what, stored) in [
+        ("param", Some(&row.param)),
+        ("previous step's result", row.step_result.as_ref()),
+    ] {
+        let Some(stored) = stored else { continue };
+        match keys.can_open(stored) {
+            Ok(()) => {}
+            Err(crate::crypto::CryptoError::NotSealed) if !def.encrypt => {}
+            Err(crate::crypto::CryptoError::NotSealed) => {
+                return Some(format!(
+                    "the {what} is not encrypted, but `{}` has encrypt = true (seal it with `solid-notify rekey`, then requeue)",
+                    def.name
+                ));
+            }
+            Err(e) => return Some(format!("cannot decrypt the {what}: {e}")),
+        }
+    }
+    None
+}
+
+/// `stored` (`what` of a notice of `def`) as its text: opened when sealed
+/// ([`crate::crypto`]). A value that does not open fails for good; a
+/// missing key never gets here (the attempt parks the notice first).
+fn opened<'r>(
+    engine: &Engine,
+    def: &DefRef,
+    stored: &'r str,
+    what: &str,
+) -> Result<Cow<'r, str>, Outcome> {
+    if !crate::crypto::is_sealed(stored) {
+        return Ok(Cow::Borrowed(stored));
+    }
+    engine
+        .config
+        .keys
+        .open(stored, def.id)
+        .map(Cow::Owned)
+        .map_err(|e| Outcome::permanent(format!("cannot decrypt the {what}: {e}")))
 }
 
 /// The receiver's de-duplication key of step `index` (0-based): the

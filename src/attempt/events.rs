@@ -46,12 +46,13 @@ impl EventRows {
 /// The definition that receives `source`'s events: `None` when it names
 /// none, when it is the alert definition, or when the notice the events are
 /// about (`description`) is itself an event (no loop). A name that is not
-/// a valid definition is logged and sends nothing; the database is asked
-/// again while it is away, until `give_up`.
+/// a valid definition is logged and sends nothing (`events` are counted as
+/// dropped); the database is asked again while it is away, until `give_up`.
 pub(crate) async fn target(
     engine: &Arc<Engine>,
     source: &Def,
     description: Option<&str>,
+    events: usize,
     give_up: &CancellationToken,
 ) -> Result<Option<DefRef>, Error> {
     let Some(name) = &source.events_to else {
@@ -65,7 +66,7 @@ pub(crate) async fn target(
         Err(e @ Error::Db(_)) => Err(e),
         Err(e) => {
             tracing::error!(def = %source.name, events_to = %name, error = %e, "cannot send operational events: events_to does not name a valid definition");
-            crate::counters::events_dropped(1);
+            crate::counters::events_dropped(events as u64);
             Ok(None)
         }
     }
@@ -90,7 +91,7 @@ pub(crate) async fn rows(
     if events.is_empty() {
         return Ok(EventRows::default());
     }
-    let Some(to) = target(engine, source, description, give_up).await? else {
+    let Some(to) = target(engine, source, description, events.len(), give_up).await? else {
         return Ok(EventRows::default());
     };
     let at = engine.app_now();

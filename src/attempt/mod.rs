@@ -123,6 +123,13 @@ pub(crate) async fn run(
                 Box::pin(record::release(engine, lease, reason, &stop.give_up)).await,
             );
         }
+        // Never sent garbled: a notice that cannot be opened is parked.
+        if let Some(reason) = deliver::unopenable(engine, &def, &lease) {
+            drop(permit);
+            return Ran::Done(
+                Box::pin(park::park_one(engine, &def, lease, reason, &stop.give_up)).await,
+            );
+        }
         let mut lease = lease;
         // A failed try to be tried again: logged once the next try starts,
         // else it is the attempt's outcome.
@@ -367,15 +374,31 @@ fn step_result(
     };
     let text = result.to_string();
     let max = engine.config.max_param_bytes;
+    let step = || {
+        format!(
+            "step {} of {}",
+            i64::from(lease.row().step) + 1,
+            def.steps.len()
+        )
+    };
     if text.len() > max {
         return Err(Outcome::permanent(format!(
-            "step {} of {}: its result is {} bytes, over max_param_bytes ({max})",
-            i64::from(lease.row().step) + 1,
-            def.steps.len(),
+            "{}: its result is {} bytes, over max_param_bytes ({max})",
+            step(),
             text.len()
         )));
     }
-    Ok(Some(text))
+    if !def.encrypt {
+        return Ok(Some(text));
+    }
+    // Derived from the param: sealed like it.
+    match engine.config.keys.seal(&text, def.id) {
+        Ok(sealed) => Ok(Some(sealed)),
+        Err(e) => Err(Outcome::retry(format!(
+            "{}: cannot encrypt its result: {e}",
+            step()
+        ))),
+    }
 }
 
 /// Attempts one notice as read from `notify_msg` (its `version` is the one

@@ -89,6 +89,34 @@ pub(crate) async fn park(
     reports
 }
 
+/// Parks the claimed notice `lease` of `def` (usable, but the notice is
+/// not: it cannot be opened), with `reason` and one alert to the alert
+/// definition's recipients.
+pub(crate) async fn park_one(
+    engine: &Arc<Engine>,
+    def: &crate::def::DefRef,
+    lease: Lease,
+    reason: String,
+    give_up: &CancellationToken,
+) -> AttemptResult {
+    let ids = [lease.id()];
+    let alert = match park_alert(engine, def.id, &reason, &ids).await {
+        Ok(alert) => alert,
+        Err(e) => {
+            let why = format!("cannot queue the alert about parking it ({e})");
+            return crate::attempt::record::release(engine, lease, why, give_up).await;
+        }
+    };
+    match park_all(engine, vec![lease], &reason, alert.as_ref(), give_up).await {
+        Ok(parked) if parked.is_empty() => AttemptResult::LostClaim,
+        Ok(_) => {
+            tracing::error!(notice_id = ids[0], def = %def.name, %reason, "parked a notice that cannot be opened");
+            AttemptResult::Parked { reason }
+        }
+        Err(error) => AttemptResult::Error { error },
+    }
+}
+
 /// Releases leases of notices not parked after all.
 async fn release(
     engine: &Arc<Engine>,

@@ -309,7 +309,7 @@ async fn fail(
         next_call_time: None,
     };
     let event_notice = is_event(&lease.row().description);
-    let recipients = if event_notice && def.alert_emails.is_empty() {
+    let recipients = if alerts && event_notice && def.alert_emails.is_empty() {
         // An event definition's own failures fall back to the alert
         // definition's recipients.
         match db::retry_db(give_up, || engine.alert_def()).await {

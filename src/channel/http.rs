@@ -215,7 +215,12 @@ impl HttpChannel {
         let status = response.status();
         let text = match response.text().await {
             Ok(text) => text,
-            Err(e) => return Outcome::retry(format!("HTTP {status}: reading body failed: {e}")),
+            Err(e) => {
+                return Outcome::retry(format!(
+                    "HTTP {status}: reading body failed: {}",
+                    error_chain(&e.without_url())
+                ));
+            }
         };
         classify(target, status, &text)
     }

@@ -1,4 +1,5 @@
-//! `solid-notify keys blocked`: the ordering keys held back by a failure.
+//! `solid-notify keys blocked`: the ordering keys held back by a failure;
+//! `solid-notify rekey`: encryption keys rotated.
 
 use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter};
 use solid_notify::{
@@ -75,6 +76,43 @@ pub(crate) async fn run(db: &DatabaseConnection, command: KeysCommand) -> solid_
     }
     if page.more {
         println!("… more keys are blocked: the oldest {limit} are shown (--limit)");
+    }
+    Ok(())
+}
+
+/// `solid-notify rekey`: seals every value again with the current key of
+/// `$SOLID_NOTIFY_KEYS`.
+pub(crate) async fn rekey(
+    db: &DatabaseConnection,
+    batch: u64,
+    json: bool,
+) -> solid_notify::Result<()> {
+    let keys = solid_notify::crypto::Keys::from_env().map_err(|source| Error::Crypto {
+        def: "*".into(),
+        source,
+    })?;
+    let report = solid_notify::ops::rekey::rekey(db, &keys, batch).await?;
+    if json {
+        print_json(&serde_json::to_value(&report));
+    } else {
+        println!(
+            "key {}: {} sealed again, {} sealed for the first time, {} already current, {} changed meanwhile (run again), {} cannot be opened",
+            report.current,
+            report.resealed,
+            report.sealed,
+            report.unchanged,
+            report.skipped,
+            report.failed_count
+        );
+        for (id, why) in &report.failed {
+            println!("  notice {id}: {why}");
+        }
+    }
+    if report.failed_count > 0 {
+        return Err(Error::Config(format!(
+            "{} values cannot be opened with the keys given",
+            report.failed_count
+        )));
     }
     Ok(())
 }

@@ -24,6 +24,7 @@
 //! ordering = "per_key"               # one at a time per ordering_key, oldest first
 //! stop_on_failure = true             # a final failure holds its key's later notices
 //! events_to = "ops_webhook"          # where its operational events go (crate::event)
+//! encrypt = false                    # params sealed at rest (crate::crypto)
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -181,7 +182,8 @@ fn parse_each(text: &str, source: &str) -> Result<Vec<Result<DefSpec>>> {
 }
 
 /// The keys a definition's table may hold.
-pub(crate) const KNOWN: [&str; 22] = [
+pub(crate) const KNOWN: [&str; 23] = [
+    "encrypt",
     "events_to",
     "steps",
     "ordering",
@@ -274,6 +276,7 @@ fn spec_from_table(name: &str, mut t: Table) -> FieldResult<DefSpec> {
     for (key, slot) in [
         ("need_confirm", &mut spec.need_confirm),
         ("stop_on_failure", &mut spec.stop_on_failure),
+        ("encrypt", &mut spec.encrypt),
     ] {
         if let Some(v) = t.remove(key) {
             *slot = v

@@ -73,6 +73,9 @@ pub struct Def {
     /// The definition that receives this one's operational events
     /// ([`crate::event`]); `None`: none.
     pub events_to: Option<String>,
+    /// Whether params and step results are stored sealed
+    /// ([`crate::crypto`]).
+    pub encrypt: bool,
 }
 
 /// One step of a multi-step definition: a channel and its settings.
@@ -252,6 +255,11 @@ pub struct DefSpec {
     /// (the default): none. Not this definition itself.
     #[serde(default)]
     pub events_to: String,
+    /// Whether params, and the step results derived from them, are stored
+    /// sealed and opened only to deliver them ([`crate::crypto`]). Default
+    /// false.
+    #[serde(default)]
+    pub encrypt: bool,
 }
 
 fn default_stop_on_failure() -> bool {
@@ -299,6 +307,7 @@ impl DefSpec {
             stop_on_failure: true,
             steps: Value::Null,
             events_to: String::new(),
+            encrypt: false,
         }
     }
 
@@ -334,6 +343,7 @@ impl DefSpec {
             ordering: row.ordering.clone(),
             stop_on_failure: row.stop_on_failure,
             events_to: row.events_to.clone(),
+            encrypt: row.encrypt,
             steps: match row.steps.trim() {
                 "" => Value::Null,
                 text => serde_json::from_str(text).map_err(|e| DefinitionError {
@@ -585,6 +595,15 @@ impl DefSpec {
                         .into(),
                 ));
             }
+            // The reserved alert definition (`alert::ALERT_DEF`) carries
+            // alert e-mails only.
+            "solid_notify_alert" => {
+                return Err(fail(
+                    "events_to",
+                    "cannot be the alert definition solid_notify_alert: name a definition of your own (any channel)"
+                        .into(),
+                ));
+            }
             name if name.len() > MAX_NAME_BYTES
                 || name.trim() != name
                 || name.contains(|c: char| c.is_control()) =>
@@ -622,6 +641,7 @@ impl DefSpec {
             ordering,
             overrides,
             events_to,
+            encrypt: self.encrypt,
         })
     }
 }

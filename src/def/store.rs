@@ -116,6 +116,7 @@ fn write_spec(active: &mut notify_def::ActiveModel, spec: &DefSpec) {
     active.ordering = Set(spec.ordering.clone());
     active.stop_on_failure = Set(spec.stop_on_failure);
     active.events_to = Set(spec.events_to.clone());
+    active.encrypt = Set(spec.encrypt);
     active.steps = Set(match &spec.steps {
         serde_json::Value::Null => String::new(),
         steps => steps.to_string(),
@@ -221,6 +222,7 @@ impl StoredRow {
                 stop_on_failure: false,
                 steps: String::new(),
                 events_to: String::new(),
+                encrypt: false,
             },
         }
     }

@@ -78,6 +78,9 @@ pub struct Model {
     /// The name of the definition that receives this one's operational
     /// events ([`crate::event`]); empty: none.
     pub events_to: String,
+    /// Whether params (and step results) are stored sealed
+    /// ([`crate::crypto`]).
+    pub encrypt: bool,
 }
 
 /// No relations are declared: `notify_msg.def_id` is a plain column so that

@@ -115,8 +115,12 @@ pub struct NoticeView {
     /// The producer's ordering key (`ordering = "per_key"` definitions).
     pub ordering_key: Option<String>,
     /// The param: JSON, or the stored text when it is not JSON (or, in a
-    /// listing of [`list_excerpts`], when it was cut).
+    /// listing of [`list_excerpts`], when it was cut). A sealed param
+    /// ([`crate::crypto`]) is the text `encrypted (key ID)`, never its
+    /// content.
     pub param: serde_json::Value,
+    /// Whether the param is stored sealed ([`crate::crypto`]).
+    pub encrypted: bool,
     /// Whether `param` may be only the first characters of the stored
     /// param ([`list_excerpts`]; a notice's own view has it whole).
     pub param_cut: bool,
@@ -143,8 +147,18 @@ pub struct NoticeView {
     /// Steps that succeeded: those before `step`, and `step` itself once
     /// the notice succeeded.
     pub steps_done: i32,
-    /// The result the last step that succeeded passed on, as stored.
+    /// The result the last step that succeeded passed on, as stored
+    /// (`encrypted (key ID)` when sealed).
     pub step_result: Option<String>,
+}
+
+/// A stored param or step result as a viewer sees it: `encrypted (key ID)`
+/// when sealed (whole, or cut short in a listing), else `None`.
+fn hidden(stored: &str) -> Option<String> {
+    if !stored.starts_with(crate::crypto::SEALED_PREFIX) {
+        return None;
+    }
+    Some(crate::crypto::shown(stored).unwrap_or_else(|| "encrypted".into()))
 }
 
 impl NoticeView {
@@ -177,8 +191,12 @@ macro_rules! view_from {
                     partition: row.load_balance_num,
                     idempotency_key: row.idempotency_key,
                     ordering_key: row.ordering_key,
-                    param: serde_json::from_str(&row.param)
-                        .unwrap_or(serde_json::Value::String(row.param)),
+                    encrypted: row.param.starts_with(crate::crypto::SEALED_PREFIX),
+                    param: match hidden(&row.param) {
+                        Some(shown) => serde_json::Value::String(shown),
+                        None => serde_json::from_str(&row.param)
+                            .unwrap_or(serde_json::Value::String(row.param)),
+                    },
                     param_cut: false,
                     description: row.description,
                     errors: row
@@ -203,7 +221,7 @@ macro_rules! view_from {
                     steps_done: row
                         .step
                         .saturating_add(i32::from(row.status == Status::Succeeded)),
-                    step_result: row.step_result,
+                    step_result: row.step_result.map(|r| hidden(&r).unwrap_or(r)),
                 }
             }
         }

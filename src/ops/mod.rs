@@ -25,6 +25,7 @@ pub mod keys;
 pub mod overview;
 pub mod pause;
 pub mod purge;
+pub mod rekey;
 mod released;
 
 pub use bulk::{BulkAction, BulkReport};

@@ -4,8 +4,6 @@
 //! and after-commit attempts leave them for a sweeper. They are delivered
 //! after the pause ends or [`resume`](crate::Notifier::resume) is called.
 
-use sea_orm::TransactionTrait;
-
 use super::{Audit, find};
 pub use crate::state::pause::PauseEnd;
 use crate::{
@@ -63,7 +61,7 @@ impl Notifier {
                 e
             })
             .await?;
-        let txn = db.begin().await?;
+        let txn = crate::db::begin(db).await?;
         pause::set(&txn, id, Some(end), Some(reason)).await?;
         let ids = insert_all(&txn, &paused.rows).await?;
         txn.commit().await?;
@@ -94,7 +92,7 @@ impl Notifier {
                 )
             })
             .await?;
-        let txn = db.begin().await?;
+        let txn = crate::db::begin(db).await?;
         let ids = match pause::lift_if_paused(&txn, id).await? {
             true => insert_all(&txn, &resumed.rows).await?,
             false => Vec::new(),
@@ -115,8 +113,20 @@ impl Notifier {
         build: impl FnOnce(&Def) -> Event,
     ) -> Result<EventRows> {
         let engine = &self.engine;
-        let Ok(source) = engine.defs.by_id(&engine.store.db, def_id).await else {
-            return Ok(EventRows::default());
+        let db = &engine.store.db;
+        let source = match engine.defs.by_id(db, def_id).await {
+            // Created since the cache last looked: asked again.
+            Err(Error::UnknownDefId(_)) => {
+                engine.defs.invalidate();
+                engine.defs.by_id(db, def_id).await
+            }
+            other => other,
+        };
+        let source = match source {
+            Ok(source) => source,
+            // The change is not made without its event.
+            Err(e @ Error::Db(_)) => return Err(e),
+            Err(_) => return Ok(EventRows::default()),
         };
         let event = build(&source);
         events::rows(engine, &source, None, &[event], &events::once()).await

@@ -52,7 +52,7 @@ impl Notifier {
             ) {
                 continue;
             }
-            if let Some(to) = events::target(engine, &def, None, &once).await? {
+            if let Some(to) = events::target(engine, &def, None, 0, &once).await? {
                 by_def.insert(def.id, (def, to));
             }
         }

@@ -318,6 +318,13 @@ impl Notifier {
             }
             None => None,
         };
+        // Events raise no events: a producer cannot pass for one.
+        if crate::event::is_event(&notice.description) {
+            return Err(invalid(format!(
+                "a description may not start with `{} ` (reserved for operational events)",
+                crate::event::EVENT_DESCRIPTION
+            )));
+        }
         if notice.ordering_key.is_some() && def.ordering == crate::def::Ordering::Unordered {
             return Err(invalid(
                 "ordering_key is set, but the definition is not ordered (ordering = \"per_key\")"
@@ -360,6 +367,22 @@ impl Notifier {
             ordering_key: notice.ordering_key,
         };
         insert::check(&row, self.engine.config.max_param_bytes).map_err(invalid)?;
+        let row = match def.encrypt {
+            false => row,
+            // Sealed once checked: the size limit is the plaintext's.
+            true => NewRow {
+                param: self
+                    .engine
+                    .config
+                    .keys
+                    .seal(&row.param, def.id)
+                    .map_err(|source| Error::Crypto {
+                        def: def.name.clone(),
+                        source,
+                    })?,
+                ..row
+            },
+        };
         Ok((row, def))
     }
 

@@ -47,8 +47,9 @@ pub(crate) fn append_note(log: &str, at: NaiveDateTime, what: &str) -> String {
     append_line(log, at, &clean(what))
 }
 
-/// One line: control characters blanked, cut at [`MAX_REASON_BYTES`].
-fn clean(text: &str) -> String {
+/// One line: control characters blanked, cut at [`MAX_REASON_BYTES`] (as
+/// the failure log writes a reason).
+pub(crate) fn clean(text: &str) -> String {
     let text: String = text
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })

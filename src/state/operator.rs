@@ -29,23 +29,43 @@ pub(crate) type OnRelease<'a> = &'a (dyn Fn(i64, &str) -> Option<NewRow> + Sync)
 /// Statuses in history that hold a key (with `stop_on_failure`).
 const HOLDING: [Status; 2] = [Status::FinalFailure, Status::Parked];
 
-/// The `(def_id, ordering_key)` pairs held by the guarded rows of history
-/// (final failures and parked notices with a key), before a change.
-async fn held_keys<C: ConnectionTrait>(
-    conn: &C,
-    guard: Condition,
-) -> Result<Vec<(i64, String)>, DbErr> {
-    notify_msg_history::Entity::find()
+/// The `(def_id, ordering_key)` pairs held by rows `ids` of history (final
+/// failures and parked notices with a key; the caller locked them), before
+/// a change. Every row that holds one of these keys is locked too, so that
+/// two changes releasing the same key one row each see each other: the
+/// second waits, then finds the key free and writes its event.
+async fn held_keys<C: ConnectionTrait>(conn: &C, ids: &[i64]) -> Result<Vec<(i64, String)>, DbErr> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let holding = || Expr::col(History::Status).is_in(HOLDING.map(|s| s as i16));
+    let keys: Vec<(i64, String)> = notify_msg_history::Entity::find()
         .select_only()
         .column(History::DefId)
         .column(History::OrderingKey)
         .distinct()
-        .filter(guard)
-        .filter(Expr::col(History::Status).is_in(HOLDING.map(|s| s as i16)))
+        .filter(Expr::col(History::Id).is_in(ids.iter().copied()))
+        .filter(holding())
         .filter(Expr::col(History::OrderingKey).is_not_null())
         .into_tuple()
         .all(conn)
-        .await
+        .await?;
+    if conn.get_database_backend() != DbBackend::Sqlite {
+        // SQLite's write transactions run one at a time already.
+        for (def_id, key) in &keys {
+            let _: Vec<i64> = notify_msg_history::Entity::find()
+                .select_only()
+                .column(History::Id)
+                .filter(Expr::col(History::DefId).eq(*def_id))
+                .filter(Expr::col(History::OrderingKey).eq(key.as_str()))
+                .filter(holding())
+                .lock_exclusive()
+                .into_tuple()
+                .all(conn)
+                .await?;
+        }
+    }
+    Ok(keys)
 }
 
 /// After a change, writes on `conn` (its transaction) the `key.released`
@@ -217,7 +237,7 @@ pub(crate) async fn cancel_finished(
         if !ids.is_empty() {
             let mine = Condition::all().add(Expr::col(Column::Id).is_in(ids.iter().copied()));
             let keys = match on_release {
-                Some(_) => held_keys(&txn, mine.clone()).await?,
+                Some(_) => held_keys(&txn, &ids).await?,
                 None => Vec::new(),
             };
             columns::update_history(&txn, mine, sets.clone()).await?;
@@ -286,15 +306,13 @@ pub(crate) async fn requeue(
         Some(on_release) => {
             db::on_conflict_retry(|| async {
                 let txn = db::begin(&store.db).await?;
-                let keys = held_keys(&txn, requeueable(rows)).await?;
-                let ids = columns::move_rows(
-                    &txn,
-                    Table::History,
-                    Table::Live,
-                    requeueable(rows),
-                    sets.clone(),
-                )
-                .await?;
+                // Locked first: only rows this change moves release keys.
+                let locked = columns::history_ids(&txn, requeueable(rows)).await?;
+                let keys = held_keys(&txn, &locked).await?;
+                let mine =
+                    requeueable(rows).add(Expr::col(Column::Id).is_in(locked.iter().copied()));
+                let ids = columns::move_rows(&txn, Table::History, Table::Live, mine, sets.clone())
+                    .await?;
                 let events = write_released(&txn, &keys, on_release).await?;
                 txn.commit().await?;
                 Ok((ids, events))

@@ -122,6 +122,8 @@ db_test!(
         assert!(err.to_string().contains("events_to"), "{err}");
         let own = handler_def("orders", |s| s.events_to = "orders".into());
         assert!(store::sync(&db.db, &[own]).await.is_err());
+        let alerts = handler_def("orders", |s| s.events_to = "solid_notify_alert".into());
+        assert!(store::sync(&db.db, &[alerts]).await.is_err());
         store::sync(
             &db.db,
             &[
@@ -423,6 +425,16 @@ db_test!(
         tx.add_notice("billing", &json!({"n": 2}), "")
             .await
             .unwrap();
+        // A producer cannot pass for an event (and so silence its events).
+        let posing = tx
+            .add_notice(
+                "orders",
+                &json!({"n": 3}),
+                "solid-notify event notice.failed",
+            )
+            .await
+            .unwrap_err();
+        assert!(posing.to_string().contains("reserved"), "{posing}");
         tx.commit().await.unwrap();
         eventually(30, "both fallback mails", || async {
             (smtp.to("oncall@example.com").len() == 1 && smtp.to("fallback@example.com").len() == 1)

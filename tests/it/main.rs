@@ -18,6 +18,7 @@ mod dashboard;
 mod defs;
 mod delayed;
 mod due_index;
+mod encrypt;
 mod events;
 mod exposure;
 mod faults;

@@ -1,0 +1,207 @@
+//! Rekey: seal every stored param and step result again with the current
+//! key ([`crate::crypto`]), in batches, after a key rotation; and seal the
+//! plaintext ones of definitions with `encrypt = true` (rows written before
+//! it was turned on, or by a plain-SQL producer).
+//!
+//! Each row is written on its own, guarded by the value read: a row that
+//! changed meanwhile is left for the next run. The version is not bumped:
+//! the text a worker may be delivering right now is the same once opened,
+//! so its claim stays valid. Rows in flight and in history are both done.
+
+use sea_orm::{
+    ConnectionTrait, DatabaseConnection, EntityTrait, ExprTrait, QueryFilter, QueryOrder,
+    QuerySelect,
+    sea_query::{Alias, Condition, Expr, Query},
+};
+use serde::Serialize;
+
+use crate::{
+    crypto::{CryptoError, Keys, SEALED_PREFIX, sealed_key},
+    entity::{notify_def, notify_msg, notify_msg_history},
+    error::{Error, Result},
+};
+
+/// Default rows read per batch: 100 (params may be up to
+/// [`Config::max_param_bytes`](crate::Config::max_param_bytes) each, so a
+/// batch holds at most this many of them).
+pub const DEFAULT_REKEY_BATCH: u64 = 100;
+/// Most rows read per batch: 1,000.
+pub const MAX_REKEY_BATCH: u64 = 1_000;
+
+/// What a rekey did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct RekeyReport {
+    /// The key everything is sealed with now.
+    pub current: String,
+    /// Values sealed again with the current key (a param and a step result
+    /// count as two).
+    pub resealed: u64,
+    /// Plaintext values of encrypted definitions sealed for the first time.
+    pub sealed: u64,
+    /// Values already sealed with the current key.
+    pub unchanged: u64,
+    /// Rows that changed while being rekeyed: left for the next run.
+    pub skipped: u64,
+    /// Values that cannot be opened here (their key is missing, or they
+    /// were altered), by notice id (the first 20).
+    pub failed: Vec<(i64, String)>,
+    /// How many values could not be opened in all.
+    pub failed_count: u64,
+}
+
+/// Rows of one table, one batch: id, definition, param, step result.
+type Row = (i64, i64, String, Option<String>);
+
+/// Seals every param and step result of `db` with the current key of
+/// `keys`, reading `batch` rows at a time; see the [module docs](self).
+pub async fn rekey(db: &DatabaseConnection, keys: &Keys, batch: u64) -> Result<RekeyReport> {
+    let current = keys
+        .current_id()
+        .ok_or(Error::Crypto {
+            def: "*".into(),
+            source: CryptoError::NoKey,
+        })?
+        .to_string();
+    let batch = batch.clamp(1, MAX_REKEY_BATCH);
+    let encrypted: Vec<i64> = notify_def::Entity::find()
+        .select_only()
+        .column(notify_def::Column::Id)
+        .filter(Expr::col(notify_def::Column::Encrypt).eq(true))
+        .into_tuple()
+        .all(db)
+        .await?;
+    let mut report = RekeyReport {
+        current,
+        ..RekeyReport::default()
+    };
+    for table in ["notify_msg", "notify_msg_history"] {
+        let mut after = i64::MIN;
+        loop {
+            let rows = read(db, table, &encrypted, after, batch).await?;
+            let Some(&(last, ..)) = rows.last() else {
+                break;
+            };
+            after = last;
+            for row in rows {
+                rekey_row(db, table, keys, &encrypted, row, &mut report).await?;
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// The next `batch` rows of `table` after id `after` that may need sealing:
+/// of an encrypted definition, or holding a sealed value.
+async fn read(
+    db: &DatabaseConnection,
+    table: &str,
+    encrypted: &[i64],
+    after: i64,
+    batch: u64,
+) -> Result<Vec<Row>> {
+    use notify_msg::Column;
+    let sealed = format!("{SEALED_PREFIX}%");
+    let which = Condition::any()
+        .add(Expr::col(Column::DefId).is_in(encrypted.iter().copied()))
+        .add(Expr::col(Column::Param).like(sealed.as_str()))
+        .add(Expr::col(Column::StepResult).like(sealed.as_str()));
+    let cond = Condition::all()
+        .add(Expr::col(Column::Id).gt(after))
+        .add(which);
+    macro_rules! page {
+        ($entity:ty) => {
+            <$entity>::find()
+                .select_only()
+                .expr(Expr::col(Column::Id))
+                .expr(Expr::col(Column::DefId))
+                .expr(Expr::col(Column::Param))
+                .expr(Expr::col(Column::StepResult))
+                .filter(cond)
+                .order_by(Expr::col(Column::Id), sea_orm::Order::Asc)
+                .limit(batch)
+                .into_tuple()
+                .all(db)
+                .await?
+        };
+    }
+    Ok(match table {
+        "notify_msg" => page!(notify_msg::Entity),
+        _ => page!(notify_msg_history::Entity),
+    })
+}
+
+/// `stored` sealed with the current key: `None` when it already is, or
+/// needs nothing (plaintext of a definition that is not encrypted).
+fn resealed(
+    keys: &Keys,
+    stored: &str,
+    def_id: i64,
+    encrypted: bool,
+    current: &str,
+) -> std::result::Result<Option<(String, bool)>, CryptoError> {
+    match sealed_key(stored) {
+        Some(key) if key == current => Ok(None),
+        Some(_) => {
+            let plain = keys.open(stored, def_id)?;
+            Ok(Some((keys.seal(&plain, def_id)?, false)))
+        }
+        None if encrypted => Ok(Some((keys.seal(stored, def_id)?, true))),
+        None => Ok(None),
+    }
+}
+
+async fn rekey_row(
+    db: &DatabaseConnection,
+    table: &str,
+    keys: &Keys,
+    encrypted: &[i64],
+    (id, def_id, param, step_result): Row,
+    report: &mut RekeyReport,
+) -> Result<()> {
+    let current = report.current.clone();
+    let is_encrypted = encrypted.contains(&def_id);
+    let mut sets: Vec<(&str, String, String)> = Vec::new();
+    for (column, stored) in [("param", Some(param)), ("step_result", step_result)] {
+        let Some(stored) = stored else { continue };
+        match resealed(keys, &stored, def_id, is_encrypted, &current) {
+            Ok(None) => report.unchanged += u64::from(sealed_key(&stored).is_some()),
+            Ok(Some((new, first))) => {
+                match first {
+                    true => report.sealed += 1,
+                    false => report.resealed += 1,
+                }
+                sets.push((column, stored, new));
+            }
+            Err(e) => {
+                report.failed_count += 1;
+                if report.failed.len() < 20 {
+                    report.failed.push((id, format!("{column}: {e}")));
+                }
+            }
+        }
+    }
+    if sets.is_empty() {
+        return Ok(());
+    }
+    let mut update = Query::update();
+    update
+        .table(Alias::new(table))
+        .and_where(Expr::col(Alias::new("id")).eq(id));
+    for (column, old, new) in &sets {
+        update.value(Alias::new(*column), new.clone());
+        update.and_where(Expr::col(Alias::new(*column)).eq(old.as_str()));
+    }
+    let done = db.execute(&update).await?;
+    if done.rows_affected() == 0 {
+        // It changed (or left the table) meanwhile: counted as skipped,
+        // not as done.
+        report.skipped += 1;
+        for (_, old, _) in &sets {
+            match sealed_key(old) {
+                Some(_) => report.resealed -= 1,
+                None => report.sealed -= 1,
+            }
+        }
+    }
+    Ok(())
+}
