@@ -12,7 +12,9 @@
 //! notice of their key, the path where a commit's attempt does not take its
 //! notice. It also counts the database transactions per such add,
 //! background ones included, over 1,000 more added by 8 producers at once
-//! (about 25 s of waiting for PostgreSQL's statistics).
+//! (about 25 s of waiting for PostgreSQL's statistics). An `encrypt = true`
+//! variant adds the same notice, its param sealed before the insert
+//! (enqueue only), for its cost against the plain one.
 //! It runs on a current-thread runtime so that scheduling noise stays out.
 //!
 //! Run: `cargo run --release --example bench_enqueue`
@@ -28,6 +30,7 @@ use sea_orm::{ConnectionTrait, Database, DatabaseConnection, TransactionTrait};
 use serde_json::json;
 use solid_notify::{
     Config, NewNotice, Notifier, Outcome,
+    crypto::Keys,
     def::{Channel, DefSpec, store},
 };
 
@@ -60,14 +63,18 @@ async fn main() -> Result<(), Box<dyn Error>> {
         json!({"handler": "noop"}),
     );
     ordered.ordering = "per_key".into();
-    store::sync(&db, &[spec, ordered]).await?;
+    let mut sealed = DefSpec::new("bench_sealed", Channel::Handler, json!({"handler": "noop"}));
+    sealed.encrypt = true;
+    store::sync(&db, &[spec, ordered, sealed]).await?;
 
+    let keys = Keys::new().with("bench", [42; 32])?;
     let build = |immediate: bool| {
         Notifier::builder(db.clone())
             .config(Config {
                 // The receivers listen on 127.0.0.1.
                 allow_private_network: true,
                 immediate_attempt: immediate,
+                keys: keys.clone(),
                 ..Config::default()
             })
             .handler("noop", |_n| async { Ok(Outcome::success()) })
@@ -80,6 +87,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
     for i in 0..200 {
         business(&db, i).await?;
         with_notice(&enqueue_only, i).await?;
+        with_sealed_notice(&enqueue_only, i).await?;
     }
 
     let mut alone = Duration::ZERO;
@@ -88,6 +96,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let mut attempted = Duration::ZERO;
     let mut raw = Duration::ZERO;
     let mut keyed = Duration::ZERO;
+    let mut sealed = Duration::ZERO;
     for block in 0..TXNS / BLOCK {
         let t = Instant::now();
         for i in 0..BLOCK {
@@ -99,6 +108,11 @@ async fn main() -> Result<(), Box<dyn Error>> {
             with_notice(&enqueue_only, block * BLOCK + i).await?;
         }
         enqueue += t.elapsed();
+        let t = Instant::now();
+        for i in 0..BLOCK {
+            with_sealed_notice(&enqueue_only, block * BLOCK + i).await?;
+        }
+        sealed += t.elapsed();
         // The same without the wake-up trigger: what NOTIFY costs.
         db.execute_unprepared("ALTER TABLE notify_msg DISABLE TRIGGER solid_notify_wake_insert")
             .await?;
@@ -164,6 +178,13 @@ async fn main() -> Result<(), Box<dyn Error>> {
         enqueue.as_secs_f64() / alone.as_secs_f64()
     );
     println!(
+        "  + add_notice, encrypt = true    {:>8.1} µs/txn  ratio {:.3}  ({:.3}x the plain add, {:+.1} µs)",
+        per(sealed),
+        sealed.as_secs_f64() / alone.as_secs_f64(),
+        sealed.as_secs_f64() / enqueue.as_secs_f64(),
+        per(sealed) - per(enqueue)
+    );
+    println!(
         "  + add_notice, no NOTIFY trigger {:>8.1} µs/txn  ratio {:.3}  (NOTIFY costs {:.1} µs)",
         per(silent),
         silent.as_secs_f64() / alone.as_secs_f64(),
@@ -224,6 +245,15 @@ async fn with_notice(notifier: &Notifier, i: usize) -> Result<(), Box<dyn Error>
     let tx = notifier.begin().await?;
     insert_order(&tx, i).await?;
     tx.add_notice("bench", &json!({"order": i}), "bench")
+        .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+async fn with_sealed_notice(notifier: &Notifier, i: usize) -> Result<(), Box<dyn Error>> {
+    let tx = notifier.begin().await?;
+    insert_order(&tx, i).await?;
+    tx.add_notice("bench_sealed", &json!({"order": i}), "bench")
         .await?;
     tx.commit().await?;
     Ok(())

@@ -20,6 +20,9 @@
 //! the plan of the ordered claim), and the same drain beside a stuck key:
 //! 10,000 more notices of one key, due before all the others, held back by
 //! a final failure (the claim skips them on every sweep).
+//! `-- --encrypted` adds one worker on 100,000 notices of an `encrypt =
+//! true` definition (each param sealed, opened to deliver it), with its
+//! rate as a share of the plain run's.
 //! `-- --pairs N` runs only N interleaved pairs of the unordered and the
 //! ordered drain (one worker, 100,000 notices) and prints the ordered one's
 //! rate as a share of the unordered one's in each pair, and the median
@@ -42,6 +45,7 @@ use sea_orm::{ConnectionTrait, Database, DatabaseConnection};
 use serde_json::json;
 use solid_notify::{
     Config, Notifier, Outcome, Worker, WorkerConfig,
+    crypto::Keys,
     def::{Channel, DefSpec, store},
     worker::Mode,
 };
@@ -95,6 +99,9 @@ async fn main() -> BoxResult<()> {
     if million {
         runs.push(("postgres", "worker1", 1_000_000));
     }
+    if args.iter().any(|a| a == "--encrypted") {
+        runs.push(("postgres", "sealed1", 100_000));
+    }
     if args.iter().any(|a| a == "--ordered") {
         runs.push(("postgres", "ordered1", 100_000));
         runs.push(("postgres", "stuck1", 100_000));
@@ -122,6 +129,7 @@ async fn main() -> BoxResult<()> {
             Some(plain) if mode == "ordered1" || mode == "stuck1" => {
                 format!("({:.2}x unordered)", rate / plain)
             }
+            Some(plain) if mode == "sealed1" => format!("({:.2}x plain)", rate / plain),
             _ => String::new(),
         };
         println!(
@@ -218,8 +226,28 @@ fn payload_pad() -> String {
 /// One measured drain in this process; prints `rate=… rss_kb=…`.
 async fn run(backend: &str, mode: &str, backlog: u64) -> BoxResult<()> {
     let ordered = mode == "ordered1" || mode == "stuck1";
-    let db = fresh_db(backend, ordered).await?;
+    let sealed = mode == "sealed1";
+    let db = fresh_db(backend, ordered, sealed).await?;
+    let keys = bench_keys()?;
     let fill = match backend {
+        "postgres" if sealed => {
+            // One sealed param for all (the same definition, so it opens
+            // for each row): the drain opens every one of them.
+            let def_id = db
+                .query_one_raw(sea_orm::Statement::from_string(
+                    db.get_database_backend(),
+                    "SELECT id FROM notify_def WHERE name = 'bench'",
+                ))
+                .await?
+                .ok_or("no bench definition")?
+                .try_get_by_index::<i64>(0)?;
+            let param = keys.seal("{\"i\":0}", def_id)?;
+            format!(
+                "INSERT INTO notify_msg (def_id, param, next_call_time) \
+                 SELECT d.id, '{param}', (now() at time zone 'utc') - interval '1 minute' \
+                 FROM generate_series(1, {backlog}) g, notify_def d WHERE d.name = 'bench'"
+            )
+        }
         "postgres" if ordered => format!(
             "INSERT INTO notify_msg (def_id, param, next_call_time, ordering_key) \
              SELECT d.id, '{{\"i\":' || g || '}}', (now() at time zone 'utc') - interval '1 minute', \
@@ -280,8 +308,8 @@ async fn run(backend: &str, mode: &str, backlog: u64) -> BoxResult<()> {
             baseline(&db).await?;
             (Duration::ZERO, started.elapsed())
         }
-        "worker1" | "ordered1" | "stuck1" => drain(&db, 1, backlog).await?,
-        "worker2" => drain(&db, 2, backlog).await?,
+        "worker1" | "ordered1" | "stuck1" | "sealed1" => drain(&db, 1, backlog, keys).await?,
+        "worker2" => drain(&db, 2, backlog, keys).await?,
         other => return Err(format!("unknown mode {other}").into()),
     };
     let secs = drained.as_secs_f64();
@@ -352,7 +380,7 @@ async fn explain(db: &DatabaseConnection, ordered: bool) -> BoxResult<()> {
     Ok(())
 }
 
-async fn fresh_db(backend: &str, ordered: bool) -> BoxResult<DatabaseConnection> {
+async fn fresh_db(backend: &str, ordered: bool, encrypt: bool) -> BoxResult<DatabaseConnection> {
     drop_db(backend).await?;
     let url = match backend {
         "postgres" => {
@@ -379,6 +407,7 @@ async fn fresh_db(backend: &str, ordered: bool) -> BoxResult<DatabaseConnection>
     if ordered {
         spec.ordering = "per_key".into();
     }
+    spec.encrypt = encrypt;
     store::sync(&db, &[spec]).await?;
     let defs = bench_defs();
     if backend == "postgres" && defs > 1 {
@@ -406,6 +435,12 @@ async fn fresh_db(backend: &str, ordered: bool) -> BoxResult<DatabaseConnection>
         .await?;
     }
     Ok(db)
+}
+
+/// The key of the `--encrypted` run (every run has it; only that one's
+/// definition seals).
+fn bench_keys() -> BoxResult<Keys> {
+    Ok(Keys::new().with("bench", [42; 32])?)
 }
 
 /// `SN_BENCH_DEFS=N` (PostgreSQL, unordered): N definitions, the backlog
@@ -469,6 +504,7 @@ async fn drain(
     db: &DatabaseConnection,
     workers: usize,
     backlog: u64,
+    keys: Keys,
 ) -> BoxResult<(Duration, Duration)> {
     let started = Instant::now();
     let notifier = Notifier::builder(db.clone())
@@ -476,6 +512,7 @@ async fn drain(
             // The receivers listen on 127.0.0.1.
             allow_private_network: true,
             immediate_attempt: false,
+            keys,
             ..Config::default()
         })
         .handler("noop", |_n| async { Ok(Outcome::success()) })
