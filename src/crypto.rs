@@ -218,7 +218,7 @@ fn envelope(stored: &str) -> Option<Sealed> {
     }
     serde_json::from_str::<Sealed>(stored)
         .ok()
-        .filter(|s| s.sealed == "v1")
+        .filter(|s| s.sealed == "v1" && check_id(&s.key).is_ok())
 }
 
 /// The id of the key `stored` was sealed with; `None`: not sealed.

@@ -289,10 +289,11 @@ fn prepare<'r>(
     Ok((target, notice, raw))
 }
 
-/// Why the notice `lease` holds cannot be opened here, to park it with:
-/// sealed with a key this process does not have, or not sealed although
-/// `def` has `encrypt = true` (a plain-SQL producer's row, or one written
-/// before encryption was turned on: `solid-notify rekey` seals those).
+/// Why the notice `lease` holds cannot be opened here, to park it with: it
+/// is sealed with a key this process does not have. A plaintext value of a
+/// definition with `encrypt = true` (a plain-SQL producer's row, or one
+/// written before encryption was turned on) is delivered as written, and
+/// logged: `solid-notify rekey` seals such rows at rest.
 pub(crate) fn unopenable(engine: &Engine, def: &DefRef, lease: &Lease) -> Option<String> {
     let row = lease.row();
     let keys = &engine.config.keys;
@@ -303,12 +304,10 @@ pub(crate) fn unopenable(engine: &Engine, def: &DefRef, lease: &Lease) -> Option
         let Some(stored) = stored else { continue };
         match keys.can_open(stored) {
             Ok(()) => {}
-            Err(crate::crypto::CryptoError::NotSealed) if !def.encrypt => {}
             Err(crate::crypto::CryptoError::NotSealed) => {
-                return Some(format!(
-                    "the {what} is not encrypted, but `{}` has encrypt = true (seal it with `solid-notify rekey`, then requeue)",
-                    def.name
-                ));
+                if def.encrypt {
+                    tracing::warn!(notice_id = row.id, def = %def.name, "the {what} of a notice of an encrypted definition is not sealed (plain SQL, or written before encrypt was set); delivered as written, `solid-notify rekey` seals it");
+                }
             }
             Err(e) => return Some(format!("cannot decrypt the {what}: {e}")),
         }

@@ -34,6 +34,10 @@ use crate::{
 /// probes, closes it). Given by the layer above, which owns the controller.
 pub(crate) type OnTrip = fn(&Arc<Engine>, DefRef);
 
+/// At most one alert per definition this often, per process, about its
+/// notices parked because they cannot be opened: 10 minutes.
+pub const PARK_ALERT_EVERY: Duration = Duration::from_secs(600);
+
 /// What every attempt needs; see the [module docs](self).
 pub(crate) struct Engine {
     pub store: Store,
@@ -66,6 +70,9 @@ pub(crate) struct Engine {
     on_trip: OnTrip,
     /// Rows released (due again at once) so far.
     released: AtomicU64,
+    /// When this process last alerted about a notice of each definition
+    /// parked because it cannot be opened ([`PARK_ALERT_EVERY`]).
+    park_alerts: std::sync::Mutex<std::collections::HashMap<i64, Instant>>,
     /// The earliest time a notice recorded through this engine falls due
     /// again (a retry, a confirmation deadline), for workers built on it.
     due_hint: watch::Sender<Option<Instant>>,
@@ -103,6 +110,7 @@ impl Engine {
             rechecks: Default::default(),
             on_trip,
             released: AtomicU64::new(0),
+            park_alerts: Default::default(),
             due_hint: watch::channel(None).0,
             due_checks: watch::channel(0).0,
             handlers,
@@ -116,6 +124,23 @@ impl Engine {
     pub fn observe(self: &Arc<Self>, def: &DefRef, outcome: &Outcome) {
         if self.breakers.observe(def, outcome) {
             (self.on_trip)(self, def.clone());
+        }
+    }
+
+    /// Whether a notice of `def_id` parked now may alert: once per
+    /// [`PARK_ALERT_EVERY`] per definition in this process, so that a
+    /// missing key over thousands of notices sends one mail, not thousands.
+    pub fn park_alert_due(&self, def_id: i64) -> bool {
+        let Ok(mut last) = self.park_alerts.lock() else {
+            return true;
+        };
+        let now = Instant::now();
+        match last.get(&def_id) {
+            Some(at) if now.duration_since(*at) < PARK_ALERT_EVERY => false,
+            _ => {
+                last.insert(def_id, now);
+                true
+            }
         }
     }
 

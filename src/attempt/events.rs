@@ -96,8 +96,19 @@ pub(crate) async fn rows(
     };
     let at = engine.app_now();
     let link = engine.config.dashboard_url.as_deref();
-    Ok(EventRows {
-        rows: events.iter().map(|e| e.row(&to, at, link)).collect(),
-        to: Some(to),
-    })
+    let mut rows: Vec<NewRow> = events.iter().map(|e| e.row(&to, at, link)).collect();
+    if to.encrypt {
+        // An encrypted event definition gets its events sealed like any
+        // notice of it; without a key here they are written as they are
+        // (delivered all the same; `rekey` seals them at rest).
+        for row in &mut rows {
+            match engine.config.keys.seal(&row.param, to.id) {
+                Ok(sealed) => row.param = sealed,
+                Err(e) => {
+                    tracing::warn!(events_to = %to.name, error = %e, "operational event written unsealed");
+                }
+            }
+        }
+    }
+    Ok(EventRows { rows, to: Some(to) })
 }

@@ -90,8 +90,9 @@ pub(crate) async fn park(
 }
 
 /// Parks the claimed notice `lease` of `def` (usable, but the notice is
-/// not: it cannot be opened), with `reason` and one alert to the alert
-/// definition's recipients.
+/// not: it cannot be opened), with `reason`, and an alert to the alert
+/// definition's recipients at most once per
+/// [`PARK_ALERT_EVERY`](super::engine::PARK_ALERT_EVERY) per definition.
 pub(crate) async fn park_one(
     engine: &Arc<Engine>,
     def: &crate::def::DefRef,
@@ -100,12 +101,15 @@ pub(crate) async fn park_one(
     give_up: &CancellationToken,
 ) -> AttemptResult {
     let ids = [lease.id()];
-    let alert = match park_alert(engine, def.id, &reason, &ids).await {
-        Ok(alert) => alert,
-        Err(e) => {
-            let why = format!("cannot queue the alert about parking it ({e})");
-            return crate::attempt::record::release(engine, lease, why, give_up).await;
-        }
+    let alert = match engine.park_alert_due(def.id) {
+        false => None,
+        true => match park_alert(engine, def.id, &reason, &ids).await {
+            Ok(alert) => alert,
+            Err(e) => {
+                let why = format!("cannot queue the alert about parking it ({e})");
+                return crate::attempt::record::release(engine, lease, why, give_up).await;
+            }
+        },
     };
     match park_all(engine, vec![lease], &reason, alert.as_ref(), give_up).await {
         Ok(parked) if parked.is_empty() => AttemptResult::LostClaim,

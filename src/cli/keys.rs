@@ -107,6 +107,9 @@ pub(crate) async fn rekey(
         for (id, why) in &report.failed {
             println!("  notice {id}: {why}");
         }
+        for (key, n) in &report.left {
+            println!("  still sealed with key {key}: {n} (0: it may be dropped)");
+        }
     }
     if report.failed_count > 0 {
         return Err(Error::Config(format!(

@@ -586,6 +586,14 @@ impl DefSpec {
                 ));
             }
         };
+        // Alert notices are written by the library, unsealed; they carry
+        // no param of a notice.
+        if self.encrypt && self.name == "solid_notify_alert" {
+            return Err(fail(
+                "encrypt",
+                "the alert definition solid_notify_alert cannot be encrypted".into(),
+            ));
+        }
         let events_to = match self.events_to.as_str() {
             "" => None,
             name if name == self.name => {

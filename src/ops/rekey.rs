@@ -4,13 +4,17 @@
 //! it was turned on, or by a plain-SQL producer).
 //!
 //! Each row is written on its own, guarded by the value read: a row that
-//! changed meanwhile is left for the next run. The version is not bumped:
-//! the text a worker may be delivering right now is the same once opened,
-//! so its claim stays valid. Rows in flight and in history are both done.
+//! changed meanwhile is left for the next run. A row in flight that an
+//! attempt holds (leased: claimed, or reserved for its producer's
+//! after-commit attempt) is left for the next run too, untouched. The
+//! version is not bumped. Rows in flight and in history are both done.
+//! The report counts, per key other than the current one, the values still
+//! sealed with it when the run ended (rows requeued or added meanwhile): run
+//! again until there are none before dropping a key.
 
 use sea_orm::{
-    ConnectionTrait, DatabaseConnection, EntityTrait, ExprTrait, QueryFilter, QueryOrder,
-    QuerySelect,
+    ConnectionTrait, DatabaseConnection, EntityTrait, ExprTrait, PaginatorTrait, QueryFilter,
+    QueryOrder, QuerySelect,
     sea_query::{Alias, Condition, Expr, Query},
 };
 use serde::Serialize;
@@ -38,7 +42,9 @@ pub struct RekeyReport {
     pub resealed: u64,
     /// Plaintext values of encrypted definitions sealed for the first time.
     pub sealed: u64,
-    /// Values already sealed with the current key.
+    /// Values read that were sealed with the current key already (the
+    /// row's other value needed sealing; rows with nothing to do are not
+    /// read).
     pub unchanged: u64,
     /// Rows that changed while being rekeyed: left for the next run.
     pub skipped: u64,
@@ -47,6 +53,10 @@ pub struct RekeyReport {
     pub failed: Vec<(i64, String)>,
     /// How many values could not be opened in all.
     pub failed_count: u64,
+    /// Values still sealed with each key other than the current one when
+    /// the run ended (held by an attempt, changed, added or requeued
+    /// meanwhile, or not openable): drop a key only once it has none.
+    pub left: std::collections::BTreeMap<String, u64>,
 }
 
 /// Rows of one table, one batch: id, definition, param, step result.
@@ -77,7 +87,7 @@ pub async fn rekey(db: &DatabaseConnection, keys: &Keys, batch: u64) -> Result<R
     for table in ["notify_msg", "notify_msg_history"] {
         let mut after = i64::MIN;
         loop {
-            let rows = read(db, table, &encrypted, after, batch).await?;
+            let rows = read(db, table, &encrypted, &report.current, after, batch).await?;
             let Some(&(last, ..)) = rows.last() else {
                 break;
             };
@@ -87,7 +97,38 @@ pub async fn rekey(db: &DatabaseConnection, keys: &Keys, batch: u64) -> Result<R
             }
         }
     }
+    for id in keys.ids() {
+        if id != report.current {
+            let n = sealed_with(db, id).await?;
+            report.left.insert(id.to_string(), n);
+        }
+    }
     Ok(report)
+}
+
+/// `LIKE` pattern of the values sealed with key `id`.
+fn sealed_by(id: &str) -> String {
+    // Key ids hold no `%` or `_` that matters: `_` matches itself too.
+    format!("{SEALED_PREFIX}\"key\":\"{id}\",%")
+}
+
+/// Values (params and step results, both tables) sealed with key `id`.
+async fn sealed_with(db: &DatabaseConnection, id: &str) -> Result<u64> {
+    use notify_msg::Column;
+    let pattern = sealed_by(id);
+    let mut n = 0;
+    for column in [Column::Param, Column::StepResult] {
+        let with = Expr::col(column).like(pattern.as_str());
+        n += notify_msg::Entity::find()
+            .filter(with.clone())
+            .count(db)
+            .await?;
+        n += notify_msg_history::Entity::find()
+            .filter(with)
+            .count(db)
+            .await?;
+    }
+    Ok(n)
 }
 
 /// The next `batch` rows of `table` after id `after` that may need sealing:
@@ -96,18 +137,34 @@ async fn read(
     db: &DatabaseConnection,
     table: &str,
     encrypted: &[i64],
+    current: &str,
     after: i64,
     batch: u64,
 ) -> Result<Vec<Row>> {
     use notify_msg::Column;
     let sealed = format!("{SEALED_PREFIX}%");
-    let which = Condition::any()
-        .add(Expr::col(Column::DefId).is_in(encrypted.iter().copied()))
-        .add(Expr::col(Column::Param).like(sealed.as_str()))
-        .add(Expr::col(Column::StepResult).like(sealed.as_str()));
-    let cond = Condition::all()
-        .add(Expr::col(Column::Id).gt(after))
-        .add(which);
+    let current = sealed_by(current);
+    // A value that needs sealing: sealed with another key, or plaintext of
+    // an encrypted definition.
+    let needs = |column: Column| {
+        Condition::all()
+            .add(Expr::col(column).is_not_null())
+            .add(Expr::col(column).not_like(current.as_str()))
+            .add(
+                Condition::any()
+                    .add(Expr::col(column).like(sealed.as_str()))
+                    .add(Expr::col(Column::DefId).is_in(encrypted.iter().copied())),
+            )
+    };
+    let mut cond = Condition::all().add(Expr::col(Column::Id).gt(after)).add(
+        Condition::any()
+            .add(needs(Column::Param))
+            .add(needs(Column::StepResult)),
+    );
+    if table == "notify_msg" {
+        // Held by an attempt (or reserved for its producer's): next run.
+        cond = cond.add(Expr::col(Column::Leased).eq(false));
+    }
     macro_rules! page {
         ($entity:ty) => {
             <$entity>::find()
@@ -187,6 +244,9 @@ async fn rekey_row(
     update
         .table(Alias::new(table))
         .and_where(Expr::col(Alias::new("id")).eq(id));
+    if table == "notify_msg" {
+        update.and_where(Expr::col(Alias::new("leased")).eq(false));
+    }
     for (column, old, new) in &sets {
         update.value(Alias::new(*column), new.clone());
         update.and_where(Expr::col(Alias::new(*column)).eq(old.as_str()));

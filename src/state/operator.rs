@@ -5,7 +5,8 @@
 
 use chrono::NaiveDateTime;
 use sea_orm::{
-    ConnectionTrait, DbBackend, DbErr, EntityTrait, ExprTrait, QueryFilter, QuerySelect,
+    ConnectionTrait, DbBackend, DbErr, EntityTrait, ExprTrait, QueryFilter, QueryOrder,
+    QuerySelect,
     sea_query::{CaseStatement, Condition, Expr},
 };
 
@@ -29,43 +30,61 @@ pub(crate) type OnRelease<'a> = &'a (dyn Fn(i64, &str) -> Option<NewRow> + Sync)
 /// Statuses in history that hold a key (with `stop_on_failure`).
 const HOLDING: [Status; 2] = [Status::FinalFailure, Status::Parked];
 
-/// The `(def_id, ordering_key)` pairs held by rows `ids` of history (final
-/// failures and parked notices with a key; the caller locked them), before
-/// a change. Every row that holds one of these keys is locked too, so that
-/// two changes releasing the same key one row each see each other: the
-/// second waits, then finds the key free and writes its event.
-async fn held_keys<C: ConnectionTrait>(conn: &C, ids: &[i64]) -> Result<Vec<(i64, String)>, DbErr> {
-    if ids.is_empty() {
-        return Ok(Vec::new());
-    }
+/// Locks what a change of the guarded rows of history may release, in
+/// one order for every change: first every row that holds a key one of
+/// them holds (final failures and parked notices with a key), by
+/// definition, key and id; then the guarded rows. Two changes that release
+/// the same key one row each so wait for each other, and the second finds
+/// the key free and writes its event; they cannot deadlock on each other's
+/// rows. Returns the guarded rows' ids and the `(def_id, ordering_key)`
+/// pairs they hold.
+async fn lock_for_release<C: ConnectionTrait>(
+    conn: &C,
+    guard: Condition,
+) -> Result<(Vec<i64>, Vec<(i64, String)>), DbErr> {
     let holding = || Expr::col(History::Status).is_in(HOLDING.map(|s| s as i16));
-    let keys: Vec<(i64, String)> = notify_msg_history::Entity::find()
-        .select_only()
-        .column(History::DefId)
-        .column(History::OrderingKey)
-        .distinct()
-        .filter(Expr::col(History::Id).is_in(ids.iter().copied()))
-        .filter(holding())
-        .filter(Expr::col(History::OrderingKey).is_not_null())
-        .into_tuple()
-        .all(conn)
-        .await?;
+    let keys_of = |cond: Condition| {
+        notify_msg_history::Entity::find()
+            .select_only()
+            .column(History::DefId)
+            .column(History::OrderingKey)
+            .distinct()
+            .filter(cond)
+            .filter(holding())
+            .filter(Expr::col(History::OrderingKey).is_not_null())
+            .order_by_asc(History::DefId)
+            .order_by_asc(History::OrderingKey)
+    };
+    // SQLite's write transactions run one at a time already.
     if conn.get_database_backend() != DbBackend::Sqlite {
-        // SQLite's write transactions run one at a time already.
-        for (def_id, key) in &keys {
+        let keys: Vec<(i64, String)> = keys_of(guard.clone()).into_tuple().all(conn).await?;
+        if !keys.is_empty() {
             let _: Vec<i64> = notify_msg_history::Entity::find()
                 .select_only()
                 .column(History::Id)
-                .filter(Expr::col(History::DefId).eq(*def_id))
-                .filter(Expr::col(History::OrderingKey).eq(key.as_str()))
+                .filter(
+                    Expr::tuple([Expr::col(History::DefId), Expr::col(History::OrderingKey)])
+                        .in_tuples(keys),
+                )
                 .filter(holding())
+                .order_by_asc(History::DefId)
+                .order_by_asc(History::OrderingKey)
+                .order_by_asc(History::Id)
                 .lock_exclusive()
                 .into_tuple()
                 .all(conn)
                 .await?;
         }
     }
-    Ok(keys)
+    let ids = columns::history_ids(conn, guard).await?;
+    if ids.is_empty() {
+        return Ok((ids, Vec::new()));
+    }
+    let keys = keys_of(Condition::all().add(Expr::col(History::Id).is_in(ids.iter().copied())))
+        .into_tuple()
+        .all(conn)
+        .await?;
+    Ok((ids, keys))
 }
 
 /// After a change, writes on `conn` (its transaction) the `key.released`
@@ -232,14 +251,13 @@ pub(crate) async fn cancel_finished(
     ];
     let (changed, events) = db::on_conflict_retry(|| async {
         let txn = db::begin(&store.db).await?;
-        let ids = columns::history_ids(&txn, guard.clone()).await?;
+        let (ids, keys) = match on_release {
+            Some(_) => lock_for_release(&txn, guard.clone()).await?,
+            None => (columns::history_ids(&txn, guard.clone()).await?, Vec::new()),
+        };
         let mut events = 0;
         if !ids.is_empty() {
             let mine = Condition::all().add(Expr::col(Column::Id).is_in(ids.iter().copied()));
-            let keys = match on_release {
-                Some(_) => held_keys(&txn, &ids).await?,
-                None => Vec::new(),
-            };
             columns::update_history(&txn, mine, sets.clone()).await?;
             if let Some(on_release) = on_release {
                 events = write_released(&txn, &keys, on_release).await?;
@@ -307,8 +325,7 @@ pub(crate) async fn requeue(
             db::on_conflict_retry(|| async {
                 let txn = db::begin(&store.db).await?;
                 // Locked first: only rows this change moves release keys.
-                let locked = columns::history_ids(&txn, requeueable(rows)).await?;
-                let keys = held_keys(&txn, &locked).await?;
+                let (locked, keys) = lock_for_release(&txn, requeueable(rows)).await?;
                 let mine =
                     requeueable(rows).add(Expr::col(Column::Id).is_in(locked.iter().copied()));
                 let ids = columns::move_rows(&txn, Table::History, Table::Live, mine, sets.clone())

@@ -52,10 +52,18 @@ impl Mailer {
             .from(self.from.clone())
             .subject(subject)
             .header(ContentType::TEXT_PLAIN);
-        for address in to {
+        for (n, address) in to.iter().enumerate() {
             match address.parse::<Mailbox>() {
                 Ok(mailbox) => builder = builder.to(mailbox),
-                Err(e) => return Outcome::permanent(format!("recipient `{address}`: {e}")),
+                // Not the address itself: it may come from an encrypted
+                // param, and the reason is stored in the clear.
+                Err(e) => {
+                    return Outcome::permanent(format!(
+                        "recipient {} of {} is not an address: {e}",
+                        n + 1,
+                        to.len()
+                    ));
+                }
             }
         }
         let message = match builder.body(body) {
