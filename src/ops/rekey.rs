@@ -13,9 +13,9 @@
 //! again until there are none before dropping a key.
 
 use sea_orm::{
-    ConnectionTrait, DatabaseConnection, EntityTrait, ExprTrait, PaginatorTrait, QueryFilter,
-    QueryOrder, QuerySelect,
-    sea_query::{Alias, Condition, Expr, Query},
+    DatabaseConnection, EntityTrait, ExprTrait, PaginatorTrait, QueryFilter, QueryOrder,
+    QuerySelect,
+    sea_query::{Condition, Expr},
 };
 use serde::Serialize;
 
@@ -240,19 +240,8 @@ async fn rekey_row(
     if sets.is_empty() {
         return Ok(());
     }
-    let mut update = Query::update();
-    update
-        .table(Alias::new(table))
-        .and_where(Expr::col(Alias::new("id")).eq(id));
-    if table == "notify_msg" {
-        update.and_where(Expr::col(Alias::new("leased")).eq(false));
-    }
-    for (column, old, new) in &sets {
-        update.value(Alias::new(*column), new.clone());
-        update.and_where(Expr::col(Alias::new(*column)).eq(old.as_str()));
-    }
-    let done = db.execute(&update).await?;
-    if done.rows_affected() == 0 {
+    let live = table == "notify_msg";
+    if !crate::state::operator::reseal(db, live, id, &sets).await? {
         // It changed (or left the table) meanwhile: counted as skipped,
         // not as done.
         report.skipped += 1;

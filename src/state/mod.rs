@@ -25,6 +25,7 @@
 //! | any in flight | cancel | history 5 | `operator::cancel` |
 //! | leased, definition unusable | park (reason in errors, + one alert) | history 6 | `batch::park_many` |
 //! | history 3 / 5 / 6 | requeue (audit line) | 0, due now, fresh retry budget | `operator::requeue` |
+//! | any, not held | reseal `param` / `step_result` with the current key (no version bump) | unchanged | `operator::reseal` |
 //! | history 1 / 5 (3 when asked) | purge, after archiving | deleted | `retention::delete_history` |
 //!
 //! A definition paused in `notify_def` ([`pause`]) is skipped by every claim

@@ -364,3 +364,32 @@ pub(crate) async fn requeue(
         other => other,
     }
 }
+
+/// Writes values sealed again (`rekey`) into row `id` of `notify_msg`
+/// (`live`) or `notify_msg_history`: each `(column, old, new)` only if the
+/// column still holds `old`, and in flight only while no attempt holds the
+/// row (`leased` false: claimed, or reserved for its producer's after-commit
+/// attempt, which finds its row by its param). The version is not bumped:
+/// the text is the same once opened. Whether it wrote (`false`: the row
+/// changed, left, or is held).
+pub(crate) async fn reseal<C: ConnectionTrait>(
+    conn: &C,
+    live: bool,
+    id: i64,
+    sets: &[(&str, String, String)],
+) -> Result<bool, DbErr> {
+    let table = if live { Table::Live } else { Table::History };
+    let mut update = sea_orm::sea_query::Query::update();
+    update
+        .table(sea_orm::sea_query::Alias::new(table.name()))
+        .and_where(Expr::col(Column::Id).eq(id));
+    if live {
+        update.and_where(Expr::col(Column::Leased).eq(false));
+    }
+    for (column, old, new) in sets {
+        let column = sea_orm::sea_query::Alias::new(*column);
+        update.value(column.clone(), new.clone());
+        update.and_where(Expr::col(column).eq(old.as_str()));
+    }
+    Ok(conn.execute(&update).await?.rows_affected() == 1)
+}
