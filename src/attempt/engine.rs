@@ -131,16 +131,18 @@ impl Engine {
     /// [`PARK_ALERT_EVERY`] per definition in this process, so that a
     /// missing key over thousands of notices sends one mail, not thousands.
     pub fn park_alert_due(&self, def_id: i64) -> bool {
-        let Ok(mut last) = self.park_alerts.lock() else {
+        let Ok(last) = self.park_alerts.lock() else {
             return true;
         };
-        let now = Instant::now();
-        match last.get(&def_id) {
-            Some(at) if now.duration_since(*at) < PARK_ALERT_EVERY => false,
-            _ => {
-                last.insert(def_id, now);
-                true
-            }
+        last.get(&def_id)
+            .is_none_or(|at| at.elapsed() >= PARK_ALERT_EVERY)
+    }
+
+    /// Records that an alert about a parked notice of `def_id` was queued
+    /// (with its park) now.
+    pub fn park_alerted(&self, def_id: i64) {
+        if let Ok(mut last) = self.park_alerts.lock() {
+            last.insert(def_id, Instant::now());
         }
     }
 

@@ -72,6 +72,22 @@ pub(crate) async fn target(
     }
 }
 
+/// Seals the param of `row`, an event notice of `to`, when `to` has
+/// `encrypt = true`, like any notice of it. Without a key here it is
+/// written as it is, and logged: delivered all the same, and `rekey` seals
+/// it at rest.
+pub(crate) fn seal_for(keys: &crate::crypto::Keys, to: &Def, row: &mut NewRow) {
+    if !to.encrypt {
+        return;
+    }
+    match keys.seal(&row.param, to.id) {
+        Ok(sealed) => row.param = sealed,
+        Err(e) => {
+            tracing::warn!(events_to = %to.name, error = %e, "operational event written unsealed");
+        }
+    }
+}
+
 /// A token already cancelled: an operator's call asks the database once,
 /// and fails at once while it is away, instead of waiting for it.
 pub(crate) fn once() -> CancellationToken {
@@ -97,18 +113,8 @@ pub(crate) async fn rows(
     let at = engine.app_now();
     let link = engine.config.dashboard_url.as_deref();
     let mut rows: Vec<NewRow> = events.iter().map(|e| e.row(&to, at, link)).collect();
-    if to.encrypt {
-        // An encrypted event definition gets its events sealed like any
-        // notice of it; without a key here they are written as they are
-        // (delivered all the same; `rekey` seals them at rest).
-        for row in &mut rows {
-            match engine.config.keys.seal(&row.param, to.id) {
-                Ok(sealed) => row.param = sealed,
-                Err(e) => {
-                    tracing::warn!(events_to = %to.name, error = %e, "operational event written unsealed");
-                }
-            }
-        }
+    for row in &mut rows {
+        seal_for(&engine.config.keys, &to, row);
     }
     Ok(EventRows { rows, to: Some(to) })
 }

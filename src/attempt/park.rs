@@ -114,6 +114,9 @@ pub(crate) async fn park_one(
     match park_all(engine, vec![lease], &reason, alert.as_ref(), give_up).await {
         Ok(parked) if parked.is_empty() => AttemptResult::LostClaim,
         Ok(_) => {
+            if alert.is_some() {
+                engine.park_alerted(def.id);
+            }
             tracing::error!(notice_id = ids[0], def = %def.name, %reason, "parked a notice that cannot be opened");
             AttemptResult::Parked { reason }
         }

@@ -15,7 +15,7 @@
 use sea_orm::{
     DatabaseConnection, EntityTrait, ExprTrait, PaginatorTrait, QueryFilter, QueryOrder,
     QuerySelect,
-    sea_query::{Condition, Expr},
+    sea_query::{Condition, Expr, LikeExpr},
 };
 use serde::Serialize;
 
@@ -106,10 +106,15 @@ pub async fn rekey(db: &DatabaseConnection, keys: &Keys, batch: u64) -> Result<R
     Ok(report)
 }
 
-/// `LIKE` pattern of the values sealed with key `id`.
-fn sealed_by(id: &str) -> String {
-    // Key ids hold no `%` or `_` that matters: `_` matches itself too.
-    format!("{SEALED_PREFIX}\"key\":\"{id}\",%")
+/// `LIKE` pattern of the values sealed with key `id` (a `_` in it taken
+/// literally). MariaDB compares text without case: keep key ids that
+/// differ only in case apart.
+fn sealed_by(id: &str) -> LikeExpr {
+    let start = format!("{SEALED_PREFIX}\"key\":\"{id}\",")
+        .replace('\\', "\\\\")
+        .replace('%', "\\%")
+        .replace('_', "\\_");
+    LikeExpr::new(format!("{start}%")).escape('\\')
 }
 
 /// Values (params and step results, both tables) sealed with key `id`.
@@ -118,7 +123,7 @@ async fn sealed_with(db: &DatabaseConnection, id: &str) -> Result<u64> {
     let pattern = sealed_by(id);
     let mut n = 0;
     for column in [Column::Param, Column::StepResult] {
-        let with = Expr::col(column).like(pattern.as_str());
+        let with = Expr::col(column).like(pattern.clone());
         n += notify_msg::Entity::find()
             .filter(with.clone())
             .count(db)
@@ -149,7 +154,7 @@ async fn read(
     let needs = |column: Column| {
         Condition::all()
             .add(Expr::col(column).is_not_null())
-            .add(Expr::col(column).not_like(current.as_str()))
+            .add(Expr::col(column).not_like(current.clone()))
             .add(
                 Condition::any()
                     .add(Expr::col(column).like(sealed.as_str()))

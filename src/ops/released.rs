@@ -22,6 +22,7 @@ pub(crate) struct KeyEvents {
     reason: String,
     at: NaiveDateTime,
     link: Option<String>,
+    keys: crate::crypto::Keys,
 }
 
 impl KeyEvents {
@@ -31,7 +32,9 @@ impl KeyEvents {
         let (source, to) = self.by_def.get(&def_id)?;
         let mut event = Event::new(EventKind::KeyReleased, source, self.reason.clone());
         event.key = Some(key.to_string());
-        Some(event.row(to, self.at, self.link.as_deref()))
+        let mut row = event.row(to, self.at, self.link.as_deref());
+        events::seal_for(&self.keys, to, &mut row);
+        Some(row)
     }
 }
 
@@ -61,6 +64,7 @@ impl Notifier {
             reason: reason.to_string(),
             at: engine.app_now(),
             link: engine.config.dashboard_url.clone(),
+            keys: engine.config.keys.clone(),
         }))
     }
 }

@@ -62,10 +62,15 @@ async fn lock_for_release<C: ConnectionTrait>(
             let _: Vec<i64> = notify_msg_history::Entity::find()
                 .select_only()
                 .column(History::Id)
-                .filter(
-                    Expr::tuple([Expr::col(History::DefId), Expr::col(History::OrderingKey)])
-                        .in_tuples(keys),
-                )
+                // Pairs as equalities: MariaDB range-scans these, not a
+                // tuple IN.
+                .filter(keys.iter().fold(Condition::any(), |any, (def_id, key)| {
+                    any.add(
+                        Condition::all()
+                            .add(Expr::col(History::DefId).eq(*def_id))
+                            .add(Expr::col(History::OrderingKey).eq(key.as_str())),
+                    )
+                }))
                 .filter(holding())
                 .order_by_asc(History::DefId)
                 .order_by_asc(History::OrderingKey)

@@ -355,3 +355,77 @@ db_test!(
         }
     }
 );
+
+db_test!(
+    events_to_an_encrypted_definition_are_sealed_at_rest,
+    |db: Arc<TestDb>| async move {
+        let (hook, bodies) = receiver().await;
+        let mut ops = DefSpec::new("ops", Channel::Http, json!({ "url": hook.url }));
+        ops.encrypt = true;
+        let mut orders = DefSpec::new("orders", Channel::Handler, json!({"handler": "orders"}));
+        orders.ordering = "per_key".into();
+        orders.max_retry_times = 0;
+        orders.events_to = "ops".into();
+        store::sync(&db.db, &[ops, orders]).await.unwrap();
+        let notifier = db
+            .notifier()
+            .config(with_keys(keys(&[("k1", K1)])))
+            .handler(
+                "orders",
+                Recorder::default().handler(|_| Outcome::permanent("refused")),
+            )
+            .build()
+            .unwrap();
+        let running = start(notifier.clone(), fast(WorkerConfig::default()));
+        let tx = notifier.begin().await.unwrap();
+        let id = tx
+            .add(NewNotice::new("orders", &json!({})).ordering_key("cust-4711"))
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        // notice.failed and key.blocked, written by the recorder.
+        eventually(30, "two events delivered", || async {
+            (bodies.lock().unwrap().len() >= 2).then_some(())
+        })
+        .await;
+        // key.released, written by the operator's cancel.
+        notifier.cancel(id).await.unwrap();
+        eventually(30, "three events delivered", || async {
+            (bodies.lock().unwrap().len() >= 3).then_some(())
+        })
+        .await;
+        eventually(30, "nothing left in flight", || async {
+            (db.counts().await.0 == 0).then_some(())
+        })
+        .await;
+        running.stop().await;
+        let mut kinds: Vec<String> = bodies
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|b| serde_json::from_str::<Value>(b).unwrap()["type"].to_string())
+            .collect();
+        kinds.sort();
+        assert_eq!(
+            kinds,
+            ["\"key.blocked\"", "\"key.released\"", "\"notice.failed\""],
+            "delivered opened"
+        );
+        let events: Vec<_> = db
+            .history()
+            .await
+            .into_iter()
+            .filter(|r| r.description.starts_with("solid-notify event "))
+            .collect();
+        assert_eq!(events.len(), 3);
+        for event in events {
+            assert_eq!(
+                sealed_key(&event.param).as_deref(),
+                Some("k1"),
+                "{} stored unsealed: {}",
+                event.description,
+                event.param
+            );
+        }
+    }
+);
