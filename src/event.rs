@@ -40,7 +40,6 @@ use serde_json::{Map, Value, json};
 use crate::{
     def::Def,
     state::{
-        clock::Due,
         errors_log::{clean, truncate},
         insert::NewRow,
     },
@@ -221,17 +220,11 @@ impl Event {
 
     /// The notice row that carries this event to definition `to`, due now.
     pub(crate) fn row(&self, to: &Def, at: NaiveDateTime, dashboard: Option<&str>) -> NewRow {
-        NewRow {
-            def_id: to.id,
-            param: self.document(at, dashboard).to_string(),
-            description: format!("{EVENT_DESCRIPTION} {}", self.kind.as_str()),
-            load_balance_num: 0,
-            idempotency_key: None,
-            target_override: None,
-            trace_context: crate::trace::capture(),
-            ordering_key: None,
-            due: Due::Now,
-        }
+        NewRow::follow_up(
+            to.id,
+            self.document(at, dashboard).to_string(),
+            format!("{EVENT_DESCRIPTION} {}", self.kind.as_str()),
+        )
     }
 }
 

@@ -19,7 +19,6 @@ use crate::{
     state::{
         Lease,
         batch::{HeldMany, park_many},
-        clock::Due,
         insert::NewRow,
     },
 };
@@ -153,17 +152,11 @@ async fn park_alert(
         return Ok(None);
     }
     let mail = AlertMail::parked(alert_def.alert_emails.clone(), def_id, reason, ids);
-    Ok(Some(NewRow {
-        def_id: alert_def.id,
-        param: mail.param().to_string(),
-        description: ALERT_DESCRIPTION.to_string(),
-        load_balance_num: 0,
-        idempotency_key: None,
-        target_override: None,
-        trace_context: crate::trace::capture(),
-        ordering_key: None,
-        due: Due::Now,
-    }))
+    Ok(Some(NewRow::follow_up(
+        alert_def.id,
+        mail.param().to_string(),
+        ALERT_DESCRIPTION.to_string(),
+    )))
 }
 
 async fn park_all(

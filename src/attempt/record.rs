@@ -29,7 +29,6 @@ use crate::{
     handler::Outcome,
     state::{
         Deadline, Final, Held, Lease, Retry, Scheduled,
-        clock::Due,
         errors_log::{append_error, append_try},
         insert::NewRow,
     },
@@ -446,17 +445,11 @@ pub(crate) async fn alert_row(
     give_up: &CancellationToken,
 ) -> Result<(NewRow, DefRef), crate::error::Error> {
     let def = db::retry_db(give_up, || engine.alert_def()).await?;
-    let row = NewRow {
-        def_id: def.id,
-        param: mail.param().to_string(),
-        description: alert::ALERT_DESCRIPTION.to_string(),
-        load_balance_num: 0,
-        idempotency_key: None,
-        target_override: None,
-        trace_context: crate::trace::capture(),
-        ordering_key: None,
-        due: Due::Now,
-    };
+    let row = NewRow::follow_up(
+        def.id,
+        mail.param().to_string(),
+        alert::ALERT_DESCRIPTION.to_string(),
+    );
     Ok((row, def))
 }
 

@@ -54,6 +54,25 @@ pub(crate) struct NewRow {
     pub due: Due,
 }
 
+impl NewRow {
+    /// A notice the library writes itself (an alert, an operational
+    /// event) for definition `def_id`: due now, no key, no partition, the
+    /// current trace context.
+    pub(crate) fn follow_up(def_id: i64, param: String, description: String) -> NewRow {
+        NewRow {
+            def_id,
+            param,
+            description,
+            load_balance_num: 0,
+            idempotency_key: None,
+            target_override: None,
+            trace_context: crate::trace::capture(),
+            ordering_key: None,
+            due: Due::Now,
+        }
+    }
+}
+
 /// Why a row cannot be stored, found before any SQL runs.
 pub(crate) fn check(row: &NewRow, max_param_bytes: usize) -> Result<(), String> {
     let nul = |field: &str, text: &str| {

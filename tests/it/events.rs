@@ -88,6 +88,22 @@ fn handler_def(name: &str, edit: impl FnOnce(&mut DefSpec)) -> DefSpec {
     spec
 }
 
+/// A handler that fails with `reason` (retryable) while `down` is set,
+/// then succeeds.
+fn failing_while(
+    rec: &Recorder,
+    down: Arc<AtomicBool>,
+    reason: &'static str,
+) -> impl solid_notify::Handler {
+    rec.handler(move |_| {
+        if down.load(Ordering::SeqCst) {
+            Outcome::retry(reason)
+        } else {
+            Outcome::success()
+        }
+    })
+}
+
 fn with_dashboard(config: Config) -> Config {
     Config {
         dashboard_url: Some(DASHBOARD.into()),
@@ -162,13 +178,7 @@ db_test!(
             )
             .handler(
                 "flaky",
-                Recorder::default().handler(move |_| {
-                    if flaky_down.load(Ordering::SeqCst) {
-                        Outcome::retry("flaky: down")
-                    } else {
-                        Outcome::success()
-                    }
-                }),
+                failing_while(&Recorder::default(), flaky_down, "flaky: down"),
             )
             .build()
             .unwrap();
@@ -573,16 +583,7 @@ db_test!(
         let notifier = db
             .notifier()
             .config(with_dashboard(quiet()))
-            .handler(
-                "flaky",
-                Recorder::default().handler(move |_| {
-                    if flag.load(Ordering::SeqCst) {
-                        Outcome::retry("down")
-                    } else {
-                        Outcome::success()
-                    }
-                }),
-            )
+            .handler("flaky", failing_while(&Recorder::default(), flag, "down"))
             .build()
             .unwrap();
         let running = start(notifier.clone(), fast(WorkerConfig::default()));
