@@ -11,7 +11,7 @@ use solid_notify::{
     dashboard::DashboardConfig,
     def::{Channel, DefSpec, store},
 };
-use wiremock::{Mock, MockServer, ResponseTemplate, matchers::method};
+use crate::mock::{Mock, MockServer, ResponseTemplate, matchers::method};
 
 use crate::{
     db_test,

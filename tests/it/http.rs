@@ -1,4 +1,4 @@
-//! HTTP channel against a real HTTP server on 127.0.0.1 (wiremock).
+//! HTTP channel against a real HTTP server on 127.0.0.1 (tests/common/mock.rs).
 
 use std::{sync::Arc, time::Duration};
 
@@ -9,7 +9,7 @@ use solid_notify::{
     AttemptResult, NewNotice, Notifier, Status,
     def::{Channel, DefSpec, store},
 };
-use wiremock::{
+use crate::mock::{
     Mock, MockServer, ResponseTemplate,
     matchers::{method, path},
 };

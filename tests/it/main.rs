@@ -9,6 +9,9 @@ mod receiver;
 #[path = "../common/proxy.rs"]
 mod proxy;
 
+#[path = "../common/mock.rs"]
+mod mock;
+
 mod amqp;
 mod axum_orders;
 mod browser;

@@ -13,7 +13,7 @@ use crate::{
 db_test!(
     metrics_are_served_with_the_outcomes_of_a_known_run,
     |db: Arc<TestDb>| async move {
-        use wiremock::{
+        use crate::mock::{
             Mock, MockServer, ResponseTemplate,
             matchers::{method, path},
         };
