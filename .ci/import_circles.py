@@ -114,7 +114,7 @@ def use_paths(body):
 FLOORS = [
     (1, ["status.rs", "error.rs", "handler.rs", "schedule.rs", "trace.rs", "db.rs",
          "entity/", "counters.rs", "report.rs", "redact.rs", "load_balance.rs",
-         "stats.rs", "crypto.rs"]),
+         "stats.rs", "crypto.rs", "listener.rs"]),
     (2, ["def/"]),
     (3, ["state/"]),
     (4, ["alert.rs", "event.rs", "def/cache.rs"]),

@@ -183,14 +183,15 @@ async fn receiver() -> Result<String, Box<dyn Error>> {
     use axum::http::{HeaderMap, Uri};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", listener.local_addr()?);
-    let app = axum::Router::new().fallback(|uri: Uri, headers: HeaderMap, body: String| async move {
-        println!(
-            "  receiver got {} notice-id={:?} body={body}",
-            uri.path(),
-            headers.get("x-notice-id")
-        );
-        "success"
-    });
+    let app =
+        axum::Router::new().fallback(|uri: Uri, headers: HeaderMap, body: String| async move {
+            println!(
+                "  receiver got {} notice-id={:?} body={body}",
+                uri.path(),
+                headers.get("x-notice-id")
+            );
+            "success"
+        });
     tokio::spawn(async move { axum::serve(listener, app).await.ok() });
     Ok(url)
 }

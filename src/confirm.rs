@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     attempt::record,
-    entity::{notify_msg, notify_msg_history},
+    entity::{notify_msg, notify_msg_history, read::Unreadable},
     error::Result,
     handler::Outcome,
     notifier::Notifier,
@@ -61,11 +61,29 @@ pub enum ConfirmOutcome {
     },
     /// No notice has this id: ignored.
     Unknown,
+    /// The notice's row cannot be read as a notice (a plain-SQL
+    /// producer's cell of another type): ignored; a claim parks it.
+    Unreadable {
+        /// Why, naming each cell.
+        reason: String,
+    },
     /// The notice's attempt is still running (a live claim: the
     /// confirmation came before the send was recorded) and did not finish
     /// within [`EARLY_CONFIRMATION_WAIT`]: nothing changed; send it again
     /// later (the listener hands such a message back to the queue).
     AttemptInProgress,
+}
+
+/// The one notice row `select` finds (of either table: their columns are
+/// the same), decoded on its own: `Err` when it cannot be read as a notice.
+async fn read_row<E: sea_orm::EntityTrait>(
+    db: &impl sea_orm::ConnectionTrait,
+    select: sea_orm::Select<E>,
+) -> Result<Option<std::result::Result<notify_msg::Model, Unreadable>>> {
+    let row = db
+        .query_one(&sea_orm::QueryTrait::into_query(select))
+        .await?;
+    Ok(row.map(|row| crate::entity::read::notice(&row)))
 }
 
 /// A message on the confirmation queue.
@@ -136,15 +154,26 @@ impl Notifier {
         let db = &inner.store.db;
         let mut tries = 0;
         let row = loop {
-            let Some(row) = notify_msg::Entity::find_by_id(id).one(db).await? else {
-                return Ok(
-                    match notify_msg_history::Entity::find_by_id(id).one(db).await? {
-                        Some(done) => ConfirmOutcome::AlreadyFinished {
-                            status: done.status,
+            let row = match read_row(db, notify_msg::Entity::find_by_id(id)).await? {
+                Some(Ok(row)) => row,
+                Some(Err(unreadable)) => {
+                    return Ok(ConfirmOutcome::Unreadable {
+                        reason: unreadable.reason(),
+                    });
+                }
+                None => {
+                    return Ok(
+                        match read_row(db, notify_msg_history::Entity::find_by_id(id)).await? {
+                            Some(Ok(done)) => ConfirmOutcome::AlreadyFinished {
+                                status: done.status,
+                            },
+                            Some(Err(unreadable)) => ConfirmOutcome::Unreadable {
+                                reason: unreadable.reason(),
+                            },
+                            None => ConfirmOutcome::Unknown,
                         },
-                        None => ConfirmOutcome::Unknown,
-                    },
-                );
+                    );
+                }
             };
             if row.status == Status::AwaitingConfirm {
                 break row;
@@ -152,8 +181,8 @@ impl Notifier {
             let live = self.claim_is_live(id).await?;
             // The attempt may have recorded its send between the two reads:
             // decide only on a row that stood still.
-            let again = notify_msg::Entity::find_by_id(id).one(db).await?;
-            let moved = again.as_ref().is_none_or(|a| a.version != row.version);
+            let again = read_row(db, notify_msg::Entity::find_by_id(id)).await?;
+            let moved = !matches!(&again, Some(Ok(a)) if a.version == row.version);
             tries += 1;
             if moved && tries < crate::db::CONFLICT_TRIES {
                 continue;

@@ -27,6 +27,13 @@ pub(crate) fn lost_claims(n: u64) {
     }
 }
 
+/// Records `n` notice rows parked because they cannot be read as notices.
+pub(crate) fn unreadable(n: u64) {
+    if n > 0 {
+        counter!("solid_notify_notices_unreadable_total").increment(n);
+    }
+}
+
 /// Moves the in-flight payload gauge by `delta` bytes.
 pub(crate) fn payload_bytes(delta: f64) {
     gauge!("solid_notify_in_flight_payload_bytes").increment(delta);

@@ -50,7 +50,9 @@ pub enum CryptoError {
     NotSealed,
     /// The sealed value does not open: tampered with, truncated, or
     /// copied from another definition's row.
-    #[error("the sealed value does not open with key `{0}` (altered, or from another definition)")]
+    #[error(
+        "the sealed value does not open with key `{0}` here (a different key under that id, or the value was altered or copied from another definition)"
+    )]
     Refused(String),
     /// A key or key id given to [`Keys`] is not usable.
     #[error("invalid encryption key: {0}")]

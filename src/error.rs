@@ -120,6 +120,17 @@ pub enum Error {
     #[error("invalid configuration: {0}")]
     Config(String),
 
+    /// A text an operator or a client gave (a filter, a search, a name)
+    /// holds what no database stores (a NUL character): refused before any
+    /// statement.
+    #[error("{field}: {problem}")]
+    InvalidInput {
+        /// The field, as the caller named it.
+        field: String,
+        /// What is wrong.
+        problem: String,
+    },
+
     /// The notice kept changing under an operator action; try again.
     #[error("notice {0} kept changing meanwhile; try again")]
     Conflict(i64),
@@ -155,3 +166,16 @@ pub enum Error {
 
 /// Result alias used across the crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Refuses a text input `field` that holds a NUL character (PostgreSQL's
+/// text refuses it; SQLite's `LIKE` ends its pattern there, so `%\0%`
+/// would match everything): [`Error::InvalidInput`] naming `field`.
+pub(crate) fn check_text(field: &str, text: &str) -> Result<()> {
+    match text.contains('\0') {
+        true => Err(Error::InvalidInput {
+            field: field.to_string(),
+            problem: "contains a NUL character, which no database stores".into(),
+        }),
+        false => Ok(()),
+    }
+}

@@ -82,6 +82,8 @@ pub mod entity;
 pub mod error;
 pub mod event;
 pub mod handler;
+#[cfg(any(feature = "dashboard", feature = "metrics"))]
+mod listener;
 pub mod load_balance;
 mod notifier;
 pub mod ops;

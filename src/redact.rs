@@ -17,6 +17,11 @@ pub fn url(url: &str) -> String {
             false => url.into(),
         };
     };
+    // `amqp:user:password@host` (no `//`) parses with all of that as its
+    // path: nothing of it is shown.
+    if parsed.cannot_be_a_base() {
+        return format!("{}:{HIDDEN}", parsed.scheme());
+    }
     // A user name may be a token too (`https://sk_live_…@host/`).
     if !parsed.username().is_empty() {
         let _ = parsed.set_username(HIDDEN);
@@ -42,8 +47,54 @@ pub fn url(url: &str) -> String {
     parsed.to_string()
 }
 
+/// `text` (a client library's error message, which may echo the URL it
+/// was given) with `url` shown as [`url`](fn@url) shows it, and its user
+/// name and password (as written, and decoded) replaced by `***`.
+pub fn scrub(text: &str, url: &str) -> String {
+    let mut out = text.replace(url, &self::url(url));
+    let mut secrets: Vec<String> = Vec::new();
+    match url::Url::parse(url) {
+        Ok(parsed) if parsed.cannot_be_a_base() => secrets.push(parsed.path().to_string()),
+        Ok(parsed) => {
+            secrets.extend(parsed.password().map(str::to_string));
+            secrets.push(parsed.username().to_string());
+        }
+        Err(_) => secrets.push(url.to_string()),
+    }
+    let decoded: Vec<String> = secrets
+        .iter()
+        .map(|s| {
+            percent_encoding::percent_decode_str(s)
+                .decode_utf8_lossy()
+                .into_owned()
+        })
+        .collect();
+    secrets.extend(decoded);
+    // Longest first: a password is hidden whole, not around a shorter
+    // secret inside it. Very short ones would blank ordinary words.
+    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    for secret in secrets.iter().filter(|s| s.len() >= 4) {
+        out = out.replace(secret.as_str(), HIDDEN);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn urls_written_without_slashes_show_no_part_of_them() {
+        assert_eq!(super::url("amqp:guest:s3cr3tpw@127.0.0.1:5672"), "amqp:***");
+        let said = "Invalid URL: 'amqp:guest:s3cr3tpw@127.0.0.1:5672'";
+        let scrubbed = super::scrub(said, "amqp:guest:s3cr3tpw@127.0.0.1:5672");
+        assert!(!scrubbed.contains("s3cr3tpw"), "{scrubbed}");
+        let said = "connection refused by amqp://guest:p%40ss-word@h:5672/ (user guest, password p@ss-word)";
+        let scrubbed = super::scrub(said, "amqp://guest:p%40ss-word@h:5672/");
+        assert!(
+            !scrubbed.contains("p@ss-word") && !scrubbed.contains("p%40ss"),
+            "{scrubbed}"
+        );
+    }
+
     #[test]
     fn urls_lose_passwords_and_query_values() {
         assert_eq!(

@@ -22,6 +22,7 @@
 //! | `solid_notify_outcomes_given_up_total` | counter: outcomes (a delivered success among them) not recorded because the process stopped while the database could not take them; each notice is due again when its lease ends | |
 //! | `solid_notify_events_total` | counter: operational events written ([`event`](crate::event)) | |
 //! | `solid_notify_events_dropped_total` | counter: operational events not written because `events_to` names no valid definition (each logged at `error`) | |
+//! | `solid_notify_notices_unreadable_total` | counter: notice rows parked because a cell cannot be read as its column (a plain-SQL producer's odd row; each logged at `error`, the reason in its failure log) | |
 //!
 //! `def` labels are definition names from `notify_def` (rows of a deleted
 //! definition count under `_unknown`), never notice data; `outcome` is one
@@ -94,6 +95,10 @@ fn describe() {
     );
     describe_counter!("solid_notify_claims_total", "Rows claimed");
     describe_counter!(
+        "solid_notify_notices_unreadable_total",
+        "Notice rows parked because a cell cannot be read"
+    );
+    describe_counter!(
         "solid_notify_lost_claims_total",
         "Attempts whose claim was taken by another sender or an operator"
     );
@@ -142,15 +147,7 @@ pub async fn serve_metrics(addr: SocketAddr, shutdown: CancellationToken) -> Res
             axum::routing::get(move || render(handle.clone())),
         )
         .layer(axum::middleware::from_fn(host_checked));
-    tokio::spawn(async move {
-        let app = app.into_make_service_with_connect_info::<SocketAddr>();
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown.cancelled_owned())
-            .await;
-        if let Err(e) = served {
-            tracing::warn!(error = %e, "metrics server stopped");
-        }
-    });
+    tokio::spawn(crate::listener::serve(listener, app, shutdown));
     Ok(bound)
 }
 

@@ -38,7 +38,7 @@ fn compiled_in(target: &Target) -> Result<(), String> {
 /// When it cannot, the notice is left for a process that can.
 pub(crate) fn available(engine: &Engine, def: &DefRef) -> Result<(), String> {
     // Encrypted notices go to a process that can open them; one that holds
-    // keys but not the notice's parks it ([`unopenable`]).
+    // keys but not the notice's parks it ([`unusable`]).
     if def.encrypt && !cfg!(feature = "encrypt") {
         return Err(
             "encryption is not compiled into this process (cargo feature `encrypt`)".into(),
@@ -137,8 +137,20 @@ pub(crate) fn merged_target(
     }
     let mut merged = Target::parse(def.target.channel(), &target)?;
     if let (Target::Http(merged), Target::Http(own)) = (&mut merged, &def.target) {
-        let moved = crate::def::overrides::origin(&merged.url)
-            .is_none_or(|to| Some(to) != crate::def::overrides::origin(&own.url));
+        // A URL kept as a secret is the credential itself: no notice
+        // changes it (nor learns its origin).
+        if own.url.text().is_none() && over.contains_key("url") {
+            return Err(format!(
+                "`url` may not be overridden: definition `{}` keeps its URL as a secret",
+                def.name
+            ));
+        }
+        let moved = match (merged.url.text(), own.url.text()) {
+            (Some(to), Some(from)) => crate::def::overrides::origin(to)
+                .is_none_or(|to| Some(to) != crate::def::overrides::origin(from)),
+            (None, None) => false,
+            _ => true,
+        };
         // The definition's leave to reach private addresses is for its own
         // URL's origin only.
         if moved {
@@ -289,27 +301,60 @@ fn prepare<'r>(
     Ok((target, notice, raw))
 }
 
-/// Why the notice `lease` holds cannot be opened here, to park it with: it
-/// is sealed with a key this process does not have. A plaintext value of a
-/// definition with `encrypt = true` (a plain-SQL producer's row, or one
-/// written before encryption was turned on) is delivered as written, and
-/// logged: `solid-notify rekey` seals such rows at rest.
-pub(crate) fn unopenable(engine: &Engine, def: &DefRef, lease: &Lease) -> Option<String> {
+/// Why the notice `lease` holds cannot be delivered as stored, to park it
+/// with (never sent garbled, never failed for good, its retries not
+/// spent): a sealed value that does not open here (its key is missing, or
+/// a different key has its id), a param or previous step's result that is
+/// not JSON, a step its definition does not have, a target override that
+/// is not a JSON object or meets a definition of several steps. Once the
+/// definition or the keys are fixed, a requeue delivers it. A plaintext
+/// value of a definition with `encrypt = true` (a plain-SQL producer's row,
+/// or one written before encryption was turned on) is delivered as
+/// written, and logged: `solid-notify rekey` seals such rows at rest.
+pub(crate) fn unusable(engine: &Engine, def: &DefRef, lease: &Lease) -> Option<String> {
     let row = lease.row();
     let keys = &engine.config.keys;
     for (what, stored) in [
         ("param", Some(&row.param)),
-        ("previous step's result", row.step_result.as_ref()),
+        (
+            "step_result (the previous step's result)",
+            row.step_result.as_ref(),
+        ),
     ] {
         let Some(stored) = stored else { continue };
-        match keys.can_open(stored) {
-            Ok(()) => {}
+        let opened = match keys.open(stored, def.id) {
+            Ok(text) => Cow::Owned(text),
             Err(crate::crypto::CryptoError::NotSealed) => {
                 if def.encrypt {
                     tracing::warn!(notice_id = row.id, def = %def.name, "the {what} of a notice of an encrypted definition is not sealed (plain SQL, or written before encrypt was set); delivered as written, `solid-notify rekey` seals it");
                 }
+                Cow::Borrowed(stored.as_str())
             }
-            Err(e) => return Some(format!("cannot decrypt the {what}: {e}")),
+            Err(e) => return Some(format!("cannot decrypt {what}: {e}")),
+        };
+        if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&opened) {
+            return Some(format!("{what} is not JSON: {e}"));
+        }
+    }
+    if usize::try_from(row.step).map_or(true, |step| step >= def.steps.len()) {
+        return Some(format!(
+            "step {} does not exist: `{}` has {} steps",
+            i64::from(row.step) + 1,
+            def.name,
+            def.steps.len()
+        ));
+    }
+    if let Some(text) = &row.target_override {
+        if def.multi_step() {
+            return Some(
+                "target_override (a target override) cannot apply to a definition of several steps"
+                    .into(),
+            );
+        }
+        match serde_json::from_str::<serde_json::Value>(text) {
+            Ok(serde_json::Value::Object(_)) => {}
+            Ok(_) => return Some("target_override is not a JSON object".into()),
+            Err(e) => return Some(format!("target_override is not JSON: {e}")),
         }
     }
     None

@@ -123,8 +123,9 @@ pub(crate) async fn run(
                 Box::pin(record::release(engine, lease, reason, &stop.give_up)).await,
             );
         }
-        // Never sent garbled: a notice that cannot be opened is parked.
-        if let Some(reason) = deliver::unopenable(engine, &def, &lease) {
+        // Never sent garbled, never failed for good on what a fix of the
+        // definition or the keys mends: such a notice is parked.
+        if let Some(reason) = deliver::unusable(engine, &def, &lease) {
             drop(permit);
             return Ran::Done(
                 Box::pin(park::park_one(engine, &def, lease, reason, &stop.give_up)).await,

@@ -89,7 +89,8 @@ pub(crate) async fn park(
 }
 
 /// Parks the claimed notice `lease` of `def` (usable, but the notice is
-/// not: it cannot be opened), with `reason`, and an alert to the alert
+/// not: it cannot be opened, or is not what its definition takes), with
+/// `reason`, and an alert to the alert
 /// definition's recipients at most once per
 /// [`PARK_ALERT_EVERY`](super::engine::PARK_ALERT_EVERY) per definition.
 pub(crate) async fn park_one(
@@ -116,7 +117,7 @@ pub(crate) async fn park_one(
             if alert.is_some() {
                 engine.park_alerted(def.id);
             }
-            tracing::error!(notice_id = ids[0], def = %def.name, %reason, "parked a notice that cannot be opened");
+            tracing::error!(notice_id = ids[0], def = %def.name, %reason, "parked a notice that cannot be delivered as stored");
             AttemptResult::Parked { reason }
         }
         Err(error) => AttemptResult::Error { error },

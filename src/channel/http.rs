@@ -51,7 +51,7 @@ use reqwest::{Method, StatusCode};
 use sha2::Sha256;
 
 use crate::{
-    def::{HeaderValue, HttpTarget},
+    def::{HeaderValue, HttpTarget, TargetUrl},
     error::{Error, Result},
     handler::{Notice, Outcome},
 };
@@ -110,6 +110,28 @@ impl HttpChannel {
             .filter(|secret| !secret.is_empty())
     }
 
+    /// The URL `target` calls: a URL kept as a secret is read now, and never
+    /// said (a failure names the secret).
+    fn url<'t>(&self, target: &'t HttpTarget) -> Result<std::borrow::Cow<'t, str>, Outcome> {
+        let r = match &target.url {
+            TargetUrl::Text(url) => return Ok(std::borrow::Cow::Borrowed(url.as_str())),
+            TargetUrl::Secret(r) => r,
+        };
+        let Some(url) = self.secret(&r.secret) else {
+            return Err(Outcome::retry(format!(
+                "url: secret `{}` is not configured",
+                r.secret
+            )));
+        };
+        match crate::def::check_url(&url) {
+            Ok(()) => Ok(std::borrow::Cow::Owned(url)),
+            Err(_) => Err(Outcome::retry(format!(
+                "url: secret `{}` is not an http(s) URL with a host",
+                r.secret
+            ))),
+        }
+    }
+
     /// Sends one request, bounded by the target's timeout and the attempt's.
     pub async fn send(
         &self,
@@ -125,11 +147,15 @@ impl HttpChannel {
             .and_then(|t| crate::schedule::parse_interval(t).ok())
             .unwrap_or(DEFAULT_TIMEOUT)
             .min(attempt_timeout);
+        let url = match self.url(target) {
+            Ok(url) => url,
+            Err(outcome) => return outcome,
+        };
         let client = match (&self.open, target.allow_private_network) {
             (Some(open), true) => open,
             (None, _) => &self.client,
             (Some(_), false) => {
-                if let Some(refused) = reqwest::Url::parse(&target.url)
+                if let Some(refused) = reqwest::Url::parse(&url)
                     .ok()
                     .and_then(|url| refused_literal(&url))
                 {
@@ -139,7 +165,7 @@ impl HttpChannel {
             }
         };
         let mut request = client
-            .request(method, &target.url)
+            .request(method, url.as_ref())
             .timeout(timeout)
             .header("content-type", "application/json")
             .header("x-notice-id", notice.id)

@@ -134,6 +134,9 @@ pub(crate) async fn run(
         args.reason.unwrap_or_default(),
     );
     let notifier = Notifier::builder(db.clone()).build()?;
+    if !one && args.ids.is_none() {
+        narrowing(&notifier, requeue, &filter).await?;
+    }
     if one && !args.dry_run && !args.json {
         let id = args.id.unwrap_or_default();
         if requeue {
@@ -227,6 +230,25 @@ async fn bulk_pinned(
             let ids: Vec<String> = report.skipped_ids.iter().map(i64::to_string).collect();
             println!("skipped (changed since the count): {}", ids.join(", "));
         }
+    }
+    Ok(())
+}
+
+/// Refuses text filters that match every notice a requeue (or cancel)
+/// looks at: `--param-contains '{'` is in every JSON object.
+async fn narrowing(
+    notifier: &Notifier,
+    requeue: bool,
+    filter: &NoticeFilter,
+) -> solid_notify::Result<()> {
+    let place = match requeue {
+        true => Place::History,
+        false => Place::InFlight,
+    };
+    if filter.narrows_by_text_only() && notifier.matches_every_notice(place, filter).await? {
+        return Err(solid_notify::Error::Config(
+            "the filters given match every notice: narrow them with another filter".into(),
+        ));
     }
     Ok(())
 }

@@ -115,6 +115,9 @@ fn print_view(v: &NoticeView) {
         v.def_id
     );
     println!("status        {} ({place})", v.status);
+    if let Some(why) = &v.unreadable {
+        println!("unreadable    {why}");
+    }
     if let Some(t) = v.not_before {
         let state = if v.scheduled { "scheduled" } else { "due" };
         println!("not before    {t} UTC ({state})");

@@ -18,7 +18,7 @@ pub(crate) async fn run(
     let config = solid_notify::dashboard::DashboardConfig {
         allow_actions,
         token,
-        base_path: String::new(),
+        ..solid_notify::dashboard::DashboardConfig::default()
     };
     let shutdown = CancellationToken::new();
     let (bound, served) =

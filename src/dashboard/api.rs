@@ -16,7 +16,7 @@ use super::{
     view::{self, Failure, NoticeQuery, READ_ONLY},
 };
 use crate::ops::{
-    Audit, BulkAction, BulkReport, Interrupted, Place,
+    Audit, BulkAction, BulkReport, Interrupted, NoticeFilter, Place,
     bulk::{DEFAULT_BATCH_SIZE, DEFAULT_MAX_PINNED},
 };
 
@@ -368,12 +368,10 @@ pub(super) async fn bulk(
             .json();
         }
     }
-    // `older_than: "0s"`, `since: "1000000000y"`: given, and matching all.
-    if !body.all && !filter.narrows() {
-        return Failure::BadRequest(
-            "the filters given match every notice: narrow them, or say \"all\": true".into(),
-        )
-        .json();
+    if !body.all
+        && let Err(f) = narrowing(&state, place, &filter).await
+    {
+        return f.json();
     }
     if !body.dry_run {
         // Counted as it goes: each batch is changed as it was read.
@@ -424,6 +422,28 @@ fn report(
     }
 }
 
+/// Refuses a bulk `filter` on `place` that matches every notice:
+/// `older_than: "0s"`, `since: "1000000000y"`, `param: "{"`: given, and
+/// matching all (text filters counted in the database, not judged from
+/// their value).
+async fn narrowing(state: &AppState, place: Place, filter: &NoticeFilter) -> Result<(), Failure> {
+    let every = match (filter.narrows(), filter.narrows_by_text_only()) {
+        (false, _) => true,
+        (true, true) => state
+            .notifier
+            .matches_every_notice(place, filter)
+            .await
+            .map_err(Failure::from)?,
+        (true, false) => false,
+    };
+    match every {
+        false => Ok(()),
+        true => Err(Failure::BadRequest(
+            "the filters given match every notice: narrow them, or say \"all\": true".into(),
+        )),
+    }
+}
+
 /// The body of `POST /api/defs/{name}/pause`.
 #[derive(Debug, Deserialize)]
 pub(super) struct PauseBody {
@@ -465,18 +485,31 @@ pub(super) async fn pause(
     }
 }
 
-/// `POST /api/defs/{name}/resume` (any JSON body, e.g. `{}`).
+/// The body of `POST /api/defs/{name}/resume`: `{}`, or a reason.
+#[derive(Debug, Deserialize)]
+pub(super) struct ResumeBody {
+    #[serde(default)]
+    reason: String,
+}
+
+/// `POST /api/defs/{name}/resume` with `{}` or `{"reason": …}` (any other
+/// field is refused, as on every write).
 pub(super) async fn resume(
     State(state): State<AppState>,
     Extension(actor): Extension<Actor>,
     Path(name): Path<String>,
+    Json(body): Json<serde_json::Value>,
 ) -> Response {
     if let Err(f) = allowed(&state) {
         return f.json();
     }
+    let body: ResumeBody = match strict(body, &["reason"]) {
+        Ok(body) => body,
+        Err(f) => return f.json(),
+    };
     match state
         .notifier
-        .resume_audited(&name, &Audit::new(actor.0, ""))
+        .resume_audited(&name, &Audit::new(actor.0, body.reason))
         .await
     {
         Ok(()) => Json(json!({ "def": name, "done": "resumed" })).into_response(),

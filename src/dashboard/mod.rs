@@ -24,6 +24,7 @@ mod chart;
 mod csrf;
 mod pages;
 mod pins;
+mod search;
 mod view;
 
 use std::{net::SocketAddr, sync::Arc};
@@ -62,6 +63,16 @@ pub struct DashboardConfig {
     /// The path the router is mounted under (e.g. `/ops`), for links.
     /// Default: empty (the root).
     pub base_path: String,
+    /// Longest a listing may take: answered 503 then, its statements
+    /// stopped by the database. Default: `None`, [`SEARCH_TIMEOUT`] (10 s).
+    pub search_timeout: Option<std::time::Duration>,
+}
+
+impl DashboardConfig {
+    /// [`search_timeout`](Self::search_timeout), or its default.
+    fn search_timeout(&self) -> std::time::Duration {
+        self.search_timeout.unwrap_or(SEARCH_TIMEOUT)
+    }
 }
 
 impl std::fmt::Debug for DashboardConfig {
@@ -70,6 +81,7 @@ impl std::fmt::Debug for DashboardConfig {
             .field("allow_actions", &self.allow_actions)
             .field("token", &self.token.as_ref().map(|_| crate::redact::HIDDEN))
             .field("base_path", &self.base_path)
+            .field("search_timeout", &self.search_timeout)
             .finish()
     }
 }
@@ -83,6 +95,11 @@ struct AppState {
     pins: Arc<pins::Pins>,
     /// Listings running now ([`MAX_SEARCHES`]).
     searches: Arc<tokio::sync::Semaphore>,
+    /// SQLite: the listings' own pool, whose statements stop at their
+    /// time ([`search::sqlite_pool`]).
+    search_pool: Option<sea_orm::DatabaseConnection>,
+    /// MySQL protocol: whether the server is MariaDB (asked once).
+    mariadb: Arc<tokio::sync::OnceCell<bool>>,
 }
 
 impl AppState {
@@ -110,12 +127,15 @@ impl AppState {
 /// Serve it with connect info (`into_make_service_with_connect_info`) so
 /// failed logins are limited per client address.
 pub fn router(notifier: Notifier, config: DashboardConfig) -> Router {
+    let search_pool = search::sqlite_pool(notifier.db(), MAX_SEARCHES, config.search_timeout());
     let state = AppState {
         notifier,
         config: Arc::new(config),
         logins: Arc::new(auth::Limiter::default()),
         pins: Arc::default(),
         searches: Arc::new(tokio::sync::Semaphore::new(MAX_SEARCHES)),
+        search_pool,
+        mariadb: Arc::default(),
     };
     Router::new()
         .route("/", get(pages::overview))
@@ -172,14 +192,7 @@ pub async fn serve(
     let bound = listener
         .local_addr()
         .map_err(|e| Error::Config(format!("dashboard address {addr}: {e}")))?;
-    let app = router(notifier, config).into_make_service_with_connect_info::<SocketAddr>();
-    let task = tokio::spawn(async move {
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown.cancelled_owned())
-            .await;
-        if let Err(e) = served {
-            tracing::warn!(error = %e, "dashboard server stopped");
-        }
-    });
+    let app = router(notifier, config);
+    let task = tokio::spawn(crate::listener::serve(listener, app, shutdown));
     Ok((bound, task))
 }

@@ -117,6 +117,18 @@ fn status_tag(status: Status) -> Markup {
     html! { span class={"status s-" (status)} { (status) } }
 }
 
+/// A notice's status tag, and `scheduled` or `unreadable` beside it.
+fn notice_state(v: &NoticeView) -> Markup {
+    html! {
+        @if v.unreadable.is_some() {
+            span class="status s-unreadable" title=(v.unreadable.as_deref().unwrap_or_default()) { "unreadable" }
+        } @else {
+            (status_tag(v.status))
+            @if v.scheduled { " " span.scheduled { "scheduled" } }
+        }
+    }
+}
+
 fn csrf_field(token: &Token) -> Markup {
     html! { input type="hidden" name="csrf" value=(token.0); }
 }
@@ -434,7 +446,7 @@ fn notice_table(state: &AppState, found: &[NoticeView]) -> Markup {
                         tr data-id=(v.id) {
                             td.num { a href=(state.link(&format!("/notices/{}", v.id))) { (v.id) } }
                             td { (v.def.as_deref().unwrap_or("?")) }
-                            td { (status_tag(v.status)) @if v.claim_live { " " span.muted { "(running)" } } @if v.scheduled { " " span.scheduled { "scheduled" } } }
+                            td { (notice_state(v)) @if v.claim_live { " " span.muted { "(running)" } } }
                             td.num { (v.retry_times) }
                             td { (time(Some(v.create_time))) }
                             td { (time(v.last_call_time)) }
@@ -464,7 +476,10 @@ pub(super) async fn notice(
         dl.detail {
             dt { "Definition" } dd { (v.def.as_deref().unwrap_or("?")) " (id " (v.def_id) ")" }
             dt { "Where" } dd { (match v.place { Place::InFlight => "in flight", Place::History => "history" }) }
-            dt { "Status" } dd { (status_tag(v.status)) @if v.scheduled { " " span.scheduled { "scheduled" } } }
+            dt { "Status" } dd { (notice_state(&v)) }
+            @if let Some(why) = &v.unreadable {
+                dt { "Cannot be read" } dd.unreadable { (why) }
+            }
             @if let Some(t) = v.not_before {
                 dt { "Not before" } dd { (time(Some(t))) @if v.scheduled { " (no attempt before then)" } }
             }

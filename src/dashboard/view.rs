@@ -26,10 +26,10 @@ pub const PARAM_EXCERPT: u32 = 1024;
 /// Listings run at once by one dashboard; more are answered 503 at once:
 /// 4.
 pub const MAX_SEARCHES: usize = 4;
-/// Longest a listing may take before it is answered 503: 10 seconds. On
-/// PostgreSQL its statements are also cancelled then (`statement_timeout`);
-/// elsewhere a statement still running keeps its place among
-/// [`MAX_SEARCHES`] until it ends (MySQL and SQLite cannot cancel it here).
+/// Longest a listing may take before it is answered 503: 10 seconds. Its
+/// statements are stopped then by the database itself, and its place
+/// among [`MAX_SEARCHES`] is free again ([`super::search`]; on an
+/// in-memory SQLite database a statement runs to its end).
 pub const SEARCH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A listing's query string, as forms send it (empty fields are absent).
@@ -106,6 +106,9 @@ impl NoticeQuery {
                 .is_some_and(|f| f.chars().count() > MAX_SEARCH_CHARS)
             {
                 return Err(format!("{name}: at most {MAX_SEARCH_CHARS} characters"));
+            }
+            if let Some(text) = field {
+                crate::error::check_text(name, text).map_err(|e| e.to_string())?;
             }
         }
         let time = |name: &str, field: &Option<String>| {
@@ -216,7 +219,9 @@ impl From<Error> for Failure {
         match e {
             Error::NoticeNotFound(_) | Error::UnknownDef(_) => Failure::NotFound(e.to_string()),
             Error::WrongState { .. } | Error::Conflict(_) => Failure::Conflict(e.to_string()),
-            Error::Config(_) | Error::InvalidNotice { .. } => Failure::BadRequest(e.to_string()),
+            Error::Config(_) | Error::InvalidNotice { .. } | Error::InvalidInput { .. } => {
+                Failure::BadRequest(e.to_string())
+            }
             other => {
                 tracing::warn!(error = %other, "dashboard request failed");
                 Failure::Internal(other.to_string())
@@ -334,27 +339,45 @@ pub(super) async fn find_bounded(
     let db = state.notifier.db().clone();
     let query = query.clone();
     let started = std::time::Instant::now();
-    // The permit is held until the database is done (on PostgreSQL at most
-    // twice SEARCH_TIMEOUT), even after the answer gave up waiting: never
-    // more than MAX_SEARCHES statements.
+    let (search_pool, mariadb) = (state.search_pool.clone(), state.mariadb.clone());
+    let timeout = state.config.search_timeout();
+    // The permit is held until the database is done (stopped at
+    // SEARCH_TIMEOUT by the database; at most twice that if it stops
+    // answering), even after the answer gave up waiting: never more than
+    // MAX_SEARCHES statements.
     let search = async move {
-        if db.get_database_backend() != sea_orm::DbBackend::Postgres {
-            // No cancel on the server here: the place is kept until the
-            // statement ends, whatever the answer did.
-            return find(&db, &query).await;
+        match (db.get_database_backend(), search_pool) {
+            (sea_orm::DbBackend::MySql, _) => {
+                let mariadb = *mariadb.get_or_init(|| super::search::is_mariadb(&db)).await;
+                let limited = super::search::Limited {
+                    inner: &db,
+                    mariadb,
+                    timeout,
+                };
+                return find(&limited, &query).await;
+            }
+            (sea_orm::DbBackend::Sqlite, Some(pool)) => {
+                // One connection for the whole search: its time is set
+                // when it is taken.
+                let txn = sea_orm::TransactionTrait::begin(&pool)
+                    .await
+                    .map_err(|e| Failure::from(Error::from(e)))?;
+                let found = find(&txn, &query).await;
+                txn.rollback().await.ok();
+                return found;
+            }
+            (sea_orm::DbBackend::Sqlite, None) => return find(&db, &query).await,
+            _ => {}
         }
         // Never a BEGIN dropped half-way (see `db::begin_bounded`).
-        let txn = crate::db::begin_bounded(&db, Default::default(), SEARCH_TIMEOUT)
+        let txn = crate::db::begin_bounded(&db, Default::default(), timeout)
             .await
             .map_err(|e| Failure::from(Error::from(e)))?;
-        let limit = format!(
-            "SET LOCAL statement_timeout = {}",
-            SEARCH_TIMEOUT.as_millis()
-        );
+        let limit = format!("SET LOCAL statement_timeout = {}", timeout.as_millis());
         // Once begun, a statement dropped mid-way is safe: its transaction
         // is rolled back on the way back to the pool. A server that stops
         // answering gives the place back after twice the answer's time.
-        let found = tokio::time::timeout(SEARCH_TIMEOUT * 2, async {
+        let found = tokio::time::timeout(timeout * 2, async {
             txn.execute_unprepared(&limit)
                 .await
                 .map_err(|e| Failure::from(Error::from(e)))?;
@@ -372,12 +395,12 @@ pub(super) async fn find_bounded(
     });
     let slow = || {
         Failure::Unavailable(format!(
-            "the search took more than {} s: narrow it (a definition, a status, a time)",
-            SEARCH_TIMEOUT.as_secs()
+            "the search took more than {:?}: narrow it (a definition, a status, a time)",
+            timeout
         ))
     };
-    match tokio::time::timeout(SEARCH_TIMEOUT, task).await {
-        Ok(Ok(Err(Failure::Internal(_)))) if started.elapsed() >= SEARCH_TIMEOUT => Err(slow()),
+    match tokio::time::timeout(timeout, task).await {
+        Ok(Ok(Err(Failure::Internal(_)))) if started.elapsed() >= timeout => Err(slow()),
         Ok(Ok(found)) => found,
         Ok(Err(_)) => Err(Failure::Internal("the search stopped".into())),
         Err(_) => Err(slow()),
@@ -399,19 +422,11 @@ pub(super) async fn blocked_keys(
     state: &super::AppState,
     query: &KeysQuery,
 ) -> crate::error::Result<crate::ops::keys::BlockedKeys> {
-    use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
     let db = state.notifier.db();
     let def_id = match &query.def {
         None => None,
         Some(name) if name.is_empty() => None,
-        Some(name) => Some(
-            crate::entity::notify_def::Entity::find()
-                .filter(crate::entity::notify_def::Column::Name.eq(name.as_str()))
-                .one(db)
-                .await?
-                .ok_or_else(|| crate::error::Error::UnknownDef(name.clone()))?
-                .id,
-        ),
+        Some(name) => Some(crate::ops::find::def_id(db, name).await?),
     };
     let limit = query
         .limit

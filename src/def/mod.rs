@@ -34,4 +34,5 @@ pub use spec::{
 };
 pub use target::{
     AmqpTarget, Channel, EmailTarget, HandlerTarget, HeaderValue, HttpTarget, SecretRef, Target,
+    TargetUrl, check_url,
 };

@@ -270,6 +270,11 @@ pub async fn page<C: ConnectionTrait>(
             "limit: {limit} is not between 1 and {MAX_DEFS_PAGE}"
         )));
     }
+    for (field, text) in [("search", search), ("after", after)] {
+        if let Some(text) = text {
+            crate::error::check_text(field, text)?;
+        }
+    }
     let mut select = notify_def::Entity::find().order_by_asc(notify_def::Column::Name);
     if let Some(search) = search.filter(|s| !s.is_empty()) {
         select =

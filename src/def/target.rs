@@ -57,8 +57,9 @@ impl std::fmt::Display for Channel {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HttpTarget {
-    /// The URL to call (`http://` or `https://`).
-    pub url: String,
+    /// The URL to call (`http://` or `https://`), or a reference to a
+    /// secret of the process that holds it ([`TargetUrl`]).
+    pub url: TargetUrl,
     /// HTTP method. Default: `POST`.
     #[serde(default = "HttpTarget::default_method")]
     pub method: String,
@@ -104,6 +105,65 @@ pub enum HeaderValue {
     /// `SOLID_NOTIFY_SECRET_<NAME>`, so that the value never lives in
     /// `notify_def`. A notice's override may not name one.
     Secret(SecretRef),
+}
+
+/// The URL of an HTTP target.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum TargetUrl {
+    /// The URL itself, shown with its password and query values hidden
+    /// ([`crate::redact::url`]).
+    Text(String),
+    /// `{ secret = "NAME" }`: a URL that is itself the credential (Slack,
+    /// Discord and Teams incoming webhooks put it in the path), read when
+    /// sending as a header's secret is ([`HeaderValue::Secret`]); pages,
+    /// the API and logs show only its name. A notice's override may not
+    /// change it.
+    Secret(SecretRef),
+}
+
+impl TargetUrl {
+    /// The URL, when it is written in the definition (not a secret).
+    pub fn text(&self) -> Option<&str> {
+        match self {
+            TargetUrl::Text(url) => Some(url),
+            TargetUrl::Secret(_) => None,
+        }
+    }
+}
+
+impl From<&str> for TargetUrl {
+    fn from(url: &str) -> Self {
+        TargetUrl::Text(url.to_string())
+    }
+}
+
+impl From<String> for TargetUrl {
+    fn from(url: String) -> Self {
+        TargetUrl::Text(url)
+    }
+}
+
+/// Checks a URL an HTTP target calls: `http://` or `https://`, with a host.
+pub fn check_url(url: &str) -> Result<(), String> {
+    if !(url.starts_with("http://") || url.starts_with("https://")) {
+        return Err(format!(
+            "url `{}` is not an http(s) URL",
+            crate::redact::url(url)
+        ));
+    }
+    if url::Url::parse(url)
+        .ok()
+        .and_then(|u| u.host_str().map(|h| !h.is_empty()))
+        != Some(true)
+        || url.contains(char::is_whitespace)
+    {
+        return Err(format!(
+            "url `{}` is not a URL with a host",
+            crate::redact::url(url)
+        ));
+    }
+    Ok(())
 }
 
 /// A reference to a secret of the process, by name.
@@ -254,22 +314,11 @@ impl Target {
     fn check(&self) -> Result<(), String> {
         match self {
             Target::Http(t) => {
-                if !(t.url.starts_with("http://") || t.url.starts_with("https://")) {
-                    return Err(format!(
-                        "url `{}` is not an http(s) URL",
-                        crate::redact::url(&t.url)
-                    ));
-                }
-                if url::Url::parse(&t.url)
-                    .ok()
-                    .and_then(|u| u.host_str().map(|h| !h.is_empty()))
-                    != Some(true)
-                    || t.url.contains(char::is_whitespace)
-                {
-                    return Err(format!(
-                        "url `{}` is not a URL with a host",
-                        crate::redact::url(&t.url)
-                    ));
+                match &t.url {
+                    TargetUrl::Text(url) => check_url(url)?,
+                    TargetUrl::Secret(r) => {
+                        check_secret_name(&r.secret).map_err(|e| format!("url: {e}"))?
+                    }
                 }
                 const METHODS: [&str; 5] = ["GET", "POST", "PUT", "PATCH", "DELETE"];
                 if !METHODS.contains(&t.method.as_str()) {

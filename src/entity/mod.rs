@@ -5,3 +5,4 @@ pub mod notify_def;
 pub mod notify_msg;
 pub mod notify_msg_history;
 pub mod notify_worker;
+pub(crate) mod read;

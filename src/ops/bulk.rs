@@ -218,6 +218,35 @@ impl Notifier {
         self.bulk(Kind::Cancel, action).await
     }
 
+    /// Whether `filter` matches every notice a bulk action on `place` looks
+    /// at (a requeue: history's final failures, cancelled and parked; a
+    /// cancel: those in flight), and there is at least one: a filter that
+    /// narrows on paper (`param_contains: "{"`, an odd value) but leaves
+    /// nothing out, which a caller should refuse without a plain "all".
+    /// At most two reads of one row each; the first stops at the first
+    /// notice the filter leaves out.
+    pub async fn matches_every_notice(&self, place: Place, filter: &NoticeFilter) -> Result<bool> {
+        let db = &self.engine.store.db;
+        let kind = match place {
+            Place::History => Kind::Requeue,
+            Place::InFlight => Kind::Cancel,
+        };
+        let cond = find::condition(db, place, filter).await?;
+        // NULL-safe: a row for which the filter is NULL is left out too.
+        let left_out = Expr::case(cond, 0).finally(1).eq(1);
+        let any = |cond: Condition| async move {
+            let found: Option<i64> = match place {
+                Place::History => first_id::<notify_msg_history::Entity>(db, cond).await?,
+                Place::InFlight => first_id::<notify_msg::Entity>(db, cond).await?,
+            };
+            Ok::<_, Error>(found.is_some())
+        };
+        if any(kind.takes().add(left_out)).await? {
+            return Ok(false);
+        }
+        any(kind.takes()).await
+    }
+
     async fn bulk(
         &self,
         kind: Kind,
@@ -272,14 +301,14 @@ impl Notifier {
         let mut after = i64::MIN;
         loop {
             let cond = base.clone().add(Expr::col(Column::Id).gt(after));
-            let rows: Vec<Seen> = match kind {
+            let (rows, last) = match kind {
                 Kind::Requeue => read_batch::<notify_msg_history::Entity>(db, cond, batch).await?,
                 Kind::Cancel => read_batch::<notify_msg::Entity>(db, cond, batch).await?,
             };
-            let Some(last) = rows.last() else {
+            let Some(last) = last else {
                 return Ok(());
             };
-            after = last.id;
+            after = last;
             report.matched += rows.len() as u64;
             let room = SAMPLE_IDS.saturating_sub(report.first_ids.len());
             report
@@ -313,11 +342,11 @@ impl Notifier {
         let mut after = i64::MIN;
         loop {
             let cond = base.clone().add(Expr::col(Column::Id).gt(after));
-            let rows: Vec<(i64, i32)> = match place {
+            let (rows, last) = match place {
                 Place::History => read_pairs::<notify_msg_history::Entity>(db, cond).await?,
                 Place::InFlight => read_pairs::<notify_msg::Entity>(db, cond).await?,
             };
-            let Some(&(last, _)) = rows.last() else {
+            let Some(last) = last else {
                 return Ok(Pinned { action, notices });
             };
             after = last;
@@ -386,7 +415,7 @@ impl Notifier {
             )
             .add(kind.takes());
         let limit = chunk.len() as u64;
-        let rows: Vec<Seen> = match kind {
+        let (rows, _) = match kind {
             Kind::Requeue => read_batch::<notify_msg_history::Entity>(db, cond, limit).await?,
             Kind::Cancel => read_batch::<notify_msg::Entity>(db, cond, limit).await?,
         };
@@ -512,32 +541,61 @@ impl Notifier {
 }
 
 /// The next `limit` rows matching `cond` of either notice table (their
-/// columns are the same), lowest id first: what a guarded write needs.
+/// columns are the same), lowest id first: what a guarded write needs;
+/// and the last id read (`None`: no row left).
 async fn read_batch<E: EntityTrait>(
     db: &impl sea_orm::ConnectionTrait,
     cond: sea_orm::sea_query::Condition,
     limit: u64,
-) -> Result<Vec<Seen>> {
+) -> Result<(Vec<Seen>, Option<i64>)> {
     use notify_msg::Column;
-    let rows: Vec<(i64, i32, String)> = E::find()
+    let select = E::find()
         .select_only()
         .expr(Expr::col(Column::Id))
         .expr(Expr::col(Column::Version))
         .expr(Expr::col(Column::Errors))
         .filter(cond)
         .order_by(Expr::col(Column::Id), sea_orm::Order::Asc)
-        .limit(limit)
-        .into_tuple()
-        .all(db)
+        .limit(limit);
+    let rows = db
+        .query_all(&sea_orm::QueryTrait::into_query(select))
         .await?;
-    Ok(rows
-        .into_iter()
-        .map(|(id, version, errors)| Seen {
-            id,
-            version,
-            errors,
+    // Each row on its own (a plain-SQL producer's cell may be of any type
+    // on SQLite): a failure log that cannot be read starts afresh with the
+    // audit line; a version that cannot be read cannot guard a write, so
+    // that row is left out.
+    let seen = rows
+        .iter()
+        .filter_map(|row| {
+            Some(Seen {
+                id: row.try_get_by_index(0).ok()?,
+                version: row.try_get_by_index(1).ok()?,
+                errors: row.try_get_by_index(2).unwrap_or_default(),
+            })
         })
-        .collect())
+        .collect();
+    Ok((seen, last_id(&rows)))
+}
+
+/// The id of the last of `rows` (ids first in each), to read on after.
+fn last_id(rows: &[sea_orm::QueryResult]) -> Option<i64> {
+    rows.last().and_then(|row| row.try_get_by_index(0).ok())
+}
+
+/// The id of one row of either notice table matching `cond`, if any.
+async fn first_id<E: EntityTrait>(
+    db: &impl sea_orm::ConnectionTrait,
+    cond: Condition,
+) -> Result<Option<i64>> {
+    use notify_msg::Column;
+    Ok(E::find()
+        .select_only()
+        .expr(Expr::col(Column::Id))
+        .filter(cond)
+        .limit(1)
+        .into_tuple()
+        .one(db)
+        .await?)
 }
 
 /// A requeue filtered on a status that cannot be requeued.
@@ -548,22 +606,29 @@ fn not_requeueable(status: Status) -> Error {
 }
 
 /// The next [`MAX_BATCH_SIZE`] `(id, version)` pairs matching `cond` of
-/// either notice table, lowest id first.
+/// either notice table, lowest id first; and the last id read (`None`: no
+/// row left).
 async fn read_pairs<E: EntityTrait>(
     db: &impl sea_orm::ConnectionTrait,
     cond: Condition,
-) -> Result<Vec<(i64, i32)>> {
+) -> Result<(Vec<(i64, i32)>, Option<i64>)> {
     use notify_msg::Column;
-    Ok(E::find()
+    let select = E::find()
         .select_only()
         .expr(Expr::col(Column::Id))
         .expr(Expr::col(Column::Version))
         .filter(cond)
         .order_by(Expr::col(Column::Id), sea_orm::Order::Asc)
-        .limit(MAX_BATCH_SIZE)
-        .into_tuple()
-        .all(db)
-        .await?)
+        .limit(MAX_BATCH_SIZE);
+    let rows = db
+        .query_all(&sea_orm::QueryTrait::into_query(select))
+        .await?;
+    // A version that cannot be read (SQLite) guards nothing: left out.
+    let pairs = rows
+        .iter()
+        .filter_map(|row| Some((row.try_get_by_index(0).ok()?, row.try_get_by_index(1).ok()?)))
+        .collect();
+    Ok((pairs, last_id(&rows)))
 }
 
 impl Kind {

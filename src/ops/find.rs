@@ -83,6 +83,19 @@ impl NoticeFilter {
             || self.ids.is_some()
             || self.key.is_some()
     }
+
+    /// Whether the filter narrows only by text (`param_contains`, `key`):
+    /// what such a filter matches cannot be judged from its value (`{`
+    /// is in every JSON object), so a bulk action counts it in the
+    /// database ([`Notifier::matches_every_notice`]).
+    pub fn narrows_by_text_only(&self) -> bool {
+        let structural = NoticeFilter {
+            param_contains: None,
+            key: None,
+            ..self.clone()
+        };
+        self.narrows() && !structural.narrows()
+    }
 }
 
 /// One notice as an operator sees it, wherever it is.
@@ -150,6 +163,12 @@ pub struct NoticeView {
     /// The result the last step that succeeded passed on, as stored
     /// (`encrypted (key ID)` when sealed).
     pub step_result: Option<String>,
+    /// Why the row cannot be read as a notice (a cell of another type, a
+    /// time no driver reads: a plain-SQL producer's row), naming each such
+    /// cell; `None` for a notice read whole. An unreadable row's other
+    /// fields hold what could be read, defaults elsewhere. A claim parks
+    /// such a row with this reason in its log.
+    pub unreadable: Option<String>,
 }
 
 /// A stored param or step result as a viewer sees it: `encrypted (key ID)`
@@ -162,13 +181,51 @@ fn hidden(stored: &str) -> Option<String> {
 }
 
 impl NoticeView {
-    /// The state to show: `scheduled` for a [scheduled](Self::scheduled)
-    /// notice, else its status.
+    /// The state to show: `unreadable` for a row that cannot be read,
+    /// `scheduled` for a [scheduled](Self::scheduled) notice, else its
+    /// status.
     pub fn state(&self) -> String {
-        match self.scheduled {
-            true => "scheduled".into(),
-            false => self.status.to_string(),
+        match (&self.unreadable, self.scheduled) {
+            (Some(_), _) => "unreadable".into(),
+            (None, true) => "scheduled".into(),
+            (None, false) => self.status.to_string(),
         }
+    }
+
+    /// `row` of `place`, decoded on its own: a notice, or what can be read
+    /// of a row that cannot ([`unreadable`](Self::unreadable)). Its param
+    /// is cut to `chars` characters when given ([`list_excerpts`]).
+    fn of_row(row: &sea_orm::QueryResult, place: Place, chars: Option<u32>) -> NoticeView {
+        use crate::entity::read;
+        // Both tables have the same columns: a history row reads as one.
+        match read::notice::<notify_msg::Model>(row) {
+            Ok(mut model) => {
+                let cut = cut_to(&mut model.param, chars);
+                NoticeView {
+                    param_cut: cut,
+                    ..NoticeView::from(model).placed(place)
+                }
+            }
+            Err(unreadable) => {
+                let mut model = read::lenient(row);
+                let cut = cut_to(&mut model.param, chars);
+                NoticeView {
+                    param_cut: cut,
+                    unreadable: Some(unreadable.reason()),
+                    scheduled: false,
+                    ..NoticeView::from(model).placed(place)
+                }
+            }
+        }
+    }
+
+    /// This view of a row of `place`'s table.
+    fn placed(mut self, place: Place) -> NoticeView {
+        if place == Place::History {
+            self.place = place;
+            self.scheduled = false;
+        }
+        self
     }
 }
 
@@ -222,27 +279,35 @@ macro_rules! view_from {
                         .step
                         .saturating_add(i32::from(row.status == Status::Succeeded)),
                     step_result: row.step_result.map(|r| hidden(&r).unwrap_or(r)),
+                    unreadable: None,
                 }
             }
         }
     };
 }
 view_from!(notify_msg::Model, Place::InFlight);
-view_from!(notify_msg_history::Model, Place::History);
 
-/// Definition names by id.
+/// Definition names by id (the ids and names only: a definition row that
+/// cannot be read whole still names its notices).
 pub(crate) async fn def_names<C: ConnectionTrait>(db: &C) -> Result<HashMap<i64, String>> {
-    Ok(notify_def::Entity::find()
-        .all(db)
-        .await?
-        .into_iter()
-        .map(|d| (d.id, d.name))
+    let rows = db
+        .query_all(&sea_orm::QueryTrait::into_query(
+            notify_def::Entity::find()
+                .select_only()
+                .column(notify_def::Column::Id)
+                .column(notify_def::Column::Name),
+        ))
+        .await?;
+    Ok(rows
+        .iter()
+        .filter_map(|row| Some((row.try_get_by_index(0).ok()?, row.try_get_by_index(1).ok()?)))
         .collect())
 }
 
 /// The id of definition `name`.
 pub(crate) async fn def_id<C: ConnectionTrait>(db: &C, name: &str) -> Result<i64> {
     use sea_orm::ColumnTrait;
+    crate::error::check_text("def", name)?;
     notify_def::Entity::find()
         .filter(notify_def::Column::Name.eq(name))
         .one(db)
@@ -266,6 +331,15 @@ pub(crate) async fn condition<C: ConnectionTrait>(
     filter: &NoticeFilter,
 ) -> Result<Condition> {
     use notify_msg::Column;
+    for (field, text) in [
+        ("def", &filter.def),
+        ("param_contains", &filter.param_contains),
+        ("key", &filter.key),
+    ] {
+        if let Some(text) = text {
+            crate::error::check_text(field, text)?;
+        }
+    }
     let mut cond = Condition::all();
     if let Some(name) = &filter.def {
         cond = cond.add(Expr::col(Column::DefId).eq(def_id(db, name).await?));
@@ -414,51 +488,47 @@ async fn list_with<C: ConnectionTrait>(
     }
     // One character more than shown: whether the param goes on is known.
     let asked = chars.map(|n| n.saturating_add(1));
-    let views: Vec<NoticeView> = match place {
-        Place::InFlight => excerpt(notify_msg::Entity::find(), asked)
-            .filter(cond)
-            .order_by_desc(notify_msg::Column::Id)
-            .limit(page.limit)
-            .all(db)
-            .await?
-            .into_iter()
-            .map(|mut row| {
-                let cut = cut_to(&mut row.param, chars);
-                NoticeView {
-                    param_cut: cut,
-                    ..row.into()
-                }
-            })
-            .collect(),
-        Place::History => excerpt(notify_msg_history::Entity::find(), asked)
-            .filter(cond)
-            .order_by_desc(notify_msg_history::Column::Id)
-            .limit(page.limit)
-            .all(db)
-            .await?
-            .into_iter()
-            .map(|mut row| {
-                let cut = cut_to(&mut row.param, chars);
-                NoticeView {
-                    param_cut: cut,
-                    ..row.into()
-                }
-            })
-            .collect(),
+    let rows = match place {
+        Place::InFlight => {
+            let select = excerpt(notify_msg::Entity::find(), asked)
+                .filter(cond)
+                .order_by_desc(notify_msg::Column::Id)
+                .limit(page.limit);
+            db.query_all(&sea_orm::QueryTrait::into_query(select))
+                .await?
+        }
+        Place::History => {
+            let select = excerpt(notify_msg_history::Entity::find(), asked)
+                .filter(cond)
+                .order_by_desc(notify_msg_history::Column::Id)
+                .limit(page.limit);
+            db.query_all(&sea_orm::QueryTrait::into_query(select))
+                .await?
+        }
     };
+    let views: Vec<NoticeView> = rows
+        .iter()
+        .map(|row| NoticeView::of_row(row, place, chars))
+        .collect();
     Ok(named(views, &def_names(db).await?))
 }
 
-/// Notice `id`, in flight or in history.
+/// Notice `id`, in flight or in history (a row that cannot be read as a
+/// notice is shown as [unreadable](NoticeView::unreadable)).
 pub async fn show<C: ConnectionTrait>(db: &C, id: i64) -> Result<NoticeView> {
+    use sea_orm::QueryTrait;
     // A notice moves between the tables (finishing, requeue): read the live
     // table again after history, so a row moving meanwhile is still found.
     for _ in 0..2 {
-        if let Some(row) = notify_msg::Entity::find_by_id(id).one(db).await? {
-            return Ok(named(vec![row.into()], &def_names(db).await?).remove(0));
+        let live = notify_msg::Entity::find_by_id(id).into_query();
+        if let Some(row) = db.query_one(&live).await? {
+            let view = NoticeView::of_row(&row, Place::InFlight, None);
+            return Ok(named(vec![view], &def_names(db).await?).remove(0));
         }
-        if let Some(row) = notify_msg_history::Entity::find_by_id(id).one(db).await? {
-            return Ok(named(vec![row.into()], &def_names(db).await?).remove(0));
+        let history = notify_msg_history::Entity::find_by_id(id).into_query();
+        if let Some(row) = db.query_one(&history).await? {
+            let view = NoticeView::of_row(&row, Place::History, None);
+            return Ok(named(vec![view], &def_names(db).await?).remove(0));
         }
     }
     Err(Error::NoticeNotFound(id))
@@ -471,26 +541,31 @@ pub async fn by_key<C: ConnectionTrait>(
     key: &str,
     def: Option<&str>,
 ) -> Result<Vec<NoticeView>> {
+    use sea_orm::QueryTrait;
+    crate::error::check_text("key", key)?;
     let mut cond = Condition::all().add(Expr::col(notify_msg::Column::IdempotencyKey).eq(key));
     if let Some(name) = def {
         cond = cond.add(Expr::col(notify_msg::Column::DefId).eq(def_id(db, name).await?));
     }
-    let mut views: Vec<NoticeView> = notify_msg::Entity::find()
+    let live = notify_msg::Entity::find()
         .filter(cond.clone())
         .order_by_desc(notify_msg::Column::Id)
-        .all(db)
+        .into_query();
+    let history = notify_msg_history::Entity::find()
+        .filter(cond)
+        .order_by_desc(notify_msg_history::Column::Id)
+        .into_query();
+    let mut views: Vec<NoticeView> = db
+        .query_all(&live)
         .await?
-        .into_iter()
-        .map(Into::into)
+        .iter()
+        .map(|row| NoticeView::of_row(row, Place::InFlight, None))
         .collect();
     views.extend(
-        notify_msg_history::Entity::find()
-            .filter(cond)
-            .order_by_desc(notify_msg_history::Column::Id)
-            .all(db)
+        db.query_all(&history)
             .await?
-            .into_iter()
-            .map(NoticeView::from),
+            .iter()
+            .map(|row| NoticeView::of_row(row, Place::History, None)),
     );
     Ok(named(views, &def_names(db).await?))
 }

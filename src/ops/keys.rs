@@ -125,19 +125,29 @@ async fn heads<C: ConnectionTrait>(
             Ok(n) => n,
             Err(_) => i64::from(row.try_get_by_index::<i32>(7)?),
         };
+        // The head's own cells as a plain-SQL producer wrote them (SQLite
+        // keeps any type): a key or time that cannot be read is shown as
+        // such, never stops the page.
         keys.push(BlockedKey {
             def_id: row.try_get_by_index(0)?,
             def: row.try_get_by_index(1)?,
-            ordering_key: row.try_get_by_index(2)?,
+            ordering_key: row
+                .try_get_by_index(2)
+                .unwrap_or_else(|_| UNREADABLE_KEY.to_string()),
             head_id: row.try_get_by_index(3)?,
             head_status: Status::parse(&status.to_string()).unwrap_or(Status::FinalFailure),
-            head_created: time_at(&row, 5)?,
-            blocked_since: time_at(&row, 6)?,
+            head_created: time_at(&row, 5).unwrap_or_default(),
+            blocked_since: time_at(&row, 6).unwrap_or_default(),
             waiting: u64::try_from(waiting).unwrap_or(0),
         });
     }
     Ok(keys)
 }
+
+/// How a head's ordering key that cannot be read as text (a plain-SQL
+/// producer's BLOB on SQLite) is shown; its head is requeued or cancelled
+/// by id all the same.
+pub const UNREADABLE_KEY: &str = "(a key that cannot be read as text)";
 
 /// The number of blocked keys of each definition that has any, by name:
 /// the distinct keys with a final failure or parked notice in history (each
@@ -167,24 +177,7 @@ pub async fn blocked_counts<C: ConnectionTrait>(db: &C) -> Result<HashMap<String
 /// characters (CR, LF, ESC, bidirectional overrides, zero-width ones)
 /// escaped, everything else as stored.
 pub fn printable(key: &str) -> String {
-    let hidden = |c: char| {
-        c.is_control()
-            || matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}')
-    };
-    let mut shown = String::with_capacity(key.len());
-    for c in key.chars() {
-        if hidden(c) {
-            let escaped: String = c.escape_debug().collect();
-            match escaped.chars().eq(std::iter::once(c)) {
-                // `escape_debug` leaves some format characters as they are.
-                true => shown.extend(c.escape_unicode()),
-                false => shown.push_str(&escaped),
-            }
-        } else {
-            shown.push(c);
-        }
-    }
-    shown
+    crate::entity::read::printable(key)
 }
 
 /// A time column: a timestamp on the servers, text on SQLite.

@@ -7,7 +7,8 @@
 use std::{path::PathBuf, time::Duration};
 
 use sea_orm::{
-    DatabaseConnection, EntityTrait, ExprTrait, QueryFilter, QueryOrder, QuerySelect,
+    ConnectionTrait, DatabaseConnection, EntityTrait, ExprTrait, QueryFilter, QueryOrder,
+    QuerySelect,
     sea_query::{Expr, Func},
 };
 use serde::{Deserialize, Serialize};
@@ -15,7 +16,11 @@ use tokio::io::AsyncWriteExt;
 
 use super::Interrupted;
 use crate::{
-    entity::notify_msg_history::{self, Column},
+    entity::{
+        notify_msg,
+        notify_msg_history::{self, Column},
+        read,
+    },
     error::{Error, Result},
     state::retention,
     status::Status,
@@ -124,6 +129,31 @@ pub async fn purge(
     }
 }
 
+/// Appends `rows` to the archive `file` (at `path`), one JSON object a
+/// line (a row that cannot be read as far as it reads, with why), and
+/// syncs it.
+async fn archive_rows(
+    file: &mut tokio::fs::File,
+    path: &std::path::Path,
+    rows: &[(notify_msg::Model, Option<String>)],
+) -> Result<()> {
+    let mut text = String::new();
+    for (row, unreadable) in rows {
+        let mut line =
+            serde_json::to_value(row).map_err(|e| archive_error(path, std::io::Error::other(e)))?;
+        if let (Some(why), Some(fields)) = (unreadable, line.as_object_mut()) {
+            fields.insert("unreadable".into(), why.clone().into());
+        }
+        text.push_str(&line.to_string());
+        text.push('\n');
+    }
+    file.write_all(text.as_bytes())
+        .await
+        .map_err(|e| archive_error(path, e))?;
+    file.flush().await.map_err(|e| archive_error(path, e))?;
+    file.sync_data().await.map_err(|e| archive_error(path, e))
+}
+
 async fn run(db: &DatabaseConnection, purge: &Purge, report: &mut PurgeReport) -> Result<()> {
     let cutoff = super::ago(purge.older_than);
     let finished: Expr = Func::coalesce([
@@ -151,13 +181,25 @@ async fn run(db: &DatabaseConnection, purge: &Purge, report: &mut PurgeReport) -
     };
     let mut after = i64::MIN;
     loop {
-        let rows = notify_msg_history::Entity::find()
+        let select = notify_msg_history::Entity::find()
             .filter(base.clone().add(Expr::col(Column::Id).gt(after)))
             .order_by_asc(Column::Id)
-            .limit(purge.batch_size.clamp(1, super::bulk::MAX_BATCH_SIZE))
-            .all(db)
+            .limit(purge.batch_size.clamp(1, super::bulk::MAX_BATCH_SIZE));
+        let raw = db
+            .query_all(&sea_orm::QueryTrait::into_query(select))
             .await?;
-        let Some(last) = rows.last() else {
+        // Each row on its own: one a plain-SQL producer wrote with a cell
+        // that cannot be read is archived as far as it reads (with why),
+        // and purged like the others.
+        // (Both tables have the same columns: a history row reads as one.)
+        let rows: Vec<(notify_msg::Model, Option<String>)> = raw
+            .iter()
+            .map(|row| match read::notice(row) {
+                Ok(model) => (model, None),
+                Err(u) => (read::lenient(row), Some(u.reason())),
+            })
+            .collect();
+        let Some((last, _)) = rows.last() else {
             return Ok(());
         };
         after = last.id;
@@ -166,21 +208,10 @@ async fn run(db: &DatabaseConnection, purge: &Purge, report: &mut PurgeReport) -
             continue;
         }
         if let (Some(file), Some(path)) = (archive.as_mut(), &purge.archive) {
-            let mut text = String::new();
-            for row in &rows {
-                text.push_str(
-                    &serde_json::to_string(row)
-                        .map_err(|e| archive_error(path, std::io::Error::other(e)))?,
-                );
-                text.push('\n');
-            }
-            file.write_all(text.as_bytes())
-                .await
-                .map_err(|e| archive_error(path, e))?;
-            file.flush().await.map_err(|e| archive_error(path, e))?;
-            file.sync_data().await.map_err(|e| archive_error(path, e))?;
+            archive_rows(file, path, &rows).await?;
             report.archived += rows.len() as u64;
         }
+        let rows: Vec<notify_msg::Model> = rows.into_iter().map(|(row, _)| row).collect();
         let pairs: Vec<(i64, i32)> = rows.iter().map(|r| (r.id, r.version)).collect();
         let deleted = retention::delete_history(db, &pairs).await?;
         report.deleted += deleted;

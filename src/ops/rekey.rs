@@ -13,8 +13,8 @@
 //! again until there are none before dropping a key.
 
 use sea_orm::{
-    DatabaseConnection, EntityTrait, ExprTrait, PaginatorTrait, QueryFilter, QueryOrder,
-    QuerySelect,
+    ConnectionTrait, DatabaseConnection, EntityTrait, ExprTrait, PaginatorTrait, QueryFilter,
+    QueryOrder, QuerySelect,
     sea_query::{Condition, Expr, LikeExpr},
 };
 use serde::Serialize;
@@ -59,6 +59,17 @@ pub struct RekeyReport {
     pub left: std::collections::BTreeMap<String, u64>,
 }
 
+impl RekeyReport {
+    /// Counts a value of notice `id` that could not be opened (or read),
+    /// keeping the first 20 reasons.
+    fn not_opened(&mut self, id: i64, why: String) {
+        self.failed_count += 1;
+        if self.failed.len() < 20 {
+            self.failed.push((id, why));
+        }
+    }
+}
+
 /// Rows of one table, one batch: id, definition, param, step result.
 type Row = (i64, i64, String, Option<String>);
 
@@ -88,12 +99,29 @@ pub async fn rekey(db: &DatabaseConnection, keys: &Keys, batch: u64) -> Result<R
         let mut after = i64::MIN;
         loop {
             let rows = read(db, table, &encrypted, &report.current, after, batch).await?;
-            let Some(&(last, ..)) = rows.last() else {
+            let Some(last) = rows.last().and_then(|row| row.try_get_by_index(0).ok()) else {
                 break;
             };
             after = last;
-            for row in rows {
-                rekey_row(db, table, keys, &encrypted, row, &mut report).await?;
+            for row in &rows {
+                // Each row on its own: one whose cells cannot be read as
+                // text (a plain-SQL producer's, on SQLite) is reported and
+                // left as it is.
+                match (
+                    row.try_get_by_index(0),
+                    row.try_get_by_index(1),
+                    row.try_get_by_index(2),
+                    row.try_get_by_index(3),
+                ) {
+                    (Ok(id), Ok(def_id), Ok(param), Ok(result)) => {
+                        let row = (id, def_id, param, result);
+                        rekey_row(db, table, keys, &encrypted, row, &mut report).await?;
+                    }
+                    (id, ..) => report.not_opened(
+                        id.unwrap_or_default(),
+                        "the row cannot be read (a cell of another type)".into(),
+                    ),
+                }
             }
         }
     }
@@ -137,7 +165,8 @@ async fn sealed_with(db: &DatabaseConnection, id: &str) -> Result<u64> {
 }
 
 /// The next `batch` rows of `table` after id `after` that may need sealing:
-/// of an encrypted definition, or holding a sealed value.
+/// of an encrypted definition, or holding a sealed value. Each is its id,
+/// definition, param and step result, read one by one by the caller.
 async fn read(
     db: &DatabaseConnection,
     table: &str,
@@ -145,7 +174,7 @@ async fn read(
     current: &str,
     after: i64,
     batch: u64,
-) -> Result<Vec<Row>> {
+) -> Result<Vec<sea_orm::QueryResult>> {
     use notify_msg::Column;
     let sealed = format!("{SEALED_PREFIX}%");
     let current = sealed_by(current);
@@ -172,18 +201,18 @@ async fn read(
     }
     macro_rules! page {
         ($entity:ty) => {
-            <$entity>::find()
-                .select_only()
-                .expr(Expr::col(Column::Id))
-                .expr(Expr::col(Column::DefId))
-                .expr(Expr::col(Column::Param))
-                .expr(Expr::col(Column::StepResult))
-                .filter(cond)
-                .order_by(Expr::col(Column::Id), sea_orm::Order::Asc)
-                .limit(batch)
-                .into_tuple()
-                .all(db)
-                .await?
+            db.query_all(&sea_orm::QueryTrait::into_query(
+                <$entity>::find()
+                    .select_only()
+                    .expr(Expr::col(Column::Id))
+                    .expr(Expr::col(Column::DefId))
+                    .expr(Expr::col(Column::Param))
+                    .expr(Expr::col(Column::StepResult))
+                    .filter(cond)
+                    .order_by(Expr::col(Column::Id), sea_orm::Order::Asc)
+                    .limit(batch),
+            ))
+            .await?
         };
     }
     Ok(match table {
@@ -234,12 +263,7 @@ async fn rekey_row(
                 }
                 sets.push((column, stored, new));
             }
-            Err(e) => {
-                report.failed_count += 1;
-                if report.failed.len() < 20 {
-                    report.failed.push((id, format!("{column}: {e}")));
-                }
-            }
+            Err(e) => report.not_opened(id, format!("{column}: {e}")),
         }
     }
     if sets.is_empty() {

@@ -11,7 +11,7 @@ use super::{
     errors_log,
     insert::{self, NewRow},
 };
-use crate::{db, status::Status};
+use crate::{db, entity::read::Unreadable, status::Status};
 
 pub(crate) use super::columns::ClaimNext;
 
@@ -41,8 +41,15 @@ pub(crate) struct Claims {
 }
 
 impl Claims {
-    /// The leases of rows claimed, sorted into runs ([`sort_runs`]).
-    fn of(store: &Store, claimed: Vec<columns::ClaimedNext>, started: std::time::Instant) -> Self {
+    /// The leases of rows claimed, sorted into runs ([`sort_runs`]); the
+    /// rows claimed that cannot be read are parked.
+    async fn of(
+        store: &Store,
+        claimed: Vec<columns::ClaimedNext>,
+        unreadable: Vec<Unreadable>,
+        started: std::time::Instant,
+    ) -> Self {
+        park_unreadable(store, unreadable).await;
         let rows = claimed.into_iter().map(|c| {
             let lease = Lease::new(store.clone(), c.row, started);
             (lease.id(), c.behind, c.holds, lease)
@@ -142,12 +149,12 @@ pub(crate) async fn succeed_many(
         )
         .await?;
         txn.commit().await?;
-        Ok((moved, Vec::new()))
+        Ok((moved, Vec::new(), Vec::new()))
     })
     .await;
     match moved {
-        Ok((moved, claimed)) => {
-            let claimed = Claims::of(store, claimed, started);
+        Ok((moved, claimed, unreadable)) => {
+            let claimed = Claims::of(store, claimed, unreadable, started).await;
             crate::counters::claimed(claimed.len() as u64);
             // On PostgreSQL the statement dealt with the next notices
             // already; this check, after its commit, catches a notice
@@ -255,6 +262,79 @@ pub(crate) async fn park_many(
         }
         Err(error) => Err(HeldMany { leases, error }),
     }
+}
+
+/// Parks, in `conn` (a transaction except on PostgreSQL), notice rows
+/// that cannot be read as notices: each to history, status 6, with why in
+/// its failure log (a fresh log when the old one is what cannot be read).
+/// Each is guarded by its id and the version read, or by its id alone
+/// when even the version cannot be read (SQLite, under its write lock or
+/// the caller's fresh lease). Their cells are copied as they are: the
+/// evidence stays. Returns the ids parked.
+pub(crate) async fn park_unreadable_in<C: sea_orm::ConnectionTrait>(
+    conn: &C,
+    rows: &[Unreadable],
+    at: chrono::NaiveDateTime,
+) -> Result<Vec<i64>, DbErr> {
+    use sea_orm::{ExprTrait, sea_query::Condition};
+    let mut parked = Vec::new();
+    for row in rows {
+        let log = row.errors.as_deref().unwrap_or_default();
+        let errors = errors_log::append_note(log, at, &format!("parked: {}", row.reason()));
+        let sets: Vec<Set> = vec![
+            (Column::Leased, Expr::val(false)),
+            (Column::Status, Expr::val(Status::Parked as i16)),
+            (Column::Errors, Expr::val(errors)),
+        ];
+        let mut guard = Condition::all().add(Expr::col(Column::Id).eq(row.id));
+        if let Some(version) = row.version {
+            guard = guard.add(Expr::col(Column::Version).eq(version));
+        }
+        parked.extend(columns::move_rows(conn, Table::Live, Table::History, guard, sets).await?);
+    }
+    Ok(parked)
+}
+
+/// Parks rows a claim took that cannot be read as notices
+/// ([`park_unreadable_in`], in a transaction of its own, retried on
+/// conflicts), counts them (`solid_notify_notices_unreadable_total`),
+/// logs each, and promotes the next notice of their keys. One that cannot
+/// be parked now stays leased until its lease ends; the next claim parks
+/// it then.
+pub(crate) async fn park_unreadable(store: &Store, rows: Vec<Unreadable>) {
+    if rows.is_empty() {
+        return;
+    }
+    let at = chrono::Utc::now().naive_utc();
+    let parked = db::on_conflict_retry(|| async {
+        let txn = db::begin(&store.db).await?;
+        let parked = park_unreadable_in(&txn, &rows, at).await?;
+        txn.commit().await?;
+        Ok(parked)
+    })
+    .await;
+    match parked {
+        Ok(parked) => parked_unreadable(store, &rows, &parked).await,
+        Err(e) => {
+            let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+            tracing::error!(error = %e, ?ids, "cannot park notices that cannot be read; they are claimed again when their leases end");
+        }
+    }
+}
+
+/// After unreadable rows were parked (`parked`, their ids): counted,
+/// logged, and the next notice of their keys promoted.
+pub(crate) async fn parked_unreadable(store: &Store, rows: &[Unreadable], parked: &[i64]) {
+    let done: Vec<&Unreadable> = rows.iter().filter(|r| parked.contains(&r.id)).collect();
+    crate::counters::unreadable(done.len() as u64);
+    for row in &done {
+        tracing::error!(notice_id = row.id, def_id = ?row.def_id, reason = %row.reason(), "parked a notice row that cannot be read");
+    }
+    let keys: Vec<(i64, String)> = done
+        .iter()
+        .filter_map(|r| r.def_id.zip(r.ordering_key.clone()))
+        .collect();
+    store.finished_keys(keys).await;
 }
 
 #[cfg(test)]

@@ -10,8 +10,8 @@
 use std::time::Instant;
 
 use sea_orm::{
-    ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, ExprTrait, FromQueryResult,
-    IdenStatic, Iterable, QueryFilter, QueryOrder, QuerySelect, Select,
+    ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, ExprTrait, IdenStatic, Iterable,
+    QueryFilter, QueryOrder, QuerySelect, Select,
     sea_query::{
         Alias, CommonTableExpression, Condition, Expr, LockBehavior, LockType, Query,
         SelectStatement, SubQueryStatement, UnionType, WithClause,
@@ -19,10 +19,14 @@ use sea_orm::{
 };
 
 use super::{
-    Lease, Store, clock,
+    Lease, Store, batch, clock,
     columns::{self, Column, Set},
 };
-use crate::{db, entity::notify_msg, status::Status};
+use crate::{
+    db,
+    entity::{notify_msg, read::Unreadable},
+    status::Status,
+};
 
 /// Which definitions a claim may take rows of.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -56,6 +60,10 @@ pub struct DueFilter {
     pub defs: DefSelect,
     /// Only rows of these `load_balance_num` partitions (empty: any).
     pub partitions: Vec<i32>,
+    /// Rows of these definitions are taken from any partition, whatever
+    /// `partitions` says (operational events' definitions: events are
+    /// written to partition 0).
+    pub any_partition: Vec<i64>,
     /// Rows of these definitions are taken whatever `defs` and `partitions`
     /// say (every worker sweeps the alert definition).
     pub always: Vec<i64>,
@@ -153,7 +161,12 @@ fn selected(filter: &DueFilter, backend: DbBackend) -> Condition {
         }
     }
     if !filter.partitions.is_empty() {
-        wanted = wanted.add(Column::LoadBalanceNum.is_in(filter.partitions.iter().copied()));
+        let mut partitions =
+            Condition::any().add(Column::LoadBalanceNum.is_in(filter.partitions.iter().copied()));
+        if !filter.any_partition.is_empty() {
+            partitions = partitions.add(def_in(backend, &filter.any_partition, false));
+        }
+        wanted = wanted.add(partitions);
     }
     if !filter.always.is_empty() {
         wanted = Condition::any()
@@ -327,13 +340,9 @@ pub(crate) struct Claimed {
     pub full_in_bytes: bool,
 }
 
-/// Whether `leases`' params add up to `bytes`.
+/// Whether `leases`' payloads add up to `bytes`.
 fn full(leases: &[Lease], bytes: u64) -> bool {
-    leases
-        .iter()
-        .map(|l| l.row().param.len() as u64)
-        .sum::<u64>()
-        >= bytes
+    leases.iter().map(Lease::payload_bytes).sum::<u64>() >= bytes
 }
 
 impl Claimed {
@@ -418,15 +427,16 @@ pub(crate) async fn claim_due(
 /// The name of the candidates' turn column.
 const TURN: &str = "turn";
 
-/// The size of a row's param in bytes, as SQL, read without the param's
-/// content: PostgreSQL's and SQLite's `octet_length` read only the value's
-/// header, MySQL/MariaDB keep the size in a column set at insert (migration
-/// 18; naming `param` here would make MariaDB read it whole).
+/// The size of a row's payload in bytes (its param and the previous step's
+/// result: what a claim holds, [`Lease::payload_bytes`]), as SQL, read
+/// without their content: PostgreSQL's and SQLite's `octet_length` read
+/// only a value's header, MySQL/MariaDB keep the size in a column set by
+/// triggers (migrations 18 and 23; naming `param` here would make MariaDB
+/// read it whole).
 pub(crate) fn param_bytes(backend: DbBackend) -> Expr {
     Expr::cust(match backend {
-        DbBackend::Postgres => "octet_length(param)",
         DbBackend::MySql => "COALESCE(param_bytes, 0)",
-        _ => "octet_length(param)",
+        _ => "octet_length(param) + COALESCE(octet_length(step_result), 0)",
     })
 }
 
@@ -588,31 +598,46 @@ async fn claim_due_pg(
     );
     let mut taken = Vec::new();
     let mut keys = Vec::new();
+    let mut unreadable = Vec::new();
     for row in store.db.query_all(&statement).await? {
         if row.try_get::<bool>("", "aside")? {
             if let Some(key) = row.try_get::<Option<String>>("", Column::OrderingKey.as_str())? {
                 keys.push((row.try_get("", Column::DefId.as_str())?, key));
             }
         } else {
-            taken.push(notify_msg::Model::from_query_result(&row, "")?);
+            match crate::entity::read::notice::<notify_msg::Model>(&row) {
+                Ok(model) => taken.push(model),
+                Err(u) => unreadable.push(u),
+            }
         }
     }
+    // Claimed (the statement has committed), never sent.
+    batch::park_unreadable(store, unreadable).await;
     taken.sort_by_key(|r| r.id);
     Ok((taken, keys))
 }
 
-/// The rows with these ids (none asked: no statement).
+/// Rows `select` reads whole, each decoded on its own: those read, and
+/// those that cannot be read as notices.
+async fn read_rows<C: ConnectionTrait>(
+    db: &C,
+    select: Select<notify_msg::Entity>,
+) -> Result<(Vec<notify_msg::Model>, Vec<Unreadable>), DbErr> {
+    let rows = db
+        .query_all(&sea_orm::QueryTrait::into_query(select))
+        .await?;
+    Ok(crate::entity::read::notices(&rows))
+}
+
+/// The rows with these ids (none asked: no statement), as [`read_rows`].
 async fn rows_by_id<C: ConnectionTrait>(
     db: &C,
     ids: Vec<i64>,
-) -> Result<Vec<notify_msg::Model>, DbErr> {
+) -> Result<(Vec<notify_msg::Model>, Vec<Unreadable>), DbErr> {
     if ids.is_empty() {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), Vec::new()));
     }
-    notify_msg::Entity::find()
-        .filter(Column::Id.is_in(ids))
-        .all(db)
-        .await
+    read_rows(db, notify_msg::Entity::find().filter(Column::Id.is_in(ids))).await
 }
 
 /// A candidate of a claim: its turn and its param's size.
@@ -712,12 +737,16 @@ async fn claim_due_locked(
                     Ok(flag) => flag,
                     Err(_) => row.try_get::<i64>("", TURN)? != 0,
                 };
+                // A key or definition that cannot be read promotes
+                // nothing: the row itself is parked when read whole.
                 found.push(Candidate {
                     id: row.try_get("", Column::Id.as_str())?,
-                    def_id: row.try_get("", Column::DefId.as_str())?,
-                    key: row.try_get("", Column::OrderingKey.as_str())?,
+                    def_id: row.try_get("", Column::DefId.as_str()).unwrap_or_default(),
+                    key: row
+                        .try_get("", Column::OrderingKey.as_str())
+                        .unwrap_or_default(),
                     turn,
-                    size: row.try_get("", "sz")?,
+                    size: row.try_get("", "sz").unwrap_or_default(),
                 });
             }
             Ok::<_, DbErr>(found)
@@ -775,7 +804,7 @@ async fn claim_due_locked(
     // Then, of those in turn, the rows whose params fit in `bytes`.
     let fit = fitting(in_turn.iter().map(|(_, size)| *size), bytes);
     let chosen: Vec<i64> = in_turn.iter().take(fit).map(|(id, _)| *id).collect();
-    let mut taken = rows_by_id(&txn, chosen).await?;
+    let (mut taken, unreadable) = rows_by_id(&txn, chosen).await?;
     if !taken.is_empty() {
         let ids = taken.iter().map(|r| r.id);
         columns::update(&txn, Column::Id.is_in(ids), claim_sets(store)).await?;
@@ -787,7 +816,12 @@ async fn claim_due_locked(
             .exec(&txn)
             .await?;
     }
+    // Held by this transaction (locked, or SQLite's write lock): parked
+    // as read.
+    let now = chrono::Utc::now().naive_utc();
+    let parked = batch::park_unreadable_in(&txn, &unreadable, now).await?;
     txn.commit().await?;
+    batch::parked_unreadable(store, &unreadable, &parked).await;
     for row in &mut taken {
         row.version = row.version.wrapping_add(1);
         row.leased = true;
@@ -854,8 +888,8 @@ async fn claim_rows(
             let locked = due
                 .clone()
                 .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked);
-            let mut rows = match bytes {
-                None => locked.all(&txn).await?,
+            let (mut rows, unreadable) = match bytes {
+                None => read_rows(&txn, locked).await?,
                 Some(bytes) => {
                     // As in claim_due_locked: sizes without locks, then
                     // lock what fits (a locking read reads params).
@@ -900,7 +934,11 @@ async fn claim_rows(
                 let ids = rows.iter().map(|r| r.id);
                 columns::update(&txn, Column::Id.is_in(ids), claim_sets(store)).await?;
             }
+            // Locked by this transaction: parked as read.
+            let now = chrono::Utc::now().naive_utc();
+            let parked = batch::park_unreadable_in(&txn, &unreadable, now).await?;
             txn.commit().await?;
+            batch::parked_unreadable(store, &unreadable, &parked).await;
             for row in &mut rows {
                 row.version = row.version.wrapping_add(1);
                 row.leased = true;
@@ -935,16 +973,12 @@ async fn claim_rows(
                 let (due_at, value) = claim_due_at(store);
                 update = update.col_expr(due_at, value);
             }
-            let mut rows = if backend == DbBackend::Postgres {
-                let mut update = sea_orm::QueryTrait::into_query(update);
-                update.returning(columns::returning_all());
-                let rows = store.db.query_all(&update).await?;
-                rows.iter()
-                    .map(columns::model_at_pg)
-                    .collect::<Result<Vec<_>, _>>()?
-            } else {
-                update.exec_with_returning(&store.db).await?
-            };
+            let mut update = sea_orm::QueryTrait::into_query(update);
+            update.returning(columns::returning_all());
+            let rows = store.db.query_all(&update).await?;
+            let (mut rows, unreadable) = columns::claimed_rows(backend, &rows);
+            // Claimed (the statement has committed), never sent.
+            batch::park_unreadable(store, unreadable).await;
             rows.sort_by_key(|r| r.id);
             rows
         }
@@ -962,10 +996,15 @@ async fn claim_rows(
 pub(crate) async fn claim_probe(store: &Store, def_id: i64) -> Result<Option<Lease>, DbErr> {
     let backend = store.backend();
     let wanted = wanted_paused_too(&DueFilter::defs(vec![def_id]), backend);
-    let oldest = due_first(backend, due(backend).add(wanted))
-        .one(&store.db)
-        .await?;
-    match oldest {
+    let (mut oldest, unreadable) = read_rows(
+        &store.db,
+        due_first(backend, due(backend).add(wanted)).limit(1),
+    )
+    .await?;
+    // Due, so held by no live lease: parked as read (a claim meanwhile
+    // changed its version, and the park finds nothing).
+    batch::park_unreadable(store, unreadable).await;
+    match oldest.pop() {
         Some(row) => claim_one(store, &row).await,
         None => Ok(None),
     }

@@ -14,7 +14,10 @@ use sea_orm::{
     },
 };
 
-use crate::entity::{notify_msg, notify_msg_history};
+use crate::entity::{
+    notify_msg, notify_msg_history,
+    read::{self, Unreadable},
+};
 
 pub(crate) use notify_msg::Column;
 
@@ -25,10 +28,12 @@ pub(crate) type Set = (Column, Expr);
 pub(crate) use notify_msg::due_at;
 
 /// The one way `version` changes: up by one, in the statement that makes the
-/// transition.
+/// transition ([`bumped`](super::version::bumped)).
 pub(crate) fn bump() -> Set {
-    (Column::Version, Expr::col(Column::Version).add(1))
+    (Column::Version, Expr::cust(bumped("version")))
 }
+
+pub(crate) use super::version::bumped;
 
 /// Guard of one row: still at the version the caller holds.
 pub(crate) fn at_version(id: i64, version: i32) -> Condition {
@@ -274,13 +279,13 @@ pub(crate) struct ClaimedNext {
 /// the next notice of each ordering key moved: claims it (and the run
 /// behind it) for the caller when `next` is given and it is in turn, else
 /// makes it due. `next`'s ids are moved ids whose keys are left alone (the
-/// caller holds their next notices already). Returns the ids moved, and the
-/// rows claimed.
+/// caller holds their next notices already). Returns the ids moved, the
+/// rows claimed, and those claimed that cannot be read (to park).
 pub(crate) async fn succeed_pairs_pg(
     db: &crate::db::Db,
     pairs: &[(i64, i32)],
     next: Option<(&ClaimNext, std::time::Duration, &[i64])>,
-) -> Result<(Vec<i64>, Vec<ClaimedNext>), DbErr> {
+) -> Result<(Vec<i64>, Vec<ClaimedNext>, Vec<Unreadable>), DbErr> {
     use sea_orm::{Iterable as _, Statement};
     // `next`'s position: after every column of the row.
     let next_at = Column::iter().count();
@@ -292,7 +297,7 @@ pub(crate) async fn succeed_pairs_pg(
         let values: Vec<String> = Column::iter()
             .map(|c| match c {
                 Column::Status => format!("{} AS status", crate::status::Status::Succeeded as i16),
-                Column::Version => "version + 1".to_string(),
+                Column::Version => bumped("version"),
                 Column::Leased => "false".to_string(),
                 other => format!("\"{}\"", other.as_str()),
             })
@@ -329,7 +334,7 @@ pub(crate) async fn succeed_pairs_pg(
     let versions: Vec<i32> = pairs.iter().map(|p| p.1).collect();
     let Some((next, lease, continuing)) = next else {
         let moved = moved_ids_pg(db, sql, ids, versions).await?;
-        return Ok((moved, Vec::new()));
+        return Ok((moved, Vec::new(), Vec::new()));
     };
     let values = [
         ids.into(),
@@ -339,7 +344,7 @@ pub(crate) async fn succeed_pairs_pg(
         continuing.to_vec().into(),
         i64::try_from(next.bytes).unwrap_or(i64::MAX).into(),
     ];
-    let (mut moved, mut claimed) = (Vec::new(), Vec::new());
+    let (mut moved, mut claimed, mut unreadable) = (Vec::new(), Vec::new(), Vec::new());
     for row in db
         .query_all_raw(Statement::from_sql_and_values(
             DbBackend::Postgres,
@@ -352,16 +357,20 @@ pub(crate) async fn succeed_pairs_pg(
             let head = row.try_get_by_index::<Option<i64>>(next_at + 1)?;
             let pos = row.try_get_by_index::<Option<i64>>(next_at + 2)?;
             let holds = row.try_get_by_index::<Option<bool>>(next_at + 3)?;
-            claimed.push(ClaimedNext {
-                row: model_at_pg(&row)?,
-                behind: head.zip(pos),
-                holds: holds.unwrap_or(false),
-            });
+            match claimed_row(DbBackend::Postgres, &row) {
+                Ok(model) => claimed.push(ClaimedNext {
+                    row: model,
+                    behind: head.zip(pos),
+                    holds: holds.unwrap_or(false),
+                }),
+                // Not sent: the rows of its run behind it stray.
+                Err(u) => unreadable.push(u),
+            }
         } else {
             moved.push(row.try_get_by_index::<i64>(0)?);
         }
     }
-    Ok((moved, claimed))
+    Ok((moved, claimed, unreadable))
 }
 
 /// PostgreSQL: runs [`succeed_pairs_pg`]'s statement that only moves rows,
@@ -445,6 +454,37 @@ pub(crate) fn model_at_pg(row: &sea_orm::QueryResult) -> Result<notify_msg::Mode
         step_result: row.try_get(18).map_err(e)?,
         not_before: row.try_get(19).map_err(e)?,
     })
+}
+
+/// A claimed row (a statement's `RETURNING` list from [`returning_all`], or
+/// a whole row read): read by position on PostgreSQL ([`model_at_pg`]), by
+/// name elsewhere; or what cannot be read of it.
+pub(crate) fn claimed_row(
+    backend: DbBackend,
+    row: &sea_orm::QueryResult,
+) -> Result<notify_msg::Model, Unreadable> {
+    if backend == DbBackend::Postgres
+        && let Ok(model) = model_at_pg(row)
+    {
+        return Ok(model);
+    }
+    read::notice(row)
+}
+
+/// [`claimed_row`] for each of `rows`: those read, and those that cannot be.
+pub(crate) fn claimed_rows(
+    backend: DbBackend,
+    rows: &[sea_orm::QueryResult],
+) -> (Vec<notify_msg::Model>, Vec<Unreadable>) {
+    let mut read = Vec::with_capacity(rows.len());
+    let mut unreadable = Vec::new();
+    for row in rows {
+        match claimed_row(backend, row) {
+            Ok(model) => read.push(model),
+            Err(u) => unreadable.push(u),
+        }
+    }
+    (read, unreadable)
 }
 
 /// Every column of a notice, in the order [`model_at_pg`] reads them.

@@ -56,6 +56,7 @@ pub mod order;
 pub mod pause;
 pub(crate) mod rate;
 pub(crate) mod retention;
+mod version;
 
 use std::{sync::Arc, time::Duration};
 
@@ -129,16 +130,13 @@ impl Store {
         }
         use crate::entity::notify_msg_history::{Column, Entity};
         use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QuerySelect};
-        let keys: Result<Vec<(i64, Option<String>)>, _> = Entity::find()
+        let select = Entity::find()
             .select_only()
             .columns([Column::DefId, Column::OrderingKey])
             .filter(Column::Id.is_in(ids.iter().copied()))
-            .filter(Column::OrderingKey.is_not_null())
-            .into_tuple()
-            .all(&self.db)
-            .await;
-        match keys {
-            Ok(keys) => self.finished(keys.iter().map(|(d, k)| (*d, k))).await,
+            .filter(Column::OrderingKey.is_not_null());
+        match operator::readable_keys(&self.db, select).await {
+            Ok(keys) => self.finished_keys(keys).await,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read the ordering keys of finished notices; their next notices are due within {:?}", order::TURN_RECHECK)
             }

@@ -57,7 +57,7 @@ async fn lock_for_release<C: ConnectionTrait>(
     };
     // SQLite's write transactions run one at a time already.
     if conn.get_database_backend() != DbBackend::Sqlite {
-        let keys: Vec<(i64, String)> = keys_of(guard.clone()).into_tuple().all(conn).await?;
+        let keys = readable_keys(conn, keys_of(guard.clone())).await?;
         if !keys.is_empty() {
             let _: Vec<i64> = notify_msg_history::Entity::find()
                 .select_only()
@@ -85,11 +85,28 @@ async fn lock_for_release<C: ConnectionTrait>(
     if ids.is_empty() {
         return Ok((ids, Vec::new()));
     }
-    let keys = keys_of(Condition::all().add(Expr::col(History::Id).is_in(ids.iter().copied())))
-        .into_tuple()
-        .all(conn)
-        .await?;
+    let keys = readable_keys(
+        conn,
+        keys_of(Condition::all().add(Expr::col(History::Id).is_in(ids.iter().copied()))),
+    )
+    .await?;
     Ok((ids, keys))
+}
+
+/// The `(def_id, ordering_key)` pairs `select` reads, those that read as an
+/// integer and text: a key a plain-SQL producer wrote as a BLOB (SQLite)
+/// holds nothing back, as no text key equals it.
+pub(crate) async fn readable_keys<C: ConnectionTrait>(
+    conn: &C,
+    select: sea_orm::Select<notify_msg_history::Entity>,
+) -> Result<Vec<(i64, String)>, DbErr> {
+    let rows = conn
+        .query_all(&sea_orm::QueryTrait::into_query(select))
+        .await?;
+    Ok(rows
+        .iter()
+        .filter_map(|row| Some((row.try_get_by_index(0).ok()?, row.try_get_by_index(1).ok()?)))
+        .collect())
 }
 
 /// After a change, writes on `conn` (its transaction) the `key.released`

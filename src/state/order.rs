@@ -69,7 +69,7 @@ use sea_orm::{
     sea_query::{Condition, Expr, ExprTrait},
 };
 
-use super::clock;
+use super::{clock, version::P_VERSION_BUMPED};
 use crate::entity::notify_msg::{Column, due_at};
 use crate::status::Status;
 
@@ -309,7 +309,7 @@ pub(crate) fn next_of_moved_pg(claim: bool) -> String {
                          n.status = 0 AND NOT n.leased AND {partition} \
                          AND (n.not_before IS NULL OR n.not_before <= {NOW}) \
                          AND n.id NOT IN (SELECT id FROM moved) \
-                         AND octet_length(n.param) <= {RUN_MEMBER_BYTES} \
+                         AND octet_length(n.param) + COALESCE(octet_length(n.step_result), 0) <= {RUN_MEMBER_BYTES} \
                          AND (f.id IS NULL OR (n.create_time, n.id) < (f.create_time, f.id)) AS free \
                      FROM notify_msg n \
                      WHERE n.def_id = h.def_id AND n.ordering_key = h.ordering_key \
@@ -325,7 +325,7 @@ pub(crate) fn next_of_moved_pg(claim: bool) -> String {
     // order, fit in `$6` bytes (at least one); the rest are made due.
     format!(
         "nexts AS MATERIALIZED (SELECT p.id, p.def_id, p.ordering_key, p.create_time, \
-             octet_length(p.param) AS sz, ({take}) AS fits FROM notify_msg p \
+             octet_length(p.param) + COALESCE(octet_length(p.step_result), 0) AS sz, ({take}) AS fits FROM notify_msg p \
              WHERE p.id = ANY(ARRAY({next})) AND {MAY_WAIT}), \
          following AS MATERIALIZED (SELECT id, def_id, ordering_key, create_time, \
              fits AND SUM(CASE WHEN fits THEN sz ELSE 0 END) OVER (ORDER BY id) \
@@ -336,8 +336,8 @@ pub(crate) fn next_of_moved_pg(claim: bool) -> String {
              next_call_time = {NOW} + make_interval(secs => $4::double precision), \
              due_at = CASE WHEN p.id IN (SELECT id FROM inside) THEN p.due_at \
                  ELSE {NOW} + make_interval(secs => $4::double precision) END, \
-             in_run_at = CASE WHEN p.id IN (SELECT id FROM inside) THEN p.version + 1 END, \
-             version = p.version + 1 \
+             in_run_at = CASE WHEN p.id IN (SELECT id FROM inside) THEN {P_VERSION_BUMPED} END, \
+             version = {P_VERSION_BUMPED} \
              WHERE p.id = ANY(ARRAY(SELECT id FROM following WHERE take UNION ALL SELECT id FROM run)) \
              AND {MAY_WAIT} RETURNING p.*), \
          promoted AS (UPDATE notify_msg p SET next_call_time = {NOW}, due_at = {NOW} \

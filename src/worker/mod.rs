@@ -367,13 +367,43 @@ pub struct Worker {
     /// The definitions this worker takes, worked out from the definition
     /// cache's rows it holds: again only when those change, not on every
     /// sweep (at 100,000 definitions that walk was a tenth of a drain's CPU).
-    selection: Mutex<Option<(KnownDefs, DefSelect)>>,
+    selection: Mutex<Option<(KnownDefs, Selection)>>,
     /// Whether the pool's connections were warmed up (once per worker).
     warmed: std::sync::atomic::AtomicBool,
 }
 
 /// The definition cache's rows, as shared by its snapshot.
 type KnownDefs = Arc<std::collections::HashMap<i64, crate::def::cache::Entry>>;
+
+/// The definitions a worker takes, as worked out from one read of them.
+#[derive(Clone)]
+struct Selection {
+    /// Which definitions' notices it takes.
+    defs: DefSelect,
+    /// Those it takes from any partition ([`DueFilter::any_partition`]).
+    any_partition: Vec<i64>,
+}
+
+/// The definitions named by some definition's `events_to`: operational
+/// events come from no producer's balancer, so they are written to
+/// partition 0, and a worker limited to partitions takes them from any.
+fn event_defs(known: &std::collections::HashMap<i64, crate::def::cache::Entry>) -> Vec<i64> {
+    let targets: std::collections::HashSet<&str> = known
+        .values()
+        .filter_map(|entry| entry.as_ref().ok()?.events_to.as_deref())
+        .collect();
+    let mut ids: Vec<i64> = known
+        .iter()
+        .filter(|(_, entry)| {
+            entry
+                .as_ref()
+                .is_ok_and(|def| targets.contains(def.name.as_str()))
+        })
+        .map(|(id, _)| *id)
+        .collect();
+    ids.sort_unstable();
+    ids
+}
 
 impl Worker {
     /// Checks `config` and prepares a worker (nothing runs until [`Worker::run`]).
@@ -760,21 +790,30 @@ impl Worker {
             .lock()
             .ok()
             .and_then(|memo| match memo.as_ref() {
-                Some((seen, defs)) if Arc::ptr_eq(seen, &known) => Some(defs.clone()),
+                Some((seen, selection)) if Arc::ptr_eq(seen, &known) => Some(selection.clone()),
                 _ => None,
             });
-        let defs = match memo {
-            Some(defs) => defs,
+        let Selection {
+            defs,
+            any_partition,
+        } = match memo {
+            Some(selection) => selection,
             None => {
-                let defs = self.notifier.deliverable_among(
-                    &known,
-                    &self.config.defs,
-                    &self.config.handlers,
-                );
+                let selection = Selection {
+                    defs: self.notifier.deliverable_among(
+                        &known,
+                        &self.config.defs,
+                        &self.config.handlers,
+                    ),
+                    any_partition: match self.config.partitions.is_empty() {
+                        true => Vec::new(),
+                        false => event_defs(&known),
+                    },
+                };
                 if let Ok(mut memo) = self.selection.lock() {
-                    *memo = Some((known, defs.clone()));
+                    *memo = Some((known, selection.clone()));
                 }
-                defs
+                selection
             }
         };
         // Alerts are swept by every worker, whatever its filters, that can
@@ -801,6 +840,7 @@ impl Worker {
         Ok(DueFilter {
             defs,
             partitions: self.config.partitions.clone(),
+            any_partition,
             always,
         })
     }

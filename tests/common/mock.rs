@@ -149,12 +149,17 @@ impl MockServer {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
         let (r, k) = (routes.clone(), received.clone());
-        let app = Router::new()
-            .fallback(move |method: Method, uri: Uri, headers: HeaderMap, body: Bytes| {
-                let (routes, received) = (r.clone(), k.clone());
-                async move { answer(&routes, &received, address, method, uri, headers, body).await }
-            })
-            .layer(axum::extract::DefaultBodyLimit::disable());
+        let app =
+            Router::new()
+                .fallback(
+                    move |method: Method, uri: Uri, headers: HeaderMap, body: Bytes| {
+                        let (routes, received) = (r.clone(), k.clone());
+                        async move {
+                            answer(&routes, &received, address, method, uri, headers, body).await
+                        }
+                    },
+                )
+                .layer(axum::extract::DefaultBodyLimit::disable());
         let task = tokio::spawn(async move {
             axum::serve(listener, app).await.ok();
         });
@@ -199,12 +204,17 @@ async fn answer(
     });
     let template = {
         let mut routes = routes.lock().unwrap();
-        routes.iter_mut().find(|m| m.matches(&method, &uri)).map(|m| {
-            if let Some(n) = m.times.as_mut() {
-                *n -= 1;
-            }
-            m.answer.clone().unwrap_or_else(|| ResponseTemplate::new(200))
-        })
+        routes
+            .iter_mut()
+            .find(|m| m.matches(&method, &uri))
+            .map(|m| {
+                if let Some(n) = m.times.as_mut() {
+                    *n -= 1;
+                }
+                m.answer
+                    .clone()
+                    .unwrap_or_else(|| ResponseTemplate::new(200))
+            })
     };
     let Some(template) = template else {
         return StatusCode::NOT_FOUND.into_response();

@@ -429,3 +429,81 @@ db_test!(
         }
     }
 );
+
+db_test!(
+    a_wrong_key_parks_the_notices_and_spends_no_retry,
+    |db: Arc<TestDb>| async move {
+        let (hook, bodies) = receiver().await;
+        let mut pii = DefSpec::new("pii", Channel::Http, json!({ "url": hook.url }));
+        pii.encrypt = true;
+        pii.max_retry_times = 10;
+        store::sync(&db.db, &[pii]).await.unwrap();
+        // Left to the worker below: no after-commit attempt here.
+        let producer = db
+            .notifier()
+            .config(Config {
+                immediate_attempt: false,
+                ..with_keys(keys(&[("k1", K1)]))
+            })
+            .build()
+            .unwrap();
+        let tx = producer.begin().await.unwrap();
+        let mut ids = Vec::new();
+        for i in 0..20 {
+            let param = json!({"card": MARKER, "i": i});
+            ids.push(tx.add(NewNotice::new("pii", &param)).await.unwrap());
+        }
+        tx.commit().await.unwrap();
+        // A worker given key id k1 with other bytes: every notice parked,
+        // none failed for good, nothing sent.
+        let wrong = db
+            .notifier()
+            .config(with_keys(keys(&[("k1", K2)])))
+            .build()
+            .unwrap();
+        let running = start(wrong, fast(WorkerConfig::default()));
+        let parked = eventually(30, "twenty parked", || async {
+            let parked: Vec<_> = db
+                .history()
+                .await
+                .into_iter()
+                .filter(|r| r.status == Status::Parked)
+                .collect();
+            (parked.len() == 20).then_some(parked)
+        })
+        .await;
+        running.stop().await;
+        assert!(
+            bodies.lock().unwrap().is_empty(),
+            "nothing garbled was sent"
+        );
+        for row in &parked {
+            assert_eq!(row.retry_times, 0, "no retry spent");
+            assert!(
+                row.errors.contains("does not open with key `k1`"),
+                "the reason names the key: {}",
+                row.errors
+            );
+        }
+        // With the right key, a requeue delivers each once.
+        let right = db
+            .notifier()
+            .config(with_keys(keys(&[("k1", K1)])))
+            .build()
+            .unwrap();
+        let (ok, out, err) = cli(
+            &db,
+            &["requeue", "--status", "parked", "--reason", "right key"],
+        );
+        assert!(ok, "{out} {err}");
+        let running = start(right, fast(WorkerConfig::default()));
+        eventually(30, "twenty delivered", || async {
+            (bodies.lock().unwrap().len() == 20).then_some(())
+        })
+        .await;
+        running.stop().await;
+        for id in &ids {
+            assert_eq!(db.history_of(*id).await.unwrap().status, Status::Succeeded);
+        }
+    }
+);

@@ -619,3 +619,68 @@ db_test!(
         check_common(&closed[0], "flaky");
     }
 );
+
+db_test!(
+    a_worker_limited_to_partitions_delivers_the_events,
+    |db: Arc<TestDb>| async move {
+        let (ops, bodies) = collecting(Reply::ok).await;
+        store::sync(
+            &db.db,
+            &[
+                http_def("ops", &ops.url, |_| {}),
+                handler_def("orders", |s| {
+                    s.max_retry_times = 0;
+                    s.events_to = "ops".into();
+                }),
+            ],
+        )
+        .await
+        .unwrap();
+        // Notices of partition 1 only; every worker takes partition 1 alone.
+        let notifier = db
+            .notifier()
+            .config(Config {
+                load_balance: solid_notify::LoadBalance::Fixed { num: 1 },
+                ..quiet()
+            })
+            .handler(
+                "orders",
+                Recorder::default().handler(|_| Outcome::permanent("refused")),
+            )
+            .build()
+            .unwrap();
+        let running = start(
+            notifier.clone(),
+            fast(WorkerConfig {
+                partitions: vec![1],
+                ..WorkerConfig::default()
+            }),
+        );
+        let tx = notifier.begin().await.unwrap();
+        tx.add_notice("orders", &json!({}), "").await.unwrap();
+        tx.commit().await.unwrap();
+        // notice.failed, written by the recorder (partition 0), and
+        // definition.paused / resumed, written by an operator.
+        eventually(30, "the failure's event delivered", || async {
+            (!bodies.of("notice.failed").is_empty()).then_some(())
+        })
+        .await;
+        notifier
+            .pause(
+                "orders",
+                solid_notify::ops::PauseEnd::OnResume,
+                &solid_notify::ops::Audit::operator(),
+            )
+            .await
+            .unwrap();
+        eventually(30, "the pause's event delivered", || async {
+            (!bodies.of("definition.paused").is_empty()).then_some(())
+        })
+        .await;
+        running.stop().await;
+        eventually(5, "nothing left in flight", || async {
+            (db.counts().await.0 == 0).then_some(())
+        })
+        .await;
+    }
+);

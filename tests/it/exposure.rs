@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use crate::mock::{Mock, MockServer, ResponseTemplate, matchers::method};
 use sea_orm::ConnectionTrait;
 use serde_json::{Value, json};
 use solid_notify::{
@@ -11,7 +12,6 @@ use solid_notify::{
     dashboard::DashboardConfig,
     def::{Channel, DefSpec, store},
 };
-use crate::mock::{Mock, MockServer, ResponseTemplate, matchers::method};
 
 use crate::{
     db_test,
@@ -243,6 +243,119 @@ db_test!(secrets_stay_off_pages_and_out_of_errors, |db: Arc<
     }
     stop.cancel();
 });
+
+db_test!(
+    a_url_kept_as_a_secret_is_never_shown,
+    |db: Arc<TestDb>| async move {
+        // A Slack-style incoming webhook: the path is the credential.
+        let fail = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let failing = fail.clone();
+        let hook = crate::receiver::Receiver::start(move |_| {
+            match failing.load(std::sync::atomic::Ordering::SeqCst) {
+                true => crate::receiver::Reply::status(500),
+                false => crate::receiver::Reply::ok(),
+            }
+        })
+        .await;
+        let secret_url = hook.url.replace("/hook", "/services/T1/B2/SECRETX");
+        def(
+            &db,
+            "slack",
+            Channel::Http,
+            json!({ "url": {"secret": "SLACK_HOOK"} }),
+        )
+        .await;
+        let mut config = test_config();
+        config.secrets.insert("SLACK_HOOK".into(), secret_url);
+        let notifier = db.notifier().config(config).build().unwrap();
+        let result = send(&notifier, NewNotice::new("slack", &json!({"text": "hi"}))).await;
+        assert!(matches!(result, AttemptResult::Succeeded), "{result:?}");
+        assert_eq!(hook.seen().len(), 1, "delivered to the secret URL");
+        // A failure's reason, and every page, name the secret, never its URL.
+        fail.store(true, std::sync::atomic::Ordering::SeqCst);
+        let result = send(&notifier, NewNotice::new("slack", &json!({"text": "hi"}))).await;
+        let AttemptResult::FinalFailure { reason, .. } = &result else {
+            panic!("{result:?}")
+        };
+        assert!(!reason.contains("SECRETX"), "{reason}");
+        // Without the secret: a retry that names it.
+        let keyless = db.notifier().config(test_config()).build().unwrap();
+        let result = send(&keyless, NewNotice::new("slack", &json!({}))).await;
+        assert!(
+            matches!(&result, AttemptResult::FinalFailure { reason, .. } if reason.contains("secret `SLACK_HOOK` is not configured")),
+            "{result:?}"
+        );
+        // A notice may not move it.
+        let tx = notifier.begin().await.unwrap();
+        let moved = tx
+            .add(
+                NewNotice::new("slack", &json!({}))
+                    .target_override(json!({"url": "http://127.0.0.1:9/elsewhere"})),
+            )
+            .await;
+        assert!(moved.is_err(), "{moved:?}");
+        tx.rollback().await.unwrap();
+        let (base, stop) = crate::dashboard::serve(&db, DashboardConfig::default()).await;
+        let http = crate::dashboard::client();
+        for page in [
+            "/defs",
+            "/api/defs",
+            "/notices?place=history",
+            "/api/notices?place=history",
+        ] {
+            let text = http
+                .get(format!("{base}{page}"))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            assert!(
+                !text.contains("SECRETX") && !text.contains("/services/"),
+                "{page}: {text}"
+            );
+        }
+        stop.cancel();
+        let errors = db
+            .history()
+            .await
+            .into_iter()
+            .map(|r| r.errors)
+            .collect::<String>();
+        assert!(!errors.contains("SECRETX"), "{errors}");
+    }
+);
+
+db_test!(
+    an_amqp_url_written_without_slashes_shows_no_password,
+    |db: Arc<TestDb>| async move {
+        def(
+            &db,
+            "queue",
+            Channel::Amqp,
+            json!({ "exchange": "", "routing_key": "q" }),
+        )
+        .await;
+        let mut config = test_config();
+        config.amqp.url = Some("amqp:guest:s3cr3tpw@127.0.0.1:5672".into());
+        config.amqp.connect_timeout = std::time::Duration::from_secs(2);
+        let notifier = db.notifier().config(config).build().unwrap();
+        let result = send(&notifier, NewNotice::new("queue", &json!({}))).await;
+        let AttemptResult::FinalFailure { reason, .. } = &result else {
+            panic!("{result:?}")
+        };
+        assert!(!reason.contains("s3cr3tpw"), "{reason}");
+        assert!(reason.contains("not valid"), "{reason}");
+        let errors = db
+            .history()
+            .await
+            .into_iter()
+            .map(|r| r.errors)
+            .collect::<String>();
+        assert!(!errors.contains("s3cr3tpw"), "{errors}");
+    }
+);
 
 #[test]
 fn debug_hides_passwords_and_secrets() {

@@ -2,16 +2,16 @@
 
 use std::{sync::Arc, time::Duration};
 
+use crate::mock::{
+    Mock, MockServer, ResponseTemplate,
+    matchers::{method, path},
+};
 use hmac::{Hmac, Mac};
 use serde_json::{Value, json};
 use sha2::Sha256;
 use solid_notify::{
     AttemptResult, NewNotice, Notifier, Status,
     def::{Channel, DefSpec, store},
-};
-use crate::mock::{
-    Mock, MockServer, ResponseTemplate,
-    matchers::{method, path},
 };
 
 use crate::{

@@ -276,3 +276,84 @@ fn fastrand_suffix() -> u128 {
         .unwrap()
         .as_nanos()
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_mail_folder_is_private_and_never_a_link() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    crate::support::run(crate::support::Backend::Sqlite, |db| async move {
+        let base = std::env::temp_dir().join(format!("sn_mail_modes_{}", fastrand_suffix()));
+        let dir = base.join("mail");
+        store::sync(
+            &db.db,
+            &[DefSpec::new(
+                "memo",
+                Channel::Email,
+                json!({"recipients": ["ops@example.com"]}),
+            )],
+        )
+        .await
+        .unwrap();
+        let send = async |dir: std::path::PathBuf| {
+            let notifier = db
+                .notifier()
+                .config(mail_config(None, Some(dir)))
+                .build()
+                .unwrap();
+            let tx = notifier.begin().await.unwrap();
+            tx.add_notice("memo", &json!({"body": "private"}), "").await.unwrap();
+            tx.commit_and_wait().await.unwrap().pop().unwrap().result
+        };
+        // Created 0700, the mail 0600.
+        let result = send(dir.clone()).await;
+        assert!(matches!(result, AttemptResult::Succeeded), "{result:?}");
+        assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700);
+        let file = std::fs::read_dir(&dir).unwrap().next().unwrap().unwrap().path();
+        assert_eq!(std::fs::metadata(&file).unwrap().mode() & 0o777, 0o600);
+        // A link planted at the folder's path: refused, nothing written
+        // where it points.
+        let elsewhere = base.join("elsewhere");
+        std::fs::create_dir_all(&elsewhere).unwrap();
+        let link = base.join("link");
+        std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
+        let result = send(link).await;
+        assert!(
+            matches!(&result, AttemptResult::WillRetry { reason, .. } | AttemptResult::FinalFailure { reason, .. } if reason.contains("symbolic link")),
+            "{result:?}"
+        );
+        assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
+        // A folder of another user: refused.
+        if rustix_euid() == 0 {
+            let theirs = base.join("theirs");
+            std::fs::create_dir_all(&theirs).unwrap();
+            std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+            let result = send(theirs.clone()).await;
+            assert!(
+                matches!(&result, AttemptResult::WillRetry { reason, .. } | AttemptResult::FinalFailure { reason, .. } if reason.contains("belongs to user 65534")),
+                "{result:?}"
+            );
+            assert_eq!(std::fs::read_dir(&theirs).unwrap().count(), 0);
+        }
+        // An empty folder name is a configuration error.
+        let built = db
+            .notifier()
+            .config(mail_config(None, Some(std::path::PathBuf::new())))
+            .build();
+        assert!(
+            matches!(&built, Err(solid_notify::Error::Config(m)) if m.contains("SOLID_NOTIFY_MAIL_DIR")),
+            "{:?}",
+            built.err()
+        );
+        std::fs::remove_dir_all(&base).ok();
+    })
+    .await
+}
+
+/// This process's user id (the owner of what it creates).
+fn rustix_euid() -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    let probe = std::env::temp_dir().join(format!("sn_uid_{}", fastrand_suffix()));
+    std::fs::write(&probe, b"").unwrap();
+    let uid = std::fs::metadata(&probe).unwrap().uid();
+    std::fs::remove_file(&probe).ok();
+    uid
+}

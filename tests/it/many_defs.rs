@@ -109,13 +109,16 @@ crate::db_test!(
         eprintln!("at {DEFS} definitions: overview {overview:?}, /api/defs page {api_defs:?}");
         assert_eq!(o.def_count, DEFS as u64 + 1, "the alert definition too");
         assert_eq!(page.len(), 1_000);
+        // A bound against reading every definition (seconds at this size),
+        // with room for a machine busy with other tests; the figures are
+        // printed above, and measured alone by the benchmarks.
         if db.backend == Backend::Postgres {
             assert!(
-                overview < Duration::from_secs(1),
+                overview < Duration::from_secs(3),
                 "overview took {overview:?}"
             );
             assert!(
-                api_defs < Duration::from_secs(1),
+                api_defs < Duration::from_secs(3),
                 "/api/defs took {api_defs:?}"
             );
         }

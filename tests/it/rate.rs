@@ -75,8 +75,10 @@ db_test!(a_rate_limit_holds_across_three_workers, |db: Arc<
     );
     let first = calls.iter().map(|c| c.1).min().unwrap();
     let last = calls.iter().map(|c| c.1).max().unwrap();
+    // (Less a quarter second: the windows are the database's seconds, the
+    // calls are timed by this process, a moment after their grant.)
     assert!(
-        last - first >= chrono::Duration::milliseconds((N / LIMIT - 1) as i64 * 1000),
+        last - first >= chrono::Duration::milliseconds((N / LIMIT - 1) as i64 * 1000 - 250),
         "{N} at {LIMIT}/s took only {:?}",
         last - first
     );

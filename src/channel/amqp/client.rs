@@ -76,14 +76,25 @@ impl AmqpChannel {
     /// Opens a connection (bounded by the connect timeout).
     pub async fn connect(config: &AmqpConfig) -> Result<Connection, String> {
         let url = config.url.as_deref().ok_or("no AMQP broker configured")?;
+        // Parsed here: the client's own message for a URL it cannot read
+        // quotes it whole, password included.
+        let uri = url.parse::<lapin::uri::AMQPUri>().map_err(|_| {
+            format!(
+                "the AMQP URL {} is not valid: write amqp://USER:PASSWORD@HOST:PORT/VHOST",
+                crate::redact::url(url)
+            )
+        })?;
         match tokio::time::timeout(
             config.connect_timeout,
-            Connection::connect(url, ConnectionProperties::default()),
+            Connection::connect_uri(uri, ConnectionProperties::default()),
         )
         .await
         {
             Ok(Ok(connection)) => Ok(connection),
-            Ok(Err(e)) => Err(format!("cannot connect to the broker: {e}")),
+            Ok(Err(e)) => Err(format!(
+                "cannot connect to the broker: {}",
+                crate::redact::scrub(&e.to_string(), url)
+            )),
             Err(_) => Err(format!(
                 "cannot connect to the broker within {:?}",
                 config.connect_timeout

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use lettre::{
-    AsyncFileTransport, AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor,
+    AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor,
     message::{Mailbox, header::ContentType},
 };
 use serde_json::Value;
@@ -17,7 +17,8 @@ use crate::{
 
 enum Transport {
     Smtp(AsyncSmtpTransport<Tokio1Executor>),
-    File(AsyncFileTransport<Tokio1Executor>, PathBuf),
+    /// `.eml` files in this folder ([`folder`]).
+    File(PathBuf),
 }
 
 /// Sends messages over the configured transport.
@@ -35,13 +36,22 @@ impl Mailer {
         let transport = match &config.smtp_url {
             Some(url) => Transport::Smtp(
                 AsyncSmtpTransport::<Tokio1Executor>::from_url(url)
-                    .map_err(|e| Error::Config(format!("SMTP URL: {e}")))?
+                    .map_err(|e| {
+                        Error::Config(format!(
+                            "SMTP URL {}: {}",
+                            crate::redact::url(url),
+                            crate::redact::scrub(&e.to_string(), url)
+                        ))
+                    })?
                     .build(),
             ),
-            None => Transport::File(
-                AsyncFileTransport::new(&config.file_dir),
-                config.file_dir.clone(),
-            ),
+            None if config.file_dir.as_os_str().is_empty() => {
+                return Err(Error::Config(format!(
+                    "the mail folder is empty ({} set but empty?): name a folder, or set an SMTP URL",
+                    super::ENV_MAIL_DIR
+                )));
+            }
+            None => Transport::File(config.file_dir.clone()),
         };
         Ok(Mailer { from, transport })
     }
@@ -76,13 +86,12 @@ impl Mailer {
                 Err(e) if e.is_permanent() => Outcome::permanent(format!("SMTP: {e}")),
                 Err(e) => Outcome::retry(format!("SMTP: {e}")),
             },
-            Transport::File(file, dir) => {
-                if let Err(e) = tokio::fs::create_dir_all(dir).await {
-                    return Outcome::retry(format!("mail folder {}: {e}", dir.display()));
-                }
-                match file.send(message).await {
-                    Ok(_) => Outcome::success(),
-                    Err(e) => Outcome::retry(format!("writing mail to {}: {e}", dir.display())),
+            Transport::File(dir) => {
+                let (dir, bytes) = (dir.clone(), message.formatted());
+                match tokio::task::spawn_blocking(move || folder::write(&dir, &bytes)).await {
+                    Ok(Ok(())) => Outcome::success(),
+                    Ok(Err(why)) => Outcome::retry(why),
+                    Err(e) => Outcome::retry(format!("writing the mail: {e}")),
                 }
             }
         }
@@ -116,5 +125,68 @@ impl Mailer {
             _ => serde_json::to_string_pretty(param).unwrap_or_default(),
         };
         self.send(&to, &subject, body).await
+    }
+}
+
+/// The mail folder of the file transport: `.eml` files only its owner
+/// reads, in a folder only its owner opens.
+mod folder {
+    use std::{io::Write, path::Path};
+
+    /// Writes one message into `dir` as a new `.eml` file (mode 0600, never
+    /// through a link: created exclusively), after [`check`]ing `dir`;
+    /// why not, as a failure reason.
+    pub(super) fn write(dir: &Path, bytes: &[u8]) -> Result<(), String> {
+        check(dir)?;
+        let name = format!("{:016x}{:016x}.eml", fastrand::u64(..), fastrand::u64(..));
+        let path = dir.join(name);
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).create_new(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        let mut file = options
+            .open(&path)
+            .map_err(|e| format!("writing mail to {}: {e}", dir.display()))?;
+        file.write_all(bytes)
+            .map_err(|e| format!("writing mail to {}: {e}", dir.display()))
+    }
+
+    /// Creates `dir` (mode 0700, its missing parents too) or checks the one
+    /// there: a folder, not a symbolic link, owned by this process's user.
+    /// (An existing folder keeps its mode: the files in it are 0600.)
+    fn check(dir: &Path) -> Result<(), String> {
+        let mut builder = std::fs::DirBuilder::new();
+        builder.recursive(true);
+        #[cfg(unix)]
+        std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+        // `recursive` answers Ok for a folder that is there already (and
+        // follows a link: the checks below look at the link itself).
+        builder
+            .create(dir)
+            .map_err(|e| format!("mail folder {}: {e}", dir.display()))?;
+        let meta = std::fs::symlink_metadata(dir)
+            .map_err(|e| format!("mail folder {}: {e}", dir.display()))?;
+        if meta.file_type().is_symlink() {
+            return Err(format!(
+                "mail folder {} is a symbolic link: refused (name the folder itself)",
+                dir.display()
+            ));
+        }
+        if !meta.is_dir() {
+            return Err(format!("mail folder {} is not a folder", dir.display()));
+        }
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::MetadataExt;
+            let me = rustix::process::geteuid().as_raw();
+            if meta.uid() != me {
+                return Err(format!(
+                    "mail folder {} belongs to user {}, not to this process's user {me}: refused",
+                    dir.display(),
+                    meta.uid()
+                ));
+            }
+        }
+        Ok(())
     }
 }

@@ -176,3 +176,75 @@ conformance!(
         f
     }
 );
+
+/// 40 notices a step on, each holding the previous step's result of 20,000
+/// bytes (a param of 2): `(ids, one row's payload)`.
+async fn step_results(f: &Fixture) -> (Vec<i64>, u64) {
+    let result = format!("\"{}\"", "r".repeat(19_998));
+    let mut ids = Vec::new();
+    for _ in 0..40 {
+        let id = f.notice().await;
+        f.exec(&format!(
+            "UPDATE notify_msg SET param = '{{}}', step = 1, step_result = '{result}' WHERE id = {id}"
+        ))
+        .await;
+        ids.push(id);
+    }
+    (ids, 2 + result.len() as u64)
+}
+
+/// The payload bytes a claim of at most `budget` bytes holds, with and
+/// without setting aside (the two forms of the claim).
+async fn claimed_bytes(f: &Fixture, budget: u64, set_aside: bool) -> (u64, usize) {
+    let taken = claim::claim_due(&f.store, &DueFilter::default(), 1_000, set_aside, budget)
+        .await
+        .unwrap();
+    let bytes = taken.leases.iter().map(|l| l.payload_bytes()).sum();
+    let n = taken.leases.len();
+    for lease in taken.leases {
+        lease.forget();
+    }
+    (bytes, n)
+}
+
+conformance!(
+    a_claim_counts_the_previous_steps_result_in_its_bytes,
+    |f: Fixture| async move {
+        let (ids, row) = step_results(&f).await;
+        let budget = 100_000;
+        for set_aside in [false, true] {
+            let (bytes, n) = claimed_bytes(&f, budget, set_aside).await;
+            assert!(n >= 1, "at least one row");
+            assert!(
+                bytes <= budget + row,
+                "set_aside {set_aside}: {n} rows hold {bytes} bytes, over {budget} plus a row"
+            );
+            for id in &ids {
+                f.expire(*id).await;
+            }
+        }
+        f
+    }
+);
+
+conformance!(
+    a_claim_counts_a_param_rewritten_in_place,
+    |f: Fixture| async move {
+        // A rekey (or a hand edit) rewrites params in place: 40 params of
+        // 2 bytes become 20,000.
+        let big = format!("\"{}\"", "p".repeat(19_998));
+        let mut ids = Vec::new();
+        for _ in 0..40 {
+            ids.push(f.notice().await);
+        }
+        f.exec(&format!("UPDATE notify_msg SET param = '{big}'"))
+            .await;
+        let budget = 100_000;
+        let (bytes, n) = claimed_bytes(&f, budget, false).await;
+        assert!(
+            bytes <= budget + big.len() as u64,
+            "{n} rows hold {bytes} bytes, over {budget} plus a row"
+        );
+        f
+    }
+);
