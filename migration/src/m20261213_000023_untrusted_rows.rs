@@ -7,20 +7,22 @@
 //!   ISO 8601 text with or without its time, with `T`, fractional seconds,
 //!   `Z` or an offset (`+02:00`, converted to UTC); a Unix time or a Julian
 //!   day, as a number or as numeric text (`strftime`'s `auto`: a value up
-//!   to 5373484 is a Julian day, a larger one Unix seconds). A time in none
-//!   of these forms (`'tomorrow'`, a BLOB, an offset without its colon) is
-//!   refused: the insert fails with a message naming the column. The
-//!   trigger never rewrites a time already in the library's form, so it
-//!   never turns a readable value into an unreadable one. It also copies a
-//!   future `next_call_time` of a plain-SQL row into `not_before` (the
-//!   delay of migration 20, whose trigger it replaces), once normalized.
-//! - **PostgreSQL**: the times of both tables must lie between the years 1
-//!   and 9999 (`infinity`, or a year past 262143, cannot be read as a
-//!   time by the driver). Checked for new writes only (`NOT VALID`): no
-//!   scan of the tables, no lock held while one runs.
+//!   to 5373484 is a Julian day, a larger one Unix seconds). A new notice
+//!   (`version` 0) with a time in none of these forms (`'tomorrow'`, a
+//!   BLOB, an offset without its colon) is refused: the insert fails with
+//!   a message naming the column. A row the library moves back in (a
+//!   requeue, whose version is past 0) is never refused: one whose time
+//!   cannot be read is parked by the claim that meets it. The trigger never
+//!   rewrites a time already in the library's form, so it never turns a
+//!   readable value into an unreadable one. It also copies a future
+//!   `next_call_time` of a plain-SQL row into `not_before` (the delay of
+//!   migration 20, whose trigger it replaces), once normalized.
 //! - **MySQL/MariaDB**: `param_bytes` is the size of `param` and
 //!   `step_result` together, the bytes a claim holds, kept by an insert and
 //!   an update trigger (a rekey, a step's result, a hand edit).
+//!
+//! (PostgreSQL needs nothing: a time its driver cannot read, such as
+//! `infinity`, is told apart when a row is read, and the row parked.)
 
 use sea_orm_migration::{prelude::*, sea_orm::DbBackend};
 
@@ -70,12 +72,14 @@ fn sqlite_trigger() -> String {
         };
         refusals.push_str(&format!(
             "SELECT RAISE(ABORT, 'notify_msg.{column} is not a time SQLite reads: write ISO 8601 text (UTC, or with an offset such as +02:00), a Unix time or a Julian day') \
-             WHERE {present}NOT {canonical} AND {normalized} IS NULL; ",
+             WHERE NEW.version = 0 AND {present}NOT {canonical} AND {normalized} IS NULL; ",
             canonical = canonical(&new),
             normalized = normalized(&new),
         ));
+        // A time SQLite cannot read stays as it is (never NULL).
         sets.push(format!(
-            "{column} = CASE WHEN {column} IS NULL OR {canonical} THEN {column} ELSE {normalized} END",
+            "{column} = CASE WHEN {column} IS NULL OR {canonical} THEN {column} \
+             ELSE COALESCE({normalized}, {column}) END",
             canonical = canonical(column),
             normalized = normalized(column),
         ));
@@ -94,20 +98,6 @@ fn sqlite_trigger() -> String {
     )
 }
 
-/// PostgreSQL: the constraint on the times of `table`.
-fn pg_constraint(table: &str) -> String {
-    let checks: Vec<String> = TIMES
-        .iter()
-        .map(|(column, _)| {
-            format!("({column} IS NULL OR {column} BETWEEN '0001-01-01' AND '9999-12-31 23:59:59.999999')")
-        })
-        .collect();
-    format!(
-        "ALTER TABLE {table} ADD CONSTRAINT {table}_times_readable CHECK ({}) NOT VALID",
-        checks.join(" AND ")
-    )
-}
-
 /// MySQL/MariaDB: the payload's size, as SQL over `NEW`.
 const PAYLOAD: &str = "LENGTH(NEW.param) + COALESCE(LENGTH(NEW.step_result), 0)";
 
@@ -120,11 +110,6 @@ impl MigrationTrait for Migration {
                 db.execute_unprepared("DROP TRIGGER IF EXISTS solid_notify_not_before")
                     .await?;
                 db.execute_unprepared(&sqlite_trigger()).await?;
-            }
-            DbBackend::Postgres => {
-                for table in ["notify_msg", "notify_msg_history"] {
-                    db.execute_unprepared(&pg_constraint(table)).await?;
-                }
             }
             DbBackend::MySql => {
                 for sql in [
@@ -163,14 +148,6 @@ impl MigrationTrait for Migration {
                      END",
                 )
                 .await?;
-            }
-            DbBackend::Postgres => {
-                for table in ["notify_msg", "notify_msg_history"] {
-                    db.execute_unprepared(&format!(
-                        "ALTER TABLE {table} DROP CONSTRAINT IF EXISTS {table}_times_readable"
-                    ))
-                    .await?;
-                }
             }
             DbBackend::MySql => {
                 db.execute_unprepared("DROP TRIGGER IF EXISTS solid_notify_param_bytes_update")

@@ -135,6 +135,11 @@ pub(crate) fn merged_target(
             "header `{name}`: an override's header value must be text (it may not name a secret)"
         ));
     }
+    // Nor may its URL: it would send the notice to a secret URL of the
+    // process (and tell which secrets exist).
+    if over.get("url").is_some_and(|url| !url.is_string()) {
+        return Err("`url`: an override's URL must be text (it may not name a secret)".into());
+    }
     let mut merged = Target::parse(def.target.channel(), &target)?;
     if let (Target::Http(merged), Target::Http(own)) = (&mut merged, &def.target) {
         // A URL kept as a secret is the credential itself: no notice

@@ -70,7 +70,7 @@ pub struct DashboardConfig {
 
 impl DashboardConfig {
     /// [`search_timeout`](Self::search_timeout), or its default.
-    fn search_timeout(&self) -> std::time::Duration {
+    fn listing_timeout(&self) -> std::time::Duration {
         self.search_timeout.unwrap_or(SEARCH_TIMEOUT)
     }
 }
@@ -127,7 +127,7 @@ impl AppState {
 /// Serve it with connect info (`into_make_service_with_connect_info`) so
 /// failed logins are limited per client address.
 pub fn router(notifier: Notifier, config: DashboardConfig) -> Router {
-    let search_pool = search::sqlite_pool(notifier.db(), MAX_SEARCHES, config.search_timeout());
+    let search_pool = search::sqlite_pool(notifier.db(), MAX_SEARCHES, config.listing_timeout());
     let state = AppState {
         notifier,
         config: Arc::new(config),

@@ -77,18 +77,18 @@ impl ConnectionTrait for Limited<'_> {
     }
 }
 
-/// Whether the MySQL-protocol server of `db` is MariaDB.
-pub(super) async fn is_mariadb(db: &DatabaseConnection) -> bool {
-    let version = db
+/// Whether the MySQL-protocol server of `db` is MariaDB; `None` when it
+/// cannot tell now (not to be remembered).
+pub(super) async fn is_mariadb(db: &DatabaseConnection) -> Option<bool> {
+    let row = db
         .query_one_raw(Statement::from_string(
             DbBackend::MySql,
             "SELECT VERSION()".to_string(),
         ))
         .await
-        .ok()
-        .flatten()
-        .and_then(|row| row.try_get_by_index::<String>(0).ok());
-    version.is_some_and(|v| v.to_ascii_lowercase().contains("mariadb"))
+        .ok()??;
+    let version = row.try_get_by_index::<String>(0).ok()?;
+    Some(version.to_ascii_lowercase().contains("mariadb"))
 }
 
 /// Every how many SQLite virtual machine steps a search's statement checks
@@ -114,7 +114,12 @@ pub(super) fn sqlite_pool(
     let main = db.get_sqlite_connection_pool();
     let options = (*main.connect_options()).clone();
     let file = options.get_filename().to_string_lossy().into_owned();
-    if file.is_empty() || file == ":memory:" || file.contains("mode=memory") {
+    // (sqlx names `sqlite::memory:` `file:sqlx-in-memory-N`, shared.)
+    if file.is_empty()
+        || file == ":memory:"
+        || file.contains("mode=memory")
+        || file.contains("sqlx-in-memory")
+    {
         return None;
     }
     // A search's time starts when its connection is taken: a new one

@@ -26,10 +26,11 @@ pub const PARAM_EXCERPT: u32 = 1024;
 /// Listings run at once by one dashboard; more are answered 503 at once:
 /// 4.
 pub const MAX_SEARCHES: usize = 4;
-/// Longest a listing may take before it is answered 503: 10 seconds. Its
-/// statements are stopped then by the database itself, and its place
-/// among [`MAX_SEARCHES`] is free again ([`super::search`]; on an
-/// in-memory SQLite database a statement runs to its end).
+/// Longest a listing may take before it is answered 503, by default
+/// ([`DashboardConfig::search_timeout`](super::DashboardConfig::search_timeout)):
+/// 10 seconds. Its statements are stopped then by the database itself, and
+/// its place among [`MAX_SEARCHES`] is free again (on an in-memory SQLite
+/// database a statement runs to its end).
 pub const SEARCH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A listing's query string, as forms send it (empty fields are absent).
@@ -340,7 +341,7 @@ pub(super) async fn find_bounded(
     let query = query.clone();
     let started = std::time::Instant::now();
     let (search_pool, mariadb) = (state.search_pool.clone(), state.mariadb.clone());
-    let timeout = state.config.search_timeout();
+    let timeout = state.config.listing_timeout();
     // The permit is held until the database is done (stopped at
     // SEARCH_TIMEOUT by the database; at most twice that if it stops
     // answering), even after the answer gave up waiting: never more than
@@ -348,7 +349,12 @@ pub(super) async fn find_bounded(
     let search = async move {
         match (db.get_database_backend(), search_pool) {
             (sea_orm::DbBackend::MySql, _) => {
-                let mariadb = *mariadb.get_or_init(|| super::search::is_mariadb(&db)).await;
+                // Asked once, remembered once known; while it cannot be
+                // told, MariaDB's form (this project's server).
+                let known = mariadb
+                    .get_or_try_init(|| async { super::search::is_mariadb(&db).await.ok_or(()) })
+                    .await;
+                let mariadb = known.copied().unwrap_or(true);
                 let limited = super::search::Limited {
                     inner: &db,
                     mariadb,

@@ -139,7 +139,13 @@ impl Unreadable {
         }
         Unreadable {
             id: row.try_get("", "id").unwrap_or_default(),
-            version: row.try_get("", "version").ok(),
+            // An INT column (PostgreSQL refuses it as i64), else any
+            // integer SQLite holds.
+            version: row
+                .try_get::<i32>("", "version")
+                .map(i64::from)
+                .or_else(|_| row.try_get::<i64>("", "version"))
+                .ok(),
             def_id: row.try_get("", "def_id").ok(),
             errors: row.try_get("", "errors").ok(),
             ordering_key: row.try_get("", "ordering_key").ok().flatten(),
@@ -151,7 +157,52 @@ impl Unreadable {
 /// Decodes `row` as a notice of either table (`M` is one of their models),
 /// or tells what cannot be read of it.
 pub fn notice<M: FromQueryResult>(row: &QueryResult) -> Result<M, Unreadable> {
+    if !times_in_range(row) {
+        let error = sea_orm::DbErr::Type("a time out of range".into());
+        return Err(Unreadable::of(row, &error));
+    }
     M::from_query_result(row, "").map_err(|e| Unreadable::of(row, &e))
+}
+
+/// Whether every time of `row` is one the driver reads without failing
+/// loudly: on PostgreSQL `infinity`, `-infinity` and years past chrono's
+/// range (±262,143) make sqlx panic, so they are checked on the raw value
+/// first. Elsewhere a time the driver cannot read is an error, and true.
+pub fn times_in_range(row: &QueryResult) -> bool {
+    COLUMNS
+        .iter()
+        .filter(|(_, kind, _)| matches!(kind, Kind::Time | Kind::OptTime))
+        .all(|(column, ..)| !pg_time_out_of_range(row, column))
+}
+
+/// PostgreSQL: microseconds from 2000-01-01 past which a `timestamp` is not
+/// read (about ±253,000 years; chrono ends at ±262,143).
+#[cfg(feature = "postgres")]
+const PG_MICROS_READ: u64 = 8_000_000_000_000_000_000;
+
+/// PostgreSQL: whether cell `column` of `row` is a time sqlx would panic on
+/// (see [`times_in_range`]).
+#[cfg(feature = "postgres")]
+fn pg_time_out_of_range(row: &QueryResult, column: &str) -> bool {
+    use sea_orm::sqlx::{Row, ValueRef, postgres::PgValueFormat};
+    let Some(pg) = row.try_as_pg_row() else {
+        return false;
+    };
+    let Ok(value) = pg.try_get_raw(column) else {
+        return false;
+    };
+    if value.is_null() || value.format() != PgValueFormat::Binary {
+        return false;
+    }
+    match value.as_bytes().map(<[u8; 8]>::try_from) {
+        Ok(Ok(bytes)) => i64::from_be_bytes(bytes).unsigned_abs() >= PG_MICROS_READ,
+        _ => false,
+    }
+}
+
+#[cfg(not(feature = "postgres"))]
+fn pg_time_out_of_range(_: &QueryResult, _: &str) -> bool {
+    false
 }
 
 /// [`notice`] for each of `rows`: those read, and those that cannot be.
@@ -173,7 +224,10 @@ pub fn notices<M: FromQueryResult>(rows: &[QueryResult]) -> (Vec<M>, Vec<Unreada
 /// [`Unreadable`] row, never for delivering one.
 pub fn lenient(row: &QueryResult) -> super::notify_msg::Model {
     fn get<T: sea_orm::TryGetable + Default>(row: &QueryResult, column: &str) -> T {
-        row.try_get("", column).unwrap_or_default()
+        match pg_time_out_of_range(row, column) {
+            true => T::default(),
+            false => row.try_get("", column).unwrap_or_default(),
+        }
     }
     super::notify_msg::Model {
         id: get(row, "id"),
@@ -214,6 +268,13 @@ pub fn each<M: FromQueryResult>(rows: &[QueryResult]) -> Vec<M> {
 
 /// The cell `column` of `row` when it cannot be read as `kind`.
 fn bad_cell(row: &QueryResult, column: &'static str, kind: Kind, payload: bool) -> Option<BadCell> {
+    if pg_time_out_of_range(row, column) {
+        return Some(BadCell {
+            column,
+            found: "a time out of range (infinity, or a year past 262143)".into(),
+            expected: kind.expected(),
+        });
+    }
     let read = match kind {
         Kind::Big => row.try_get::<i64>("", column).is_ok(),
         Kind::Int => row.try_get::<i32>("", column).is_ok(),

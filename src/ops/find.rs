@@ -84,17 +84,22 @@ impl NoticeFilter {
             || self.key.is_some()
     }
 
-    /// Whether the filter narrows only by text (`param_contains`, `key`):
-    /// what such a filter matches cannot be judged from its value (`{`
-    /// is in every JSON object), so a bulk action counts it in the
-    /// database ([`Notifier::matches_every_notice`]).
+    /// Whether the filter narrows only by what its value cannot tell the
+    /// reach of: text (`param_contains`, `key`: `{` is in every JSON
+    /// object) and times (`older_than: "1s"`, `due_before` in 2999). A bulk
+    /// action counts such a filter in the database
+    /// ([`Notifier::matches_every_notice`]); one that names a definition, a
+    /// status, a partition, ids or failing notices says what it means.
     pub fn narrows_by_text_only(&self) -> bool {
-        let structural = NoticeFilter {
-            param_contains: None,
-            key: None,
-            ..self.clone()
+        let named = NoticeFilter {
+            def: self.def.clone(),
+            status: self.status,
+            failing: self.failing,
+            partition: self.partition,
+            ids: self.ids.clone(),
+            ..NoticeFilter::default()
         };
-        self.narrows() && !structural.narrows()
+        self.narrows() && !named.narrows()
     }
 }
 

@@ -268,9 +268,10 @@ pub(crate) async fn park_many(
 /// that cannot be read as notices: each to history, status 6, with why in
 /// its failure log (a fresh log when the old one is what cannot be read).
 /// Each is guarded by its id and the version read, or by its id alone
-/// when even the version cannot be read (SQLite, under its write lock or
-/// the caller's fresh lease). Their cells are copied as they are: the
-/// evidence stays. Returns the ids parked.
+/// when even the version cannot be read (SQLite): the caller must hold the
+/// rows (its transaction's lock, SQLite's write lock, or its fresh
+/// claim). Their cells are copied as they are (the evidence stays), but a
+/// version no reader can use, which is 0 then. Returns the ids parked.
 pub(crate) async fn park_unreadable_in<C: sea_orm::ConnectionTrait>(
     conn: &C,
     rows: &[Unreadable],
@@ -281,11 +282,17 @@ pub(crate) async fn park_unreadable_in<C: sea_orm::ConnectionTrait>(
     for row in rows {
         let log = row.errors.as_deref().unwrap_or_default();
         let errors = errors_log::append_note(log, at, &format!("parked: {}", row.reason()));
-        let sets: Vec<Set> = vec![
+        let mut sets: Vec<Set> = vec![
             (Column::Leased, Expr::val(false)),
             (Column::Status, Expr::val(Status::Parked as i16)),
             (Column::Errors, Expr::val(errors)),
         ];
+        // A version no reader can use (SQLite: a real, or past 32 bits)
+        // starts again at 0 in history, so an operator can requeue,
+        // cancel or purge the row.
+        if row.version.and_then(|v| i32::try_from(v).ok()).is_none() {
+            sets.push((Column::Version, Expr::val(0)));
+        }
         let mut guard = Condition::all().add(Expr::col(Column::Id).eq(row.id));
         if let Some(version) = row.version {
             guard = guard.add(Expr::col(Column::Version).eq(version));

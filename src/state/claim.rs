@@ -1001,9 +1001,14 @@ pub(crate) async fn claim_probe(store: &Store, def_id: i64) -> Result<Option<Lea
         due_first(backend, due(backend).add(wanted)).limit(1),
     )
     .await?;
-    // Due, so held by no live lease: parked as read (a claim meanwhile
-    // changed its version, and the park finds nothing).
-    batch::park_unreadable(store, unreadable).await;
+    // Not held here: parked only where the version read guards the park
+    // (a claim meanwhile changes it, and the park finds nothing); another
+    // is parked by the sweep that claims it.
+    let guarded = unreadable
+        .into_iter()
+        .filter(|u| u.version.is_some_and(|v| i32::try_from(v).is_ok()))
+        .collect();
+    batch::park_unreadable(store, guarded).await;
     match oldest.pop() {
         Some(row) => claim_one(store, &row).await,
         None => Ok(None),

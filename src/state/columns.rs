@@ -464,6 +464,7 @@ pub(crate) fn claimed_row(
     row: &sea_orm::QueryResult,
 ) -> Result<notify_msg::Model, Unreadable> {
     if backend == DbBackend::Postgres
+        && read::times_in_range(row)
         && let Ok(model) = model_at_pg(row)
     {
         return Ok(model);

@@ -143,16 +143,22 @@ db_test!(
         seed(&db).await;
         let before = (db.live().await, db.history().await);
         let (base, stop) = serve(&db, acting()).await;
-        // Every param is a JSON object: `{` matches each one.
+        // Every param is a JSON object: `{` matches each one; every notice
+        // is younger than the year 2000.
         for place in ["in_flight", "history"] {
-            let (status, text) = post(
-                &base,
-                "/api/bulk",
-                json!({"place": place, "param": "{", "reason": "sweep"}),
-            )
-            .await;
-            assert_eq!(status, StatusCode::BAD_REQUEST, "{place}: {text}");
-            assert!(text.contains("match every notice"), "{text}");
+            for filter in [
+                json!({"param": "{"}),
+                json!({"since": "2000-01-01T00:00:00Z"}),
+                json!({"param": "{", "since": "2000-01-01T00:00:00Z"}),
+            ] {
+                let mut body = json!({"place": place, "reason": "sweep"});
+                for (k, v) in filter.as_object().unwrap() {
+                    body[k] = v.clone();
+                }
+                let (status, text) = post(&base, "/api/bulk", body).await;
+                assert_eq!(status, StatusCode::BAD_REQUEST, "{place} {filter}: {text}");
+                assert!(text.contains("match every notice"), "{text}");
+            }
         }
         assert_eq!(
             (db.live().await, db.history().await),
