@@ -408,6 +408,10 @@ impl TestDb {
 async fn connect(url: &str) -> DatabaseConnection {
     let mut opts = sea_orm::ConnectOptions::new(url.to_string());
     opts.max_connections(10).sqlx_logging(false);
+    // SQLite: a writer waits for another's commit up to 8 s (sqlx's
+    // default 5 s is short on a machine busy with other tests; below
+    // Config::db_timeout, 10 s).
+    opts.map_sqlx_sqlite_opts(|o| o.busy_timeout(Duration::from_secs(8)));
     Database::connect(opts).await.unwrap_or_else(|e| {
         panic!("cannot connect to {url}: {e} (is the server running? .ci/run starts it)")
     })
