@@ -26,6 +26,7 @@ pub(crate) mod engine;
 pub(crate) mod events;
 pub(crate) mod park;
 pub(crate) mod pending;
+pub(crate) mod plan;
 pub(crate) mod recheck;
 pub(crate) mod record;
 pub(crate) mod runs;

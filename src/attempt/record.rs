@@ -20,18 +20,15 @@ use std::sync::Arc;
 use super::{
     engine::Engine,
     events::{self, EventRows},
+    plan::{Failed, FailurePlan, Recipients},
 };
 use crate::{
     alert::{self, AlertMail, FailureEvent},
     db::{self, Backoff},
-    def::{Confirm, DefRef, Ordering},
-    event::{Event, EventKind, NoticeRef, is_event},
+    def::{Confirm, DefRef},
+    event::{Event, EventKind, NoticeRef},
     handler::Outcome,
-    state::{
-        Deadline, Final, Held, Lease, Retry, Scheduled,
-        errors_log::{append_error, append_try},
-        insert::NewRow,
-    },
+    state::{Deadline, Final, Held, Lease, Retry, Scheduled, insert::NewRow},
 };
 
 /// Longest time an in-process [`AlertHook`](crate::AlertHook) may take per
@@ -279,95 +276,24 @@ async fn fail(
     permanent: bool,
     give_up: &CancellationToken,
 ) -> Recorded {
-    let attempt = lease.attempt();
-    let failures = attempt;
-    let is_final = permanent || def.retry.exhausted(failures);
-    let errors = match lease.tries() {
-        0 => append_error(&lease.row().errors, engine.app_now(), attempt, &reason),
-        tries => append_try(
-            lease.errors_so_far(),
-            engine.app_now(),
-            attempt,
-            tries + 1,
-            &reason,
-        ),
+    let row = lease.row();
+    let failed = Failed {
+        id: lease.id(),
+        attempt: lease.attempt(),
+        tries: lease.tries(),
+        stored_errors: &row.errors,
+        errors_so_far: lease.errors_so_far(),
+        description: &row.description,
+        ordering_key: row.ordering_key.as_deref(),
+        param: &row.param,
     };
-    let retry_times = i32::try_from(failures).unwrap_or(i32::MAX);
-    let delay = def.retry.next_wait(failures);
-    let alerts = def.alert.fires(failures, is_final);
-    let mut event = FailureEvent {
-        notice_id: lease.id(),
-        def: def.clone(),
-        attempt,
-        failures,
-        is_final,
-        reason: reason.clone(),
-        errors: errors.clone(),
-        param: lease.row().param.clone(),
-        retry_in: (!is_final).then_some(delay),
-        next_call_time: None,
+    let jitter = fastrand::f64() * 2.0 - 1.0;
+    let plan = FailurePlan::decide(def, &failed, &reason, permanent, engine.app_now(), jitter);
+    let (alert, events) = match follow_ups(engine, def, &lease, &plan, give_up).await {
+        Ok(queued) => queued,
+        Err((what, e)) => return not_queued(lease, what, &e),
     };
-    let event_notice = is_event(&lease.row().description);
-    let recipients = if alerts && event_notice && def.alert_emails.is_empty() {
-        // An event definition's own failures fall back to the alert
-        // definition's recipients.
-        match db::retry_db(give_up, || engine.alert_def()).await {
-            Ok(alert_def) => alert_def.alert_emails.clone(),
-            Err(e) => return not_queued(lease, "the alert", &e),
-        }
-    } else {
-        def.alert_emails.clone()
-    };
-    let alert = if alerts && !recipients.is_empty() {
-        let mut mail = AlertMail::compose(&event);
-        mail.to = recipients;
-        match alert_row(engine, &mail, give_up).await {
-            Ok(queued) => Some(queued),
-            Err(e) => return not_queued(lease, "the alert", &e),
-        }
-    } else {
-        None
-    };
-    let mut events = Vec::new();
-    let next = (!is_final).then(|| engine.app_now() + delay);
-    if is_final {
-        let mut failed = Event::new(EventKind::NoticeFailed, def, reason.clone());
-        failed.notice = Some(notice_ref(&lease, failures, None));
-        events.push(failed);
-        if let (
-            Ordering::PerKey {
-                stop_on_failure: true,
-            },
-            Some(key),
-        ) = (def.ordering, &lease.row().ordering_key)
-        {
-            let mut blocked = Event::new(
-                EventKind::KeyBlocked,
-                def,
-                format!("notice {} failed for good: {reason}", lease.id()),
-            );
-            blocked.notice = Some(notice_ref(&lease, failures, None));
-            blocked.key = Some(key.clone());
-            events.push(blocked);
-        }
-    } else if alerts {
-        let mut failing = Event::new(EventKind::NoticeFailing, def, reason.clone());
-        failing.notice = Some(notice_ref(&lease, failures, next));
-        events.push(failing);
-    }
-    let events = match events::rows(
-        engine,
-        def,
-        Some(&lease.row().description),
-        &events,
-        give_up,
-    )
-    .await
-    {
-        Ok(rows) => rows,
-        Err(e) => return not_queued(lease, "its events", &e),
-    };
-    if event_notice && is_final {
+    if plan.lost_event {
         tracing::error!(notice_id = lease.id(), def = %def.name, reason = %reason, "an operational event failed for good; it raises no event of its own");
     }
     let follow: Vec<NewRow> = alert
@@ -375,6 +301,16 @@ async fn fail(
         .map(|(row, _)| row.clone())
         .chain(events.rows.iter().cloned())
         .collect();
+    let attempt = lease.attempt();
+    let FailurePlan {
+        is_final,
+        errors,
+        retry_times,
+        delay,
+        alerts,
+        mut report,
+        ..
+    } = plan;
     let (result, ids) = if is_final {
         let fail = Final {
             errors,
@@ -382,13 +318,7 @@ async fn fail(
             follow,
         };
         match persist(lease, give_up, |l| l.fail_for_good(&fail)).await {
-            Ok(Ok(ids)) => (
-                AttemptResult::FinalFailure {
-                    attempt,
-                    reason: reason.clone(),
-                },
-                ids,
-            ),
+            Ok(Ok(ids)) => (AttemptResult::FinalFailure { attempt, reason }, ids),
             Ok(Err(_lost)) => return AttemptResult::LostClaim.into(),
             Err(e) => return e.into_result().into(),
         }
@@ -402,12 +332,12 @@ async fn fail(
         match persist(lease, give_up, |l| l.retry(&retry)).await {
             Ok(Ok(Scheduled { at, follow })) => {
                 engine.due_after(delay);
-                event.next_call_time = Some(at);
+                report.next_call_time = Some(at);
                 (
                     AttemptResult::WillRetry {
                         attempt,
                         at,
-                        reason: reason.clone(),
+                        reason,
                     },
                     follow,
                 )
@@ -427,12 +357,55 @@ async fn fail(
     crate::counters::events_written(event_ids.len() as u64);
     pending.extend(events.pending(engine, event_ids));
     if alerts {
-        spawn_hook(engine, event);
+        spawn_hook(engine, report);
     }
     Recorded {
         result,
         follow: pending,
     }
+}
+
+/// What a failure's plan queues with it: the alert notice (its recipients
+/// resolved: the alert definition's are read for an event definition with
+/// none of its own) and the event rows (sealed when their definition
+/// encrypts). On an error, what could not be built, for the log.
+async fn follow_ups(
+    engine: &Arc<Engine>,
+    def: &DefRef,
+    lease: &Lease,
+    plan: &FailurePlan,
+    give_up: &CancellationToken,
+) -> Result<(Option<(NewRow, DefRef)>, EventRows), (&'static str, crate::error::Error)> {
+    let recipients = match &plan.recipients {
+        None => Vec::new(),
+        Some(Recipients::Definition(to)) => to.clone(),
+        Some(Recipients::AlertDefinition) => db::retry_db(give_up, || engine.alert_def())
+            .await
+            .map_err(|e| ("the alert", e))?
+            .alert_emails
+            .clone(),
+    };
+    let alert = if recipients.is_empty() {
+        None
+    } else {
+        let mut mail = AlertMail::compose(&plan.report);
+        mail.to = recipients;
+        Some(
+            alert_row(engine, &mail, give_up)
+                .await
+                .map_err(|e| ("the alert", e))?,
+        )
+    };
+    let events = events::rows(
+        engine,
+        def,
+        Some(&lease.row().description),
+        &plan.events,
+        give_up,
+    )
+    .await
+    .map_err(|e| ("its events", e))?;
+    Ok((alert, events))
 }
 
 /// The alert notice of a failure, due at once (attempted right after its
