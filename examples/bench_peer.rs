@@ -217,8 +217,12 @@ async fn worker(url: &str, config: WorkerConfig, pool: u32, latency: bool) -> Bo
     // SN_BENCH_METRICS=1: the worker as `solid-notify worker --metrics-addr`
     // runs it (Prometheus recorder, gauges every 5 s), to measure their cost.
     if std::env::var("SN_BENCH_METRICS").is_ok_and(|v| v == "1") {
-        let addr = solid_notify::telemetry::serve_metrics(([127, 0, 0, 1], 0).into(), stop.clone())
-            .await?;
+        let addr = solid_notify::telemetry::serve_metrics(
+            ([127, 0, 0, 1], 0).into(),
+            notifier.db().clone(),
+            stop.clone(),
+        )
+        .await?;
         eprintln!("metrics: http://{addr}/metrics");
         solid_notify::telemetry::spawn_gauges(
             notifier.clone(),

@@ -74,7 +74,9 @@ pub const ALERT_PARAM_BYTES: usize = 500;
 pub struct FailureEvent {
     /// The notice id.
     pub notice_id: i64,
-    /// The definition (its `alert_emails` are the recipients).
+    /// The definition, as the library reads it (see
+    /// [`def_name`](Self::def_name) and [`recipients`](Self::recipients)).
+    #[doc(hidden)]
     #[serde(skip)]
     pub def: Arc<Def>,
     /// The attempt that failed (1 = first attempt).
@@ -95,6 +97,18 @@ pub struct FailureEvent {
     /// final; known once the failure is recorded (the e-mail, written in the
     /// same transaction, gives `retry_in`).
     pub next_call_time: Option<NaiveDateTime>,
+}
+
+impl FailureEvent {
+    /// The name of the notice's definition.
+    pub fn def_name(&self) -> &str {
+        &self.def.name
+    }
+
+    /// The definition's alert recipients (its `email`), possibly none.
+    pub fn recipients(&self) -> &[String] {
+        &self.def.alert_emails
+    }
 }
 
 /// Receives failures that alert, in-process, after they are recorded.

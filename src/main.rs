@@ -41,6 +41,24 @@ struct Cli {
         value_parser = humantime::parse_duration
     )]
     connect_timeout: Duration,
+    /// The level at which a slow database statement is logged, with its
+    /// SQL: off, error, warn, info, debug or trace.
+    #[arg(
+        long,
+        env = "SOLID_NOTIFY_SLOW_STATEMENT_LEVEL",
+        global = true,
+        default_value = "debug"
+    )]
+    slow_statement_level: log::LevelFilter,
+    /// A statement that runs longer than this is slow (e.g. 1s, 250ms).
+    #[arg(
+        long,
+        env = "SOLID_NOTIFY_SLOW_STATEMENT_AFTER",
+        global = true,
+        default_value = "1s",
+        value_parser = humantime::parse_duration
+    )]
+    slow_statement_after: Duration,
     #[command(subcommand)]
     command: Command,
 }
@@ -214,7 +232,17 @@ async fn run(cli: Cli) -> solid_notify::Result<()> {
     {
         return defs::check(dir);
     }
-    let db = solid_notify::worker::connect(&cli.database_url, cli.connect_timeout).await?;
+    let mut options = solid_notify::worker::pool_options(cli.database_url.as_str());
+    match cli.slow_statement_level {
+        // sea-orm takes Off for "unset", which leaves sqlx's WARN after 1 s:
+        // no statement is that slow instead.
+        log::LevelFilter::Off => options.sqlx_slow_statements_logging_settings(
+            log::LevelFilter::Trace,
+            Duration::from_secs(u64::from(u32::MAX)),
+        ),
+        level => options.sqlx_slow_statements_logging_settings(level, cli.slow_statement_after),
+    };
+    let db = solid_notify::worker::connect_with(options, cli.connect_timeout).await?;
     match cli.command {
         Command::Worker(args) => worker::run(db, *args).await?,
         #[cfg(feature = "dashboard")]

@@ -84,11 +84,13 @@ impl Notifier {
         &self.engine.config
     }
 
+    #[doc(hidden)]
     /// Names of the registered handlers.
     pub fn handler_names(&self) -> Vec<String> {
         self.engine.handlers.names()
     }
 
+    #[doc(hidden)]
     /// Whether an AMQP broker is configured.
     pub fn amqp_enabled(&self) -> bool {
         self.engine.channels.amqp.enabled()
@@ -155,6 +157,7 @@ impl Notifier {
         Ok(inner.released() - before)
     }
 
+    #[doc(hidden)]
     /// Attempts one notice as read from `notify_msg` (its `version` is the one
     /// the claim expects), recording the outcome inline. Safe to call from any
     /// number of tasks or processes at once: at most one of them sends. A

@@ -48,6 +48,7 @@ use crate::{entity::notify_def, error::Result, notifier::Notifier, status::Statu
 /// `notify_def` each time).
 pub const DEFAULT_GAUGE_EVERY: Duration = Duration::from_secs(5);
 
+#[doc(hidden)]
 /// Histogram buckets (seconds) of the duration histograms.
 pub const DURATION_BUCKETS: [f64; 14] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 30.0,
@@ -109,13 +110,28 @@ fn describe() {
     );
 }
 
+/// How long `/readyz` waits for the database before it answers 503: 2
+/// seconds (Kubernetes' default probe timeout is 1 second; set the probe's
+/// `timeoutSeconds` to 3 or more).
+pub const READY_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Installs a Prometheus recorder as the process's global `metrics`
-/// recorder and serves its text at `http://ADDR/metrics` until `shutdown`
-/// (feature `metrics`).
+/// recorder and serves, until `shutdown` (feature `metrics`):
+/// - `/metrics`: the Prometheus text;
+/// - `/healthz`: 200 `ok` while the process serves (a liveness probe);
+/// - `/readyz`: 200 `ready` when `db` answers within [`READY_TIMEOUT`] and
+///   every migration this build knows has run; 503 with the reason
+///   otherwise, and once `shutdown` is cancelled (a readiness probe; see
+///   [`readiness`]).
+///
 /// Returns the bound address (pass port 0 for any free port). Fails if
 /// another recorder is installed already or the address cannot be bound.
 #[cfg(feature = "metrics")]
-pub async fn serve_metrics(addr: SocketAddr, shutdown: CancellationToken) -> Result<SocketAddr> {
+pub async fn serve_metrics(
+    addr: SocketAddr,
+    db: sea_orm::DatabaseConnection,
+    shutdown: CancellationToken,
+) -> Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| Error::Config(format!("metrics address {addr}: {e}")))?;
@@ -141,10 +157,16 @@ pub async fn serve_metrics(addr: SocketAddr, shutdown: CancellationToken) -> Res
             }
         }
     });
+    let stopping = shutdown.clone();
     let app = axum::Router::new()
         .route(
             "/metrics",
             axum::routing::get(move || render(handle.clone())),
+        )
+        .route("/healthz", axum::routing::get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            axum::routing::get(move || ready(db.clone(), stopping.clone())),
         )
         .layer(axum::middleware::from_fn(host_checked));
     tokio::spawn(crate::listener::serve(listener, app, shutdown));
@@ -189,6 +211,62 @@ async fn host_checked(
             "to a client on this host the metrics answer only to an IP address or localhost\n",
         )
             .into_response()
+    }
+}
+
+#[cfg(feature = "metrics")]
+async fn ready(
+    db: sea_orm::DatabaseConnection,
+    stopping: CancellationToken,
+) -> (axum::http::StatusCode, String) {
+    use axum::http::StatusCode;
+    if stopping.is_cancelled() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "stopping\n".into());
+    }
+    match tokio::time::timeout(READY_TIMEOUT, readiness(&db)).await {
+        Ok(Ok(())) => (StatusCode::OK, "ready\n".into()),
+        Ok(Err(e)) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}\n")),
+        Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "not ready: the database did not answer within {}\n",
+                humantime::format_duration(READY_TIMEOUT)
+            ),
+        ),
+    }
+}
+
+/// What `/readyz` checks: the database answers, and every migration this
+/// build knows is recorded in `solid_notify_migrations`. A schema newer
+/// than the build (a rolling upgrade whose migration job ran first) is
+/// ready: migrations only add what older builds ignore. The error says
+/// what is missing, never a connection string.
+pub async fn readiness(db: &sea_orm::DatabaseConnection) -> Result<()> {
+    use migration::MigratorTrait;
+    use sea_orm::{ConnectionTrait, sea_query::Query};
+    db.ping().await?;
+    let table = migration::Migrator::migration_table_name();
+    let select = Query::select()
+        .column(migration::Alias::new("version"))
+        .from(table)
+        .to_owned();
+    let applied: std::collections::HashSet<String> = db
+        .query_all(&select)
+        .await?
+        .iter()
+        .filter_map(|row| row.try_get_by_index::<String>(0).ok())
+        .collect();
+    let pending: Vec<String> = migration::Migrator::migrations()
+        .iter()
+        .map(|m| m.name().to_string())
+        .filter(|name| !applied.contains(name))
+        .collect();
+    match pending.first() {
+        None => Ok(()),
+        Some(first) => Err(crate::error::Error::Config(format!(
+            "the schema is older than this build: {} migration(s) to run, the first {first} (run `solid-notify migrate`)",
+            pending.len()
+        ))),
     }
 }
 

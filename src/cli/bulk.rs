@@ -140,10 +140,10 @@ pub(crate) async fn run(
     if one && !args.dry_run && !args.json {
         let id = args.id.unwrap_or_default();
         if requeue {
-            notifier.requeue_audited(id, &audit).await?;
+            notifier.requeue(id, &audit).await?;
             println!("notice {id} requeued: due now");
         } else {
-            notifier.cancel_audited(id, &audit).await?;
+            notifier.cancel(id, &audit).await?;
             println!("notice {id} cancelled");
         }
         return Ok(());

@@ -33,7 +33,10 @@ pub(crate) async fn pause(
 
 /// `resume`: the pause ends now.
 pub(crate) async fn resume(db: DatabaseConnection, def: String) -> solid_notify::Result<()> {
-    Notifier::builder(db).build()?.resume(&def).await?;
+    Notifier::builder(db)
+        .build()?
+        .resume(&def, &Audit::operator())
+        .await?;
     println!("{def} resumed");
     Ok(())
 }

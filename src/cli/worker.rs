@@ -175,7 +175,7 @@ pub(crate) async fn run(
     let shutdown = CancellationToken::new();
     #[cfg(feature = "metrics")]
     if let Some(addr) = args.metrics_addr {
-        let bound = telemetry::serve_metrics(addr, shutdown.clone()).await?;
+        let bound = telemetry::serve_metrics(addr, db.clone(), shutdown.clone()).await?;
         eprintln!("metrics: http://{bound}/metrics");
         let every = args.gauge_every.unwrap_or(telemetry::DEFAULT_GAUGE_EVERY);
         telemetry::spawn_gauges(notifier.clone(), every, shutdown.clone());

@@ -215,9 +215,9 @@ async fn one(
         Err(f) => return f.json(),
     };
     let done = if requeue {
-        state.notifier.requeue_audited(id, &audit).await
+        state.notifier.requeue(id, &audit).await
     } else {
-        state.notifier.cancel_audited(id, &audit).await
+        state.notifier.cancel(id, &audit).await
     };
     match done {
         Ok(()) => Json(json!({ "id": id, "done": if requeue { "requeued" } else { "cancelled" } }))
@@ -509,7 +509,7 @@ pub(super) async fn resume(
     };
     match state
         .notifier
-        .resume_audited(&name, &Audit::new(actor.0, body.reason))
+        .resume(&name, &Audit::new(actor.0, body.reason))
         .await
     {
         Ok(()) => Json(json!({ "def": name, "done": "resumed" })).into_response(),

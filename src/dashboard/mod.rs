@@ -35,8 +35,12 @@ use axum::{
 };
 use tokio_util::sync::CancellationToken;
 
+// Limits, for the tests (docs/operating.md states them).
+#[doc(hidden)]
 pub use auth::{LOGIN_WINDOW, MAX_FAILED_LOGINS, MAX_FAILED_LOGINS_TOTAL};
+#[doc(hidden)]
 pub use pins::{MAX_PINNED_TOTAL, MAX_PINS, PIN_TTL};
+#[doc(hidden)]
 pub use view::{MAX_SEARCH_CHARS, MAX_SEARCHES, PARAM_EXCERPT, SEARCH_TIMEOUT};
 
 use crate::{

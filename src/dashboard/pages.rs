@@ -592,9 +592,9 @@ async fn one(state: AppState, actor: Actor, id: i64, form: ReasonForm, requeue: 
     };
     let audit = Audit::new(actor.0, reason);
     let done = if requeue {
-        state.notifier.requeue_audited(id, &audit).await
+        state.notifier.requeue(id, &audit).await
     } else {
-        state.notifier.cancel_audited(id, &audit).await
+        state.notifier.cancel(id, &audit).await
     };
     match done {
         Ok(()) => Redirect::to(&state.link(&format!("/notices/{id}"))).into_response(),
@@ -902,11 +902,7 @@ pub(super) async fn resume(
     if let Err(f) = allowed(&state) {
         return failure_page(&state, f);
     }
-    match state
-        .notifier
-        .resume_audited(&name, &Audit::new(actor.0, ""))
-        .await
-    {
+    match state.notifier.resume(&name, &Audit::new(actor.0, "")).await {
         Ok(()) => Redirect::to(&state.link("/defs")).into_response(),
         Err(e) => failure_page(&state, e.into()),
     }

@@ -311,6 +311,18 @@ impl DefSpec {
         }
     }
 
+    /// A definition whose notices go to the Rust handler registered as
+    /// `handler` ([`NotifierBuilder::handler`](crate::NotifierBuilder::handler)),
+    /// every other field at its default.
+    pub fn handler(name: impl Into<String>, handler: impl Into<String>) -> Self {
+        DefSpec::new(
+            name,
+            Channel::Handler,
+            serde_json::json!({ "handler": handler.into() }),
+        )
+    }
+
+    #[doc(hidden)]
     /// Reads the spec back from a stored row.
     pub fn from_row(row: &notify_def::Model) -> Result<Self, DefinitionError> {
         let target = serde_json::from_str(&row.target).map_err(|e| DefinitionError {
@@ -356,6 +368,7 @@ impl DefSpec {
         })
     }
 
+    #[doc(hidden)]
     /// Checks what the columns can hold, before a spec is written (a row
     /// already stored is not held to it: SQLite keeps what it was given):
     /// no NUL (PostgreSQL refuses it in text), `retry_interval` within
@@ -394,7 +407,10 @@ impl DefSpec {
         Ok(())
     }
 
-    /// Validates every field; `source` names where the spec came from.
+    #[doc(hidden)]
+    /// Validates every field; `source` names where the spec came from. The
+    /// checks run in the order of the fields, each stage below one field
+    /// or a few that go together; the first problem is the error.
     pub fn validate(&self, id: i64, source: &str) -> Result<Def, DefinitionError> {
         let fail = |field: &str, problem: String| DefinitionError {
             origin: source.to_string(),
@@ -402,6 +418,80 @@ impl DefSpec {
             field: field.to_string(),
             problem,
         };
+        self.check_name(&fail)?;
+        let (steps, overrides) = self.steps(&fail)?;
+        let (target, target_json) = (steps[0].target.clone(), steps[0].target_json.clone());
+        let (intervals, max_retries, cap) = self.schedule(&fail)?;
+        let alert = self.alert_policy(max_retries, &fail)?;
+        let alert_emails = parse_address_list(&self.email).map_err(|p| fail("email", p))?;
+        let confirm = self.confirm(&fail)?;
+        let circuit = self.circuit(&fail)?;
+        let on_error = match self.on_error.as_str() {
+            "retry" => OnError::Retry,
+            "fail" => OnError::Fail,
+            other => {
+                return Err(fail(
+                    "on_error",
+                    format!("`{other}` is not \"retry\" or \"fail\""),
+                ));
+            }
+        };
+        let immediate = self.immediate(&fail)?;
+        let jitter_percent = non_negative(self.retry_jitter)
+            .filter(|n| *n <= MAX_RETRY_JITTER)
+            .ok_or_else(|| {
+                fail(
+                    "retry_jitter",
+                    format!(
+                        "{}% is not from 0% to {MAX_RETRY_JITTER}%",
+                        self.retry_jitter
+                    ),
+                )
+            })?;
+        let rate_limit = match self.rate_limit.trim() {
+            "" => None,
+            text => Some(RateLimit::parse(text).map_err(|p| fail("rate_limit", p))?),
+        };
+        let ordering = self.ordering(&fail)?;
+        // Alert notices are written by the library, unsealed; they carry
+        // no param of a notice.
+        if self.encrypt && self.name == "solid_notify_alert" {
+            return Err(fail(
+                "encrypt",
+                "the alert definition solid_notify_alert cannot be encrypted".into(),
+            ));
+        }
+        let events_to = self.events_to(&fail)?;
+        Ok(Def {
+            id,
+            name: self.name.clone(),
+            target,
+            target_json,
+            steps,
+            retry: RetryPolicy {
+                intervals,
+                max_retries,
+                cap,
+                jitter_percent,
+            },
+            alert,
+            alert_emails,
+            confirm,
+            description: self.description.clone(),
+            paused_until: None,
+            circuit,
+            on_error,
+            immediate,
+            rate_limit,
+            ordering,
+            overrides,
+            events_to,
+            encrypt: self.encrypt,
+        })
+    }
+
+    /// `name`: 1 to [`MAX_NAME_BYTES`] bytes, no control characters.
+    fn check_name(&self, fail: &Fail<'_>) -> Result<(), DefinitionError> {
         if self.name.trim().is_empty() || self.name.len() > MAX_NAME_BYTES {
             return Err(fail("name", format!("must be 1 to {MAX_NAME_BYTES} bytes")));
         }
@@ -411,29 +501,44 @@ impl DefSpec {
                 "must not hold control characters (NUL, CR, LF, …)".into(),
             ));
         }
-        let mut overrides = overrides::Overrides::default();
-        let steps = if self.steps.is_null() {
-            let channel = Channel::parse(&self.channel).ok_or_else(|| {
-                fail(
-                    "channel",
-                    format!(
-                        "unknown channel `{}` (use http, amqp, email or handler)",
-                        self.channel
-                    ),
-                )
-            })?;
-            let mut target_json = self.target.clone();
-            overrides = overrides::Overrides::take(channel, &mut target_json)
-                .map_err(|p| fail("target", p))?;
-            let target = Target::parse(channel, &target_json).map_err(|p| fail("target", p))?;
+        Ok(())
+    }
+
+    /// `channel` and `target` (one step, with the overrides the target
+    /// allows), or `steps`.
+    fn steps(&self, fail: &Fail<'_>) -> Result<(Vec<Step>, overrides::Overrides), DefinitionError> {
+        if !self.steps.is_null() {
+            let steps = parse_steps(&self.steps).map_err(|(field, p)| fail(&field, p))?;
+            return Ok((steps, overrides::Overrides::default()));
+        }
+        let channel = Channel::parse(&self.channel).ok_or_else(|| {
+            fail(
+                "channel",
+                format!(
+                    "unknown channel `{}` (use http, amqp, email or handler)",
+                    self.channel
+                ),
+            )
+        })?;
+        let mut target_json = self.target.clone();
+        let overrides =
+            overrides::Overrides::take(channel, &mut target_json).map_err(|p| fail("target", p))?;
+        let target = Target::parse(channel, &target_json).map_err(|p| fail("target", p))?;
+        Ok((
             vec![Step {
                 target,
                 target_json,
-            }]
-        } else {
-            parse_steps(&self.steps).map_err(|(field, p)| fail(&field, p))?
-        };
-        let (target, target_json) = (steps[0].target.clone(), steps[0].target_json.clone());
+            }],
+            overrides,
+        ))
+    }
+
+    /// `retry_interval`, `max_retry_times` (-1: forever) and
+    /// `max_retry_interval` (minutes, 0: no cap).
+    fn schedule(
+        &self,
+        fail: &Fail<'_>,
+    ) -> Result<(RetryIntervals, Option<u32>, Option<Duration>), DefinitionError> {
         let intervals: RetryIntervals = self
             .retry_interval
             .parse()
@@ -450,6 +555,16 @@ impl DefSpec {
         let cap_minutes = non_negative(self.max_retry_interval)
             .ok_or_else(|| fail("max_retry_interval", "must be 0 (no cap) or minutes".into()))?;
         let cap = (cap_minutes > 0).then(|| Duration::from_secs(u64::from(cap_minutes) * 60));
+        Ok((intervals, max_retries, cap))
+    }
+
+    /// `alert_trigger_type` and `alert_trigger_fail_times` (type 3's count
+    /// must be reachable within `max_retries`).
+    fn alert_policy(
+        &self,
+        max_retries: Option<u32>,
+        fail: &Fail<'_>,
+    ) -> Result<AlertPolicy, DefinitionError> {
         let alert = match self.alert_trigger_type {
             0 => AlertPolicy::OnFinalFailure,
             1 => AlertPolicy::OnEveryFailure,
@@ -491,49 +606,48 @@ impl DefSpec {
                 "must not be negative".into(),
             ));
         }
-        let alert_emails = parse_address_list(&self.email).map_err(|p| fail("email", p))?;
+        Ok(alert)
+    }
+
+    /// `need_confirm` and `max_confirm_delay` (seconds, 0: forever).
+    fn confirm(&self, fail: &Fail<'_>) -> Result<Confirm, DefinitionError> {
         let delay = non_negative(self.max_confirm_delay)
             .ok_or_else(|| fail("max_confirm_delay", "must be 0 (forever) or seconds".into()))?;
-        let confirm = match (self.need_confirm, delay) {
+        Ok(match (self.need_confirm, delay) {
             (false, _) => Confirm::NotNeeded,
             (true, 0) => Confirm::Forever,
             (true, secs) => Confirm::Within(Duration::from_secs(secs.into())),
-        };
-        let circuit = match non_negative(self.circuit_failures) {
+        })
+    }
+
+    /// `circuit_failures` (0: off), `circuit_window`, `circuit_cool_down`.
+    fn circuit(&self, fail: &Fail<'_>) -> Result<Option<Circuit>, DefinitionError> {
+        let failures = match non_negative(self.circuit_failures) {
             None => {
                 return Err(fail(
                     "circuit_failures",
                     "must be 0 (off) or a count".into(),
                 ));
             }
-            Some(0) => None,
-            Some(failures) => {
-                let secs = |field: &str, n: i64| {
-                    non_negative(n)
-                        .filter(|n| *n > 0)
-                        .map(|n| Duration::from_secs(n.into()))
-                        .ok_or_else(|| {
-                            fail(field, format!("{n} is not a positive number of seconds"))
-                        })
-                };
-                Some(Circuit {
-                    failures,
-                    window: secs("circuit_window", self.circuit_window)?,
-                    cool_down: secs("circuit_cool_down", self.circuit_cool_down)?,
-                })
-            }
+            Some(0) => return Ok(None),
+            Some(failures) => failures,
         };
-        let on_error = match self.on_error.as_str() {
-            "retry" => OnError::Retry,
-            "fail" => OnError::Fail,
-            other => {
-                return Err(fail(
-                    "on_error",
-                    format!("`{other}` is not \"retry\" or \"fail\""),
-                ));
-            }
+        let secs = |field: &str, n: i64| {
+            non_negative(n)
+                .filter(|n| *n > 0)
+                .map(|n| Duration::from_secs(n.into()))
+                .ok_or_else(|| fail(field, format!("{n} is not a positive number of seconds")))
         };
-        let immediate = ImmediateRetries {
+        Ok(Some(Circuit {
+            failures,
+            window: secs("circuit_window", self.circuit_window)?,
+            cool_down: secs("circuit_cool_down", self.circuit_cool_down)?,
+        }))
+    }
+
+    /// `immediate_retries` and `immediate_retry_delay` (ms).
+    fn immediate(&self, fail: &Fail<'_>) -> Result<ImmediateRetries, DefinitionError> {
+        Ok(ImmediateRetries {
             count: non_negative(self.immediate_retries)
                 .filter(|n| *n <= MAX_IMMEDIATE_RETRIES)
                 .ok_or_else(|| {
@@ -557,102 +671,58 @@ impl DefSpec {
                         ),
                     )
                 })?,
-        };
-        let jitter_percent = non_negative(self.retry_jitter)
-            .filter(|n| *n <= MAX_RETRY_JITTER)
-            .ok_or_else(|| {
-                fail(
-                    "retry_jitter",
-                    format!(
-                        "{}% is not from 0% to {MAX_RETRY_JITTER}%",
-                        self.retry_jitter
-                    ),
-                )
-            })?;
-        let rate_limit = match self.rate_limit.trim() {
-            "" => None,
-            text => Some(RateLimit::parse(text).map_err(|p| fail("rate_limit", p))?),
-        };
-        // Exactly as the claims compare it in SQL.
-        let ordering = match self.ordering.as_str() {
-            "" => Ordering::Unordered,
-            PER_KEY => Ordering::PerKey {
+        })
+    }
+
+    /// `ordering` (exactly as the claims compare it in SQL) and
+    /// `stop_on_failure`.
+    fn ordering(&self, fail: &Fail<'_>) -> Result<Ordering, DefinitionError> {
+        match self.ordering.as_str() {
+            "" => Ok(Ordering::Unordered),
+            PER_KEY => Ok(Ordering::PerKey {
                 stop_on_failure: self.stop_on_failure,
-            },
-            other => {
-                return Err(fail(
-                    "ordering",
-                    format!("`{other}` is not \"{PER_KEY}\" (or empty: unordered)"),
-                ));
-            }
-        };
-        // Alert notices are written by the library, unsealed; they carry
-        // no param of a notice.
-        if self.encrypt && self.name == "solid_notify_alert" {
-            return Err(fail(
-                "encrypt",
-                "the alert definition solid_notify_alert cannot be encrypted".into(),
-            ));
+            }),
+            other => Err(fail(
+                "ordering",
+                format!("`{other}` is not \"{PER_KEY}\" (or empty: unordered)"),
+            )),
         }
-        let events_to = match self.events_to.as_str() {
-            "" => None,
-            name if name == self.name => {
-                return Err(fail(
-                    "events_to",
-                    "must name another definition: a definition's events cannot go to itself"
-                        .into(),
-                ));
-            }
+    }
+
+    /// `events_to`: another definition's name, never the alert
+    /// definition's.
+    fn events_to(&self, fail: &Fail<'_>) -> Result<Option<String>, DefinitionError> {
+        match self.events_to.as_str() {
+            "" => Ok(None),
+            name if name == self.name => Err(fail(
+                "events_to",
+                "must name another definition: a definition's events cannot go to itself".into(),
+            )),
             // The reserved alert definition (`alert::ALERT_DEF`) carries
             // alert e-mails only.
-            "solid_notify_alert" => {
-                return Err(fail(
-                    "events_to",
-                    "cannot be the alert definition solid_notify_alert: name a definition of your own (any channel)"
-                        .into(),
-                ));
-            }
+            "solid_notify_alert" => Err(fail(
+                "events_to",
+                "cannot be the alert definition solid_notify_alert: name a definition of your own (any channel)"
+                    .into(),
+            )),
             name if name.len() > MAX_NAME_BYTES
                 || name.trim() != name
                 || name.contains(|c: char| c.is_control()) =>
             {
-                return Err(fail(
+                Err(fail(
                     "events_to",
                     format!(
                         "must be a definition's name (1 to {MAX_NAME_BYTES} bytes, no control characters, no surrounding spaces)"
                     ),
-                ));
+                ))
             }
-            name => Some(name.to_string()),
-        };
-        Ok(Def {
-            id,
-            name: self.name.clone(),
-            target,
-            target_json,
-            steps,
-            retry: RetryPolicy {
-                intervals,
-                max_retries,
-                cap,
-                jitter_percent,
-            },
-            alert,
-            alert_emails,
-            confirm,
-            description: self.description.clone(),
-            paused_until: None,
-            circuit,
-            on_error,
-            immediate,
-            rate_limit,
-            ordering,
-            overrides,
-            events_to,
-            encrypt: self.encrypt,
-        })
+            name => Ok(Some(name.to_string())),
+        }
     }
 }
+
+/// How [`DefSpec::validate`]'s stages report a field's problem.
+type Fail<'a> = dyn Fn(&str, String) -> DefinitionError + 'a;
 
 /// Longest definition name: 191 bytes (the column is `varchar(191)`).
 pub const MAX_NAME_BYTES: usize = 191;

@@ -1,43 +1,57 @@
-//! Operations: what an operator does without SQL. Find and inspect notices
-//! ([`find`]), requeue or cancel one or many with an audit line ([`bulk`]),
-//! purge old history ([`purge`]), pause and resume a definition
-//! ([`pause`]). The `solid-notify` command is a thin face on these calls.
-//! Every write goes through the [`state`](crate::state) module, guarded by
-//! the version read.
+//! Operations: what an operator does without SQL, as methods on
+//! [`Notifier`]: find and inspect notices ([`Notifier::list`],
+//! [`Notifier::status`]), requeue or cancel one or many with an audit line
+//! ([`Notifier::requeue`], [`Notifier::requeue_where`]), purge old history
+//! ([`Notifier::purge`]), pause and resume a definition
+//! ([`Notifier::pause`]), see the blocked keys and the overview. The
+//! `solid-notify` command and the dashboard are thin faces on these calls.
+//! Every write goes through the state layer, guarded by the version read,
+//! and names who acted and why ([`Audit`]).
 //!
 //! ```no_run
 //! # async fn run(notifier: solid_notify::Notifier) -> Result<(), solid_notify::Error> {
-//! use solid_notify::ops::{Audit, Page, PauseEnd, Place, find};
-//! let failed = find::list(notifier.db(), Place::History, &Default::default(), Page::default())
-//!     .await?;
+//! use solid_notify::ops::{Audit, Page, PauseEnd, Place};
+//! let failed = notifier.list(Place::History, &Default::default(), Page::default()).await?;
 //! for notice in &failed {
 //!     println!("{} {:?} {:?}", notice.id, notice.def, notice.status);
 //! }
-//! notifier.requeue(42).await?; // a final failure, due again with a fresh budget
+//! notifier.requeue(42, &Audit::operator()).await?; // a final failure, due again with a fresh budget
 //! let audit = Audit::new("alice", "receiver down for maintenance");
 //! notifier.pause("order_paid", PauseEnd::OnResume, &audit).await?;
 //! # Ok(()) }
 //! ```
 
+#[doc(hidden)]
 pub mod bulk;
+mod calls;
+#[doc(hidden)]
 pub mod find;
+#[doc(hidden)]
 pub mod keys;
+#[doc(hidden)]
 pub mod overview;
+#[doc(hidden)]
 pub mod pause;
+#[doc(hidden)]
 pub mod purge;
+#[doc(hidden)]
 pub mod rekey;
 mod released;
 
-pub use bulk::{BulkAction, BulkReport};
+pub use bulk::{BulkAction, BulkReport, Pinned, PinnedAction};
 pub use find::{NoticeFilter, NoticeView, Page, Place};
+pub use keys::{BlockedKey, BlockedKeys};
+pub use overview::{DefSummary, Hour, Others, Overview, OverviewQuery, WorkerView};
 pub use pause::PauseEnd;
-pub use purge::{Purge, PurgeReport};
+pub use purge::{Purge, PurgeReport, Retention, spawn_retention};
+pub use rekey::RekeyReport;
 
 use crate::{
     error::{Error, Result},
     notifier::Notifier,
 };
 
+#[doc(hidden)]
 /// The UTC time `d` ago by this host's clock (the earliest time there is,
 /// for a `d` too large to subtract).
 pub fn ago(d: std::time::Duration) -> chrono::NaiveDateTime {
@@ -48,6 +62,7 @@ pub fn ago(d: std::time::Duration) -> chrono::NaiveDateTime {
         .unwrap_or(chrono::NaiveDateTime::MIN)
 }
 
+#[doc(hidden)]
 /// A time as an operator writes it: a UTC time (`2026-11-23T18:00:00Z`,
 /// `2026-11-23 18:00`, `2026-11-23`) or a duration (`2h`, `30m`) whose
 /// meaning depends on the use: that long ago for a filter, that long from
@@ -98,8 +113,10 @@ impl When {
     }
 }
 
+#[doc(hidden)]
 /// Longest audit actor kept, in characters: 100.
 pub const MAX_AUDIT_ACTOR: usize = 100;
+#[doc(hidden)]
 /// Longest audit reason kept, in characters: 500.
 pub const MAX_AUDIT_REASON: usize = 500;
 
@@ -199,13 +216,9 @@ impl Notifier {
     /// log kept, plus the line `requeued by AUDIT`. Its id stays the same,
     /// so receivers still see one notice. A *scheduled* notice (delayed,
     /// its time still ahead) is made due at once instead, with the line
-    /// `sent now (was scheduled) by AUDIT`.
-    pub async fn requeue(&self, id: i64) -> Result<()> {
-        self.requeue_audited(id, &Audit::operator()).await
-    }
-
-    /// [`requeue`](Self::requeue) with who and why in the audit line.
-    pub async fn requeue_audited(&self, id: i64, audit: &Audit) -> Result<()> {
+    /// `sent now (was scheduled) by AUDIT` ([`Audit::operator`] when no one
+    /// in particular acts).
+    pub async fn requeue(&self, id: i64, audit: &Audit) -> Result<()> {
         self.one(id, audit, true).await
     }
 
@@ -215,13 +228,9 @@ impl Notifier {
     ///
     /// A final failure or parked notice in history is cancelled in place
     /// (status 5, an audit line): it is given up for good, and with
-    /// `stop_on_failure` the later notices of its ordering key go on.
-    pub async fn cancel(&self, id: i64) -> Result<()> {
-        self.cancel_audited(id, &Audit::operator()).await
-    }
-
-    /// [`cancel`](Self::cancel) with who and why in the audit line.
-    pub async fn cancel_audited(&self, id: i64, audit: &Audit) -> Result<()> {
+    /// `stop_on_failure` the later notices of its ordering key go on. The
+    /// audit line names who cancelled it and why.
+    pub async fn cancel(&self, id: i64, audit: &Audit) -> Result<()> {
         self.one(id, audit, false).await
     }
 

@@ -109,6 +109,7 @@ pub struct DefSummary {
 /// A worker as its heartbeat shows it.
 #[derive(Debug, Clone, Serialize)]
 pub struct WorkerView {
+    #[doc(hidden)]
     /// Its heartbeat row.
     #[serde(flatten)]
     pub row: notify_worker::Model,

@@ -74,13 +74,8 @@ impl Notifier {
     /// wakes the workers: its due notices are claimed again at once.
     ///
     /// With `events_to`, a `definition.resumed` event is written in the
-    /// same transaction when a pause held.
-    pub async fn resume(&self, def: &str) -> Result<()> {
-        self.resume_audited(def, &Audit::operator()).await
-    }
-
-    /// [`resume`](Self::resume) with who and why in the event.
-    pub async fn resume_audited(&self, def: &str, audit: &Audit) -> Result<()> {
+    /// same transaction when a pause held, naming who resumed it and why.
+    pub async fn resume(&self, def: &str, audit: &Audit) -> Result<()> {
         let db = &self.engine.store.db;
         let id = find::def_id(db, def).await?;
         let resumed = self

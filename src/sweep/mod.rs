@@ -89,6 +89,7 @@ pub struct SweepSummary {
 }
 
 impl Notifier {
+    #[doc(hidden)]
     /// One sweep over the due rows matching `filter`; see the module docs.
     /// Returns an error only when not a single row could be claimed; an
     /// error later in the sweep ends its claiming and is logged.

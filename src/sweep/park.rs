@@ -11,6 +11,7 @@ use crate::{
 };
 
 impl Notifier {
+    #[doc(hidden)]
     /// Parks up to `limit` due notices whose definition is unknown, deleted
     /// or invalid (rereading `notify_def` first, so a definition created a
     /// moment ago is not mistaken for a missing one). Every worker does this

@@ -108,11 +108,24 @@ pub const RELEASE_PING_BOUND: Duration = Duration::from_secs(5);
 ///
 /// The hooks on PostgreSQL's connections exist with the `postgres` feature,
 /// those on MySQL's with `mysql`; SQLite has none.
+///
+/// Statement logs: each statement at `TRACE`, one slower than
+/// [`DEFAULT_SLOW_STATEMENT`] at [`DEFAULT_SLOW_STATEMENT_LEVEL`] (`DEBUG`),
+/// with its SQL. Left to themselves sqlx and sea-orm print every statement
+/// at `INFO` and a slow one at `WARN`: a claim's multi-kilobyte SQL at
+/// each slow sweep. Change it on the options returned
+/// (`sqlx_slow_statements_logging_settings`), or with the CLI's
+/// `--slow-statement-level` and `--slow-statement-after`.
 pub fn pool_options(url: impl Into<String>) -> sea_orm::ConnectOptions {
     let mut options = sea_orm::ConnectOptions::new(url.into());
     options
         .test_before_acquire(false)
-        .acquire_timeout(crate::config::DEFAULT_DB_TIMEOUT);
+        .acquire_timeout(crate::config::DEFAULT_DB_TIMEOUT)
+        .sqlx_logging_level(log::LevelFilter::Trace)
+        .sqlx_slow_statements_logging_settings(
+            DEFAULT_SLOW_STATEMENT_LEVEL,
+            DEFAULT_SLOW_STATEMENT,
+        );
     #[cfg(feature = "postgres")]
     options
         .map_sqlx_postgres_before_acquire(hooks::checked::<hooks::sqlx::PgConnection>)
@@ -227,6 +240,14 @@ mod hooks {
     }
 }
 
+/// A statement that runs longer than this on a pool of [`pool_options`] is
+/// logged as slow: 1 second.
+pub const DEFAULT_SLOW_STATEMENT: Duration = Duration::from_secs(1);
+
+/// The level at which a pool of [`pool_options`] logs a slow statement:
+/// `DEBUG` (sqlx's own is `WARN`).
+pub const DEFAULT_SLOW_STATEMENT_LEVEL: log::LevelFilter = log::LevelFilter::Debug;
+
 /// How long [`connect`] waits for the database: 5 seconds.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -237,6 +258,17 @@ pub async fn connect(
     url: &str,
     timeout: Duration,
 ) -> crate::error::Result<sea_orm::DatabaseConnection> {
+    connect_with(pool_options(url), timeout).await
+}
+
+/// [`connect`] with these options (made with [`pool_options`], then
+/// changed).
+pub async fn connect_with(
+    options: sea_orm::ConnectOptions,
+    timeout: Duration,
+) -> crate::error::Result<sea_orm::DatabaseConnection> {
+    let url = options.get_url().to_string();
+    let url = url.as_str();
     // Bounded here, not by sea-orm's `connect_timeout`: that one becomes the
     // pool's acquire timeout for the pool's whole life.
     let target = describe_url(url);
@@ -264,7 +296,6 @@ pub async fn connect(
             "not a URL of the form scheme://user:password@host:port/database".into(),
         ));
     }
-    let options = pool_options(url);
     match tokio::time::timeout(timeout, sea_orm::Database::connect(options)).await {
         // Whatever the URL said, the connection's backend must be compiled in.
         Ok(Ok(db)) => match crate::db::check_backend(db.get_database_backend()) {
@@ -357,6 +388,9 @@ enum Woke {
 /// # Ok(()) }
 /// ```
 pub struct Worker {
+    /// `host:pid:random`: its heartbeat row's id, and the `worker` field of
+    /// its log lines.
+    id: String,
     notifier: Notifier,
     config: WorkerConfig,
     cron: cron::Schedule,
@@ -438,6 +472,7 @@ impl Worker {
             )));
         }
         Ok(Worker {
+            id: worker_id(),
             notifier,
             config,
             cron,
@@ -471,6 +506,7 @@ impl Worker {
         Ok(())
     }
 
+    #[doc(hidden)]
     /// The worker's counters.
     pub fn stats(&self) -> Arc<WorkerStats> {
         self.stats.clone()
@@ -504,6 +540,7 @@ impl Worker {
             .then(|| tokio::spawn(wake::listen(self.notifier.clone(), listening.clone())));
         let heartbeat = (!self.config.heartbeat_every.is_zero()).then(|| {
             tokio::spawn(heartbeat(
+                self.id.clone(),
                 self.notifier.clone(),
                 self.stats.clone(),
                 self.config.heartbeat_every,
@@ -862,6 +899,7 @@ impl Worker {
         self.stats.sweep_started();
         let span = tracing::info_span!(
             "sweep",
+            worker = %self.id,
             claimed = tracing::field::Empty,
             ms = tracing::field::Empty
         );
@@ -1045,20 +1083,37 @@ async fn sleep_or_stop(d: std::time::Duration, shutdown: &CancellationToken) -> 
 /// Writes this worker's heartbeat row every `every` until `stop` (the row
 /// then goes stale: the worker is shown as gone). A failed write is logged
 /// and tried again at the next beat.
+/// This host's name, cut to 200 characters (the heartbeat's columns hold
+/// 255: the host, `:pid:` and 16 hex digits fit).
+fn host_name() -> String {
+    hostname::get()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "unknown".into())
+        .chars()
+        .take(200)
+        .collect()
+}
+
+/// A new worker's id: `host:pid:` and 16 random hex digits.
+fn worker_id() -> String {
+    format!(
+        "{}:{}:{:016x}",
+        host_name(),
+        std::process::id(),
+        fastrand::u64(..)
+    )
+}
+
 async fn heartbeat(
+    id: String,
     notifier: Notifier,
     stats: Arc<WorkerStats>,
     every: Duration,
     stop: CancellationToken,
 ) {
-    let host = hostname::get()
-        .ok()
-        .and_then(|h| h.into_string().ok())
-        .unwrap_or_else(|| "unknown".into());
+    let host = host_name();
     let pid = std::process::id();
-    // The columns hold 255 characters: host, `:pid:` and 16 hex digits fit.
-    let host: String = host.chars().take(200).collect();
-    let id = format!("{host}:{pid}:{:016x}", fastrand::u64(..));
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

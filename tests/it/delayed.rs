@@ -6,6 +6,7 @@
 //! their key's turn; shown as scheduled; a cancelled one is
 //! never sent, and a requeue makes it due at once.
 
+use solid_notify::ops::Audit;
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex},
@@ -237,8 +238,11 @@ db_test!(
         let marker = add(Duration::from_millis(1500)).await;
         let far = add(Duration::from_secs(3600)).await;
         let sent_now = add(Duration::from_secs(3600)).await;
-        notifier.cancel(cancelled).await.unwrap();
-        notifier.cancel(far).await.unwrap();
+        notifier
+            .cancel(cancelled, &Audit::operator())
+            .await
+            .unwrap();
+        notifier.cancel(far, &Audit::operator()).await.unwrap();
         // The marker, due with the cancelled one, is sent: the sweep that
         // would have sent the cancelled one has run.
         wait_delivered(&times, &[marker], 6).await;
@@ -251,7 +255,7 @@ db_test!(
         assert!(!view.scheduled);
         // A requeue makes a notice delayed by an hour due at once: once
         // cancelled, or while it is still scheduled ("send now").
-        notifier.requeue(far).await.unwrap();
+        notifier.requeue(far, &Audit::operator()).await.unwrap();
         assert_eq!(notifier.status(far).await.unwrap().not_before, None);
         let (ok, out, err) = cli(
             &db,

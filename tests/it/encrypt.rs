@@ -3,6 +3,7 @@
 //! missing key parks the notice, and the dashboard, the API and `show`
 //! never show the plaintext.
 
+use solid_notify::ops::Audit;
 use std::sync::Arc;
 
 use sea_orm::{ConnectionTrait, EntityTrait};
@@ -389,7 +390,7 @@ db_test!(
         })
         .await;
         // key.released, written by the operator's cancel.
-        notifier.cancel(id).await.unwrap();
+        notifier.cancel(id, &Audit::operator()).await.unwrap();
         eventually(30, "three events delivered", || async {
             (bodies.lock().unwrap().len() >= 3).then_some(())
         })

@@ -214,17 +214,17 @@ db_test!(
         .await;
         // key.released: by a cancel, and by a requeue that then succeeds.
         let audit = Audit::new("erin", "order fixed");
-        notifier.cancel_audited(cancelled, &audit).await.unwrap();
+        notifier.cancel(cancelled, &audit).await.unwrap();
         refusing.store(false, Ordering::SeqCst);
-        notifier.requeue_audited(requeued, &audit).await.unwrap();
+        notifier.requeue(requeued, &audit).await.unwrap();
         // definition.paused and definition.resumed, once: a second resume of
         // a definition not paused writes nothing.
         notifier
             .pause("orders", PauseEnd::OnResume, &audit)
             .await
             .unwrap();
-        notifier.resume_audited("orders", &audit).await.unwrap();
-        notifier.resume_audited("orders", &audit).await.unwrap();
+        notifier.resume("orders", &audit).await.unwrap();
+        notifier.resume("orders", &audit).await.unwrap();
         // circuit.opened (with definition.paused), then circuit.closed (with
         // definition.resumed) once the probe is delivered.
         db.insert_due("flaky", 3, |_| 0).await;
@@ -599,7 +599,7 @@ db_test!(
             .config(with_dashboard(quiet()))
             .build()
             .unwrap()
-            .resume_audited("flaky", &Audit::new("erin", "receiver fixed"))
+            .resume("flaky", &Audit::new("erin", "receiver fixed"))
             .await
             .unwrap();
         eventually(30, "circuit.closed after the operator's resume", || async {

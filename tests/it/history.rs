@@ -1,5 +1,6 @@
 //! Operator actions: find, requeue and cancel notices.
 
+use solid_notify::ops::Audit;
 use std::sync::{
     Arc,
     atomic::{AtomicBool, Ordering},
@@ -63,7 +64,7 @@ db_test!(
 
         // The receiver is fixed; requeue replays the same notice id.
         fixed.store(true, Ordering::SeqCst);
-        notifier.requeue(id).await.unwrap();
+        notifier.requeue(id, &Audit::operator()).await.unwrap();
         assert!(db.history_of(id).await.is_none());
         let reports = notifier.sweep_once(10).await.unwrap();
         assert_eq!(reports.len(), 1);
@@ -78,7 +79,7 @@ db_test!(
         );
         assert_eq!(rec.count_for(id), 2);
         assert!(matches!(
-            notifier.requeue(424242).await,
+            notifier.requeue(424242, &Audit::operator()).await,
             Err(Error::NoticeNotFound(424242))
         ));
 
@@ -94,7 +95,7 @@ db_test!(
         let tx = quiet.begin().await.unwrap();
         let doomed = tx.add_notice("crm", &json!({}), "").await.unwrap();
         tx.commit().await.unwrap();
-        notifier.cancel(doomed).await.unwrap();
+        notifier.cancel(doomed, &Audit::operator()).await.unwrap();
         assert_eq!(
             db.history_of(doomed).await.unwrap().status,
             Status::Cancelled
@@ -102,14 +103,14 @@ db_test!(
         assert!(notifier.sweep_once(10).await.unwrap().is_empty());
         assert_eq!(rec.count_for(doomed), 0);
         assert!(matches!(
-            notifier.cancel(doomed).await,
+            notifier.cancel(doomed, &Audit::operator()).await,
             Err(Error::WrongState {
                 status: Status::Cancelled,
                 ..
             })
         ));
         assert!(matches!(
-            notifier.cancel(777_777).await,
+            notifier.cancel(777_777, &Audit::operator()).await,
             Err(Error::NoticeNotFound(777_777))
         ));
     }

@@ -3,6 +3,7 @@
 //! the dashboard page and the `solid_notify_blocked_keys` gauge agree on a
 //! seeded set; a requeue or cancel of the head releases the key.
 
+use solid_notify::ops::Audit;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
@@ -172,7 +173,7 @@ db_test!(
         .await;
 
         // A cancel of a head releases its key: the notices behind it go.
-        notifier.cancel(head).await.unwrap();
+        notifier.cancel(head, &Audit::operator()).await.unwrap();
         while db.attempt_due(&notifier).await > 0 {}
         let left = keys::blocked(&db.db, None, 100).await.unwrap().keys;
         assert_eq!(left.len(), 2, "{left:?}");

@@ -3,6 +3,7 @@
 //! notices its count showed, each only if unchanged since, or fewer; never
 //! a notice added or changed after the count. Each test counts rows.
 
+use solid_notify::ops::Audit;
 use std::sync::Arc;
 
 use reqwest::{StatusCode, header};
@@ -202,7 +203,7 @@ db_test!(
         let confirmation = confirm(&base, "place=in_flight&q=order-7").await;
         assert_eq!(confirmation.matched, 1);
         // Meanwhile the notice found leaves the list (another operator).
-        notifier.cancel(keyed).await.unwrap();
+        notifier.cancel(keyed, &Audit::operator()).await.unwrap();
         assert_eq!(submit(&base, &confirmation).await, Ok((0, 1)));
         for id in mention {
             assert!(
@@ -222,14 +223,14 @@ db_test!(
         let ids = add(&notifier, &[fail.clone(), fail.clone(), fail.clone(), fail]).await;
         // The oldest is set aside (cancelled) before anything is sent; the
         // other three fail for good and are counted.
-        notifier.cancel(ids[0]).await.unwrap();
+        notifier.cancel(ids[0], &Audit::operator()).await.unwrap();
         db.attempt_due(&notifier).await;
         let (base, stop) = serve(&db, actions()).await;
         let confirmation = confirm(&base, "place=history&def=ship&status=final_failure").await;
         assert_eq!(confirmation.matched, 3);
         // After the count the oldest is replayed and fails for good too:
         // a final failure now, with an id below every counted one.
-        notifier.requeue(ids[0]).await.unwrap();
+        notifier.requeue(ids[0], &Audit::operator()).await.unwrap();
         db.attempt_due(&notifier).await;
         assert_eq!(
             db.history_of(ids[0]).await.unwrap().status,
@@ -266,7 +267,10 @@ db_test!(
         let pin = dry["pin"].as_str().unwrap().to_string();
         let late = add(&notifier, &[json!({})]).await[0];
         // One of the counted notices moves on meanwhile.
-        notifier.cancel(counted[1]).await.unwrap();
+        notifier
+            .cancel(counted[1], &Audit::operator())
+            .await
+            .unwrap();
         let done: Value = http
             .post(format!("{base}/api/bulk"))
             .json(&json!({ "pin": pin, "reason": "bulk fix" }))

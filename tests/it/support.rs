@@ -532,6 +532,11 @@ pub fn worker_process(db: &TestDb, extra: &[&str]) -> KillOnDrop {
 /// every 200 ms, and `extra` flags) serving metrics on a free port; returns
 /// it and the metrics URL it printed.
 pub async fn metrics_worker(db: &TestDb, extra: &[&str]) -> (KillOnDrop, String) {
+    metrics_worker_at(&db.url, extra).await
+}
+
+/// [`metrics_worker`] on the database at `url` (through a proxy, say).
+pub async fn metrics_worker_at(url: &str, extra: &[&str]) -> (KillOnDrop, String) {
     let mut child = KillOnDrop(
         std::process::Command::new(env!("CARGO_BIN_EXE_solid-notify"))
             .args([
@@ -547,7 +552,7 @@ pub async fn metrics_worker(db: &TestDb, extra: &[&str]) -> (KillOnDrop, String)
                 "200ms",
             ])
             .args(extra)
-            .env("DATABASE_URL", &db.url)
+            .env("DATABASE_URL", url)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
             .spawn()

@@ -2,6 +2,7 @@
 //! a process shuts down mid-attempt, when alert hooks are slow, when the
 //! receiver is slower than the attempt timeout.
 
+use solid_notify::ops::Audit;
 use std::{sync::Arc, time::Duration};
 
 use serde_json::json;
@@ -216,8 +217,8 @@ db_test!(
         );
         // An operator cancels the notice and, at once, requeues it.
         let operator = db.notifier().config(quiet()).build().unwrap();
-        operator.cancel(id).await.unwrap();
-        operator.requeue(id).await.unwrap();
+        operator.cancel(id, &Audit::operator()).await.unwrap();
+        operator.requeue(id, &Audit::operator()).await.unwrap();
         let requeued = db.live().await.pop().expect("back in flight");
         assert!(requeued.leased, "still held by the running attempt's lease");
         eventually(20, "delivered after the first attempt's lease", || async {

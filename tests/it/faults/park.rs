@@ -2,6 +2,7 @@
 //! the reason, alerted once to the alert definition's recipients, visible in
 //! history, and requeueable once the definition is fixed.
 
+use solid_notify::ops::Audit;
 use std::sync::Arc;
 
 use sea_orm::ConnectionTrait;
@@ -97,7 +98,7 @@ db_test!(unusable_definitions_park_their_notices, |db: Arc<
         .map(|r| r.id)
         .collect();
     for id in &broken {
-        notifier.requeue(*id).await.unwrap();
+        notifier.requeue(*id, &Audit::operator()).await.unwrap();
     }
     eventually(20, "requeued notices delivered", || async {
         let mut done = Vec::new();

@@ -1,5 +1,6 @@
 //! Scenario 11: the smaller faults.
 
+use solid_notify::ops::Audit;
 use std::{sync::Arc, time::Duration};
 
 use sea_orm::ConnectionTrait;
@@ -41,7 +42,7 @@ db_test!(a_requeue_race_requeues_once, |db: Arc<TestDb>| async move {
         let operators: Vec<_> = (0..8)
             .map(|_| {
                 let notifier = notifier.clone();
-                tokio::spawn(async move { notifier.requeue(id).await })
+                tokio::spawn(async move { notifier.requeue(id, &Audit::operator()).await })
             })
             .collect();
         let mut ok = 0;
@@ -57,7 +58,7 @@ db_test!(a_requeue_race_requeues_once, |db: Arc<TestDb>| async move {
         assert_eq!(live.len(), 1);
         assert_eq!(live[0].errors.matches("requeued by an operator").count(), 1);
         assert!(db.history_of(id).await.is_none());
-        notifier.cancel(id).await.unwrap();
+        notifier.cancel(id, &Audit::operator()).await.unwrap();
     }
 });
 

@@ -89,7 +89,7 @@ db_test!(
         .await
         .unwrap();
         assert_eq!(seen.len(), 3);
-        other.cancel(seen[0].id).await.unwrap();
+        other.cancel(seen[0].id, &Audit::operator()).await.unwrap();
         let stale = notifier
             .cancel_seen(&seen, &Audit::new("carol", "stale view"))
             .await

@@ -79,7 +79,7 @@ db_test!(
 
         // Resumed from another process: this one sees it within its
         // def_cache_ttl (5 s); until then what it claims it releases.
-        other.resume("ship").await.unwrap();
+        other.resume("ship", &Audit::operator()).await.unwrap();
         eventually(20, "all delivered after the resume", || async {
             notifier.sweep_once(100).await.unwrap();
             (db.counts().await == (0, 5)).then_some(())
@@ -270,7 +270,7 @@ db_test!(an_operator_resume_beats_an_open_circuit, |db: Arc<
     db.notifier()
         .build()
         .unwrap()
-        .resume("flaky")
+        .resume("flaky", &Audit::operator())
         .await
         .unwrap();
     eventually(

@@ -1,6 +1,7 @@
 //! Purge: old history deleted in batches, failures kept unless asked,
 //! archived before deleting.
 
+use solid_notify::ops::Audit;
 use std::{sync::Arc, time::Duration};
 
 use sea_orm::ConnectionTrait;
@@ -116,7 +117,10 @@ db_test!(
         let newest = find::list(&db.db, Place::InFlight, &filter_def("crm"), Page::default())
             .await
             .unwrap();
-        notifier.cancel(newest[0].id).await.unwrap();
+        notifier
+            .cancel(newest[0].id, &Audit::operator())
+            .await
+            .unwrap();
         let report = purge(&db.db, &p).await.unwrap();
         assert_eq!(report.deleted, 0, "cancelled a moment ago");
 

@@ -2,6 +2,7 @@
 //! others; retries, older notices, shutdown, cancels, final failures and
 //! purges inside a run keep the order.
 
+use solid_notify::ops::Audit;
 use std::{
     sync::{Arc, Mutex},
     time::Duration,
@@ -307,7 +308,7 @@ db_test!(
             (seen.lock().unwrap().calls.len() >= 3).then_some(())
         })
         .await;
-        notifier.cancel(ids[12]).await.unwrap();
+        notifier.cancel(ids[12], &Audit::operator()).await.unwrap();
         // Every other notice is delivered (after the run's lease at worst).
         eventually(40, "every notice finished", || async {
             (db.counts().await == (0, N as u64)).then_some(())
@@ -381,16 +382,16 @@ db_test!(a_run_never_passes_a_final_failure_of_its_key, |db: Arc<
         .build()
         .unwrap();
     let ids = add_key(&notifier, "k", 4, 1).await;
-    notifier.cancel(ids[0]).await.unwrap();
-    notifier.cancel(ids[1]).await.unwrap();
+    notifier.cancel(ids[0], &Audit::operator()).await.unwrap();
+    notifier.cancel(ids[1], &Audit::operator()).await.unwrap();
     let worker = start(notifier.clone(), fast(WorkerConfig::default()));
     eventually(10, "c failed for good", || async {
         let c = db.history_of(ids[2]).await?;
         (c.status == Status::FinalFailure).then_some(())
     })
     .await;
-    notifier.requeue(ids[0]).await.unwrap();
-    notifier.requeue(ids[1]).await.unwrap();
+    notifier.requeue(ids[0], &Audit::operator()).await.unwrap();
+    notifier.requeue(ids[1], &Audit::operator()).await.unwrap();
     eventually(10, "a and b delivered again", || async {
         let b = db.history_of(ids[1]).await?;
         (b.status == Status::Succeeded).then_some(())
@@ -401,7 +402,7 @@ db_test!(a_run_never_passes_a_final_failure_of_its_key, |db: Arc<
     assert_eq!(d.len(), 1, "only d in flight: {d:?}");
     assert!(!d[0].leased, "d is not claimed behind a final failure");
     // Cancelling c lets d go.
-    notifier.cancel(ids[2]).await.unwrap();
+    notifier.cancel(ids[2], &Audit::operator()).await.unwrap();
     eventually(10, "d delivered", || async {
         (db.counts().await == (0, 4)).then_some(())
     })
@@ -430,7 +431,7 @@ db_test!(
             (seen.lock().unwrap().started.contains(&0)).then_some(())
         })
         .await;
-        notifier.cancel(first).await.unwrap();
+        notifier.cancel(first, &Audit::operator()).await.unwrap();
         let purge = solid_notify::ops::Purge {
             include_failures: true,
             ..solid_notify::ops::Purge::older_than(Duration::from_millis(1))

@@ -3,6 +3,7 @@
 //! keys need an ordered definition; operator requeues, cancels and attempts
 //! by hand keep the turn.
 
+use solid_notify::ops::Audit;
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use sea_orm::ConnectionTrait;
@@ -106,12 +107,12 @@ db_test!(
         // Cancelling one failure lets its key go on; requeueing the other
         // (now healed) sends it first, then the rest of its key.
         producer
-            .cancel(ids[&("stuck-cancel".to_string(), 0)])
+            .cancel(ids[&("stuck-cancel".to_string(), 0)], &Audit::operator())
             .await
             .unwrap();
         healed.store(true, std::sync::atomic::Ordering::SeqCst);
         producer
-            .requeue(ids[&("stuck-requeue".to_string(), 0)])
+            .requeue(ids[&("stuck-requeue".to_string(), 0)], &Audit::operator())
             .await
             .unwrap();
         eventually(40, "every notice finished", || async {
@@ -316,10 +317,10 @@ db_test!(
         // A is being sent: cancelled now, it still holds its key until its
         // claim ends, so B does not start beside it.
         eventually(10, "A started", || started(1)).await;
-        notifier.cancel(a).await.unwrap();
+        notifier.cancel(a, &Audit::operator()).await.unwrap();
         // B is being sent: A requeued now is older, yet waits for B.
         eventually(10, "B started", || started(2)).await;
-        notifier.requeue(a).await.unwrap();
+        notifier.requeue(a, &Audit::operator()).await.unwrap();
         eventually(20, "A sent again after B", || async {
             (db.counts().await == (0, 2)).then_some(())
         })

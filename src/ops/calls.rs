@@ -1,0 +1,69 @@
+//! The operator's reads and maintenance as methods on [`Notifier`]: one
+//! style for every operator call (the writes are in the other files of
+//! [`ops`](super)).
+
+use super::{
+    Interrupted, NoticeFilter, NoticeView, Page, Place, Purge, PurgeReport, find,
+    keys::{self, BlockedKeys},
+    overview::{self, Overview, OverviewQuery},
+    purge,
+};
+use crate::{error::Result, notifier::Notifier};
+
+impl Notifier {
+    /// A page of notices at `place` matching `filter`, newest first.
+    ///
+    /// # Errors
+    /// [`Error::Config`](crate::Error::Config) naming `limit` when it is 0
+    /// or more than 100,000; database errors.
+    pub async fn list(
+        &self,
+        place: Place,
+        filter: &NoticeFilter,
+        page: Page,
+    ) -> Result<Vec<NoticeView>> {
+        find::list(&self.engine.store.db, place, filter, page).await
+    }
+
+    /// Every notice, in flight or in history, added with idempotency key
+    /// `key` (of definition `def` only, when given), newest first.
+    pub async fn find_by_key(&self, key: &str, def: Option<&str>) -> Result<Vec<NoticeView>> {
+        find::by_key(&self.engine.store.db, key, def).await
+    }
+
+    /// The ordering keys held back by a final failure or parked notice (of
+    /// definition `def`, or of all), oldest head first, at most `limit`
+    /// (1 to 1,000).
+    pub async fn blocked_keys(&self, def: Option<&str>, limit: u64) -> Result<BlockedKeys> {
+        let db = &self.engine.store.db;
+        let def_id = match def {
+            Some(name) => Some(find::def_id(db, name).await?),
+            None => None,
+        };
+        keys::blocked(db, def_id, limit).await
+    }
+
+    /// Each definition's counts, pauses and recent hours, and the workers
+    /// seen (the dashboard's first page); `query` picks the definitions
+    /// shown, the rest are summed.
+    pub async fn overview(&self, query: &OverviewQuery) -> Result<Overview> {
+        overview::overview_of(&self.engine.store.db, query).await
+    }
+
+    /// Deletes finished notices as `purge` says (archiving them first when
+    /// it names an archive). On an error, what was deleted stays deleted
+    /// and the error carries the report so far.
+    pub async fn purge(
+        &self,
+        purge: &Purge,
+    ) -> std::result::Result<PurgeReport, Interrupted<PurgeReport>> {
+        purge::purge(self.db(), purge).await
+    }
+
+    /// Seals every param and step result with the current key of
+    /// [`Config::keys`](crate::Config::keys), `batch` rows at a time (1 to
+    /// 1,000); what each old key still seals is in the report.
+    pub async fn rekey(&self, batch: u64) -> Result<super::rekey::RekeyReport> {
+        super::rekey::rekey(self.db(), &self.config().keys, batch).await
+    }
+}
