@@ -44,8 +44,13 @@ def listing(doc: Path) -> list[str]:
         # Inherent methods (and a trait's own), with their signatures; of
         # the trait implementations only which traits, and not the auto
         # traits or blanket implementations.
-        traits = body.find('id="trait-implementations"')
-        own = body if traits < 0 else body[:traits]
+        sections = [
+            body.find(f'id="{name}"')
+            for name in ("trait-implementations", "synthetic-implementations", "blanket-implementations")
+        ]
+        present = [i for i in sections if i >= 0]
+        own = body[: min(present)] if present else body
+        traits = sections[0]
         for sig in re.findall(
             r'<section id="(?:method|tymethod)\.[^"]+" class="method[^"]*">.*?<h4 class="code-header">(.*?)</h4>',
             own,

@@ -215,7 +215,9 @@ async fn worker(url: &str, config: WorkerConfig, pool: u32, latency: bool) -> Bo
     let notifier = notifier(db, false, latency, Arc::default())?;
     let stop = CancellationToken::new();
     // SN_BENCH_METRICS=1: the worker as `solid-notify worker --metrics-addr`
-    // runs it (Prometheus recorder, gauges every 5 s), to measure their cost.
+    // runs it (Prometheus recorder, gauges every 5 s), to measure their cost
+    // (feature `metrics`).
+    #[cfg(feature = "metrics")]
     if std::env::var("SN_BENCH_METRICS").is_ok_and(|v| v == "1") {
         let addr = solid_notify::telemetry::serve_metrics(
             ([127, 0, 0, 1], 0).into(),

@@ -96,7 +96,7 @@ pub struct Config {
     /// whose receivers listen on 127.0.0.1, turn it on.
     pub allow_private_network: bool,
     /// The dashboard's address (`https://ops.example.com/notify`): each
-    /// operational event ([`crate::event`]) links to its page there.
+    /// operational event (`docs/events.md`) links to its page there.
     /// Default: `$SOLID_NOTIFY_DASHBOARD_URL`, else none (no link).
     pub dashboard_url: Option<String>,
     /// Keys that seal the params of definitions with `encrypt = true`

@@ -51,7 +51,8 @@
 //!
 //! ## Cargo features
 //!
-//! All on by default; the outbox, the workers, the [`ops`] calls and the
+//! `postgres`, `sqlite`, `http` and `email` by default; `full` turns on
+//! every feature. The outbox, the workers, the [`ops`] calls and the
 //! handler channel need only the database they run on. A definition whose
 //! channel is compiled out is left to a process built with it; a database
 //! whose feature is off is refused ([`Error::BackendNotCompiled`]) by
@@ -59,12 +60,12 @@
 //!
 //! | feature | adds |
 //! |---|---|
-//! | `postgres` | PostgreSQL (sqlx-postgres): notices sent with the `COMMIT`, `LISTEN` wake-ups |
+//! | `postgres` (default) | PostgreSQL (sqlx-postgres): notices sent with the `COMMIT`, `LISTEN` wake-ups |
+//! | `sqlite` (default) | SQLite (sqlx-sqlite) |
+//! | `http` (default) | the HTTP channel, signed webhooks (reqwest) |
+//! | `email` (default) | the e-mail channel and alert e-mails (lettre's transports) |
 //! | `mysql` | MySQL and MariaDB (sqlx-mysql) |
-//! | `sqlite` | SQLite (sqlx-sqlite) |
-//! | `http` | the HTTP channel, signed webhooks (reqwest) |
 //! | `amqp` | the AMQP channel and the confirmation listener (lapin) |
-//! | `email` | the e-mail channel and alert e-mails (lettre's transports) |
 //! | `encrypt` | params of definitions with `encrypt = true` sealed at rest ([`Keys`]; chacha20poly1305) |
 //! | `cli` | the `solid-notify` binary (clap, tracing-subscriber) |
 //! | `dashboard` | `dashboard`: the operator pages and JSON API (axum, maud) |
@@ -146,17 +147,16 @@ pub use crypto::{CryptoError, Keys};
 pub use error::{DefinitionError, Error, Result};
 pub use handler::{BoxError, Handler, Notice, Outcome};
 pub use load_balance::LoadBalance;
-#[doc(hidden)]
 pub use notifier::{HARD_STOP_MARGIN, RELEASE_GRACE};
 pub use notifier::{Notifier, NotifierBuilder};
 pub use producer::MAX_DELAY;
 pub use producer::{NewNotice, NoticeTx};
 pub use report::{AttemptReport, AttemptResult};
 pub use status::Status;
-pub use worker::{Mode as WorkerMode, Worker, WorkerConfig, connect, connect_with, pool_options};
+pub use worker::{Worker, WorkerConfig, WorkerMode, connect, connect_with, pool_options};
 
-// The README's example, compiled and run by `cargo test --doc`.
-#[cfg(doctest)]
+// The README's example, compiled and run by `cargo test --doc` (on SQLite).
+#[cfg(all(doctest, feature = "sqlite"))]
 #[doc = include_str!("../README.md")]
 struct ReadmeExample;
 

@@ -12,7 +12,7 @@
 //! | `solid_notify_oldest_due_seconds` | gauge: how long the oldest due notice has waited (0: none) | `def` |
 //! | `solid_notify_awaiting_confirmation` | gauge: notices sent, waiting for confirmation | `def` |
 //! | `solid_notify_paused` | gauge: 1 while the definition is paused | `def` |
-//! | `solid_notify_blocked_keys` | gauge: ordering keys held back by a final failure or parked notice ([`ops::keys`](crate::ops::keys)) | `def` |
+//! | `solid_notify_blocked_keys` | gauge: ordering keys held back by a final failure or parked notice ([`Notifier::blocked_keys`](crate::Notifier::blocked_keys)) | `def` |
 //! | `solid_notify_attempts_total` | counter: attempts by how they ended | `def`, `outcome` |
 //! | `solid_notify_attempt_duration_seconds` | histogram: claim to recorded outcome | `def` |
 //! | `solid_notify_claims_total` | counter: rows claimed | |
@@ -20,7 +20,7 @@
 //! | `solid_notify_sweep_duration_seconds` | histogram: one sweep | |
 //! | `solid_notify_in_flight_payload_bytes` | gauge: bytes of params this process's workers hold (waiting, or being delivered, counted three times then) | |
 //! | `solid_notify_outcomes_given_up_total` | counter: outcomes (a delivered success among them) not recorded because the process stopped while the database could not take them; each notice is due again when its lease ends | |
-//! | `solid_notify_events_total` | counter: operational events written ([`event`](crate::event)) | |
+//! | `solid_notify_events_total` | counter: operational events written (`events_to`) | |
 //! | `solid_notify_events_dropped_total` | counter: operational events not written because `events_to` names no valid definition (each logged at `error`) | |
 //! | `solid_notify_notices_unreadable_total` | counter: notice rows parked because a cell cannot be read as its column (a plain-SQL producer's odd row; each logged at `error`, the reason in its failure log) | |
 //!
@@ -31,6 +31,8 @@
 
 #[cfg(feature = "metrics")]
 use std::net::SocketAddr;
+#[cfg(feature = "metrics")]
+use std::sync::Arc;
 use std::{collections::HashMap, time::Duration};
 
 use metrics::gauge;
@@ -120,9 +122,13 @@ pub const READY_TIMEOUT: Duration = Duration::from_secs(2);
 /// - `/metrics`: the Prometheus text;
 /// - `/healthz`: 200 `ok` while the process serves (a liveness probe);
 /// - `/readyz`: 200 `ready` when `db` answers within [`READY_TIMEOUT`] and
-///   every migration this build knows has run; 503 with the reason
-///   otherwise, and once `shutdown` is cancelled (a readiness probe; see
-///   [`readiness`]).
+///   every migration this build knows has run, 503 with the reason
+///   otherwise (a readiness probe; see [`readiness`]). The answer is
+///   reused for [`READY_REUSE`]. It waits for a connection of `db`'s pool
+///   like any statement: a pool busy for the whole timeout is not ready.
+///
+/// Once `shutdown` is cancelled the listener stops: probes then fail to
+/// connect, which a probe counts as a failure.
 ///
 /// Returns the bound address (pass port 0 for any free port). Fails if
 /// another recorder is installed already or the address cannot be bound.
@@ -158,6 +164,7 @@ pub async fn serve_metrics(
         }
     });
     let stopping = shutdown.clone();
+    let last = Arc::new(tokio::sync::Mutex::new(None));
     let app = axum::Router::new()
         .route(
             "/metrics",
@@ -166,7 +173,7 @@ pub async fn serve_metrics(
         .route("/healthz", axum::routing::get(|| async { "ok\n" }))
         .route(
             "/readyz",
-            axum::routing::get(move || ready(db.clone(), stopping.clone())),
+            axum::routing::get(move || ready(db.clone(), stopping.clone(), last.clone())),
         )
         .layer(axum::middleware::from_fn(host_checked));
     tokio::spawn(crate::listener::serve(listener, app, shutdown));
@@ -214,16 +221,36 @@ async fn host_checked(
     }
 }
 
+/// How long a `/readyz` answer is reused: 1 second. However many probes
+/// ask, the check takes at most one of the pool's connections, at most
+/// once a second.
+pub const READY_REUSE: Duration = Duration::from_secs(1);
+
+/// The last `/readyz` answer and when it was made.
+#[cfg(feature = "metrics")]
+type LastReady = Arc<tokio::sync::Mutex<Option<(std::time::Instant, Ready)>>>;
+
+#[cfg(feature = "metrics")]
+type Ready = (axum::http::StatusCode, String);
+
 #[cfg(feature = "metrics")]
 async fn ready(
     db: sea_orm::DatabaseConnection,
     stopping: CancellationToken,
-) -> (axum::http::StatusCode, String) {
+    last: LastReady,
+) -> Ready {
     use axum::http::StatusCode;
     if stopping.is_cancelled() {
         return (StatusCode::SERVICE_UNAVAILABLE, "stopping\n".into());
     }
-    match tokio::time::timeout(READY_TIMEOUT, readiness(&db)).await {
+    // One check at a time: the others wait for its answer.
+    let mut last = last.lock().await;
+    if let Some((at, answer)) = last.as_ref()
+        && at.elapsed() < READY_REUSE
+    {
+        return answer.clone();
+    }
+    let answer = match tokio::time::timeout(READY_TIMEOUT, readiness(&db)).await {
         Ok(Ok(())) => (StatusCode::OK, "ready\n".into()),
         Ok(Err(e)) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}\n")),
         Err(_) => (
@@ -233,7 +260,9 @@ async fn ready(
                 humantime::format_duration(READY_TIMEOUT)
             ),
         ),
-    }
+    };
+    *last = Some((std::time::Instant::now(), answer.clone()));
+    answer
 }
 
 /// What `/readyz` checks: the database answers, and every migration this
@@ -286,7 +315,7 @@ async fn render(handle: PrometheusHandle) -> impl axum::response::IntoResponse {
 /// definition and status), two small reads of `notify_def` (the paused
 /// definitions and the names of the busiest, [`METRICS_MAX_DEFS`] at most),
 /// and the count of blocked keys per definition
-/// ([`ops::keys::blocked_counts`](crate::ops::keys::blocked_counts)).
+/// (as [`Notifier::blocked_keys`](crate::Notifier::blocked_keys) counts them).
 pub fn spawn_gauges(
     notifier: Notifier,
     every: Duration,

@@ -251,7 +251,7 @@ pub struct DefSpec {
     #[serde(default)]
     pub steps: Value,
     /// The name of the definition that receives this one's operational
-    /// events ([`crate::event`]): any definition, on any channel; empty
+    /// events (`docs/events.md`): any definition, on any channel; empty
     /// (the default): none. Not this definition itself.
     #[serde(default)]
     pub events_to: String,

@@ -41,7 +41,7 @@ impl Notifier {
     /// in `notify_def.pause_reason`. Attempts already running finish.
     ///
     /// With `events_to`, a `definition.paused` event is written in the same
-    /// transaction ([`crate::event`]).
+    /// transaction (`docs/events.md`).
     pub async fn pause(&self, def: &str, end: PauseEnd, audit: &Audit) -> Result<()> {
         check_end(end)?;
         let db = &self.engine.store.db;

@@ -35,7 +35,7 @@ pub const DEFAULT_MAX_IN_FLIGHT_BYTES: u64 = crate::sweep::DEFAULT_MAX_IN_FLIGHT
 /// When sweeps start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Mode {
+pub enum WorkerMode {
     /// Start a sweep at every tick of [`WorkerConfig::cron`]; a tick that comes
     /// while the previous sweep still runs is skipped. The default.
     #[default]
@@ -48,8 +48,8 @@ pub enum Mode {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct WorkerConfig {
-    /// Fixed-rate or fixed-delay. Default [`Mode::FixedRate`].
-    pub mode: Mode,
+    /// Fixed-rate or fixed-delay. Default [`WorkerMode::FixedRate`].
+    pub mode: WorkerMode,
     /// Cron expression of the fixed-rate ticks, seconds first (`sec min hour
     /// day-of-month month day-of-week [year]`), in UTC. Default [`DEFAULT_CRON`].
     pub cron: String,
@@ -110,7 +110,7 @@ pub struct WorkerConfig {
 impl Default for WorkerConfig {
     fn default() -> Self {
         WorkerConfig {
-            mode: Mode::default(),
+            mode: WorkerMode::default(),
             cron: DEFAULT_CRON.into(),
             delay: DEFAULT_DELAY,
             initial_delay: Duration::ZERO,

@@ -22,10 +22,13 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 pub use crate::stats::{RECENT_SWEEPS, StatsSnapshot, WorkerStats};
+/// The older name of [`WorkerMode`], kept for the tests and benchmarks.
+#[doc(hidden)]
+pub use config::WorkerMode as Mode;
 pub use config::{
     DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, DEFAULT_CRON, DEFAULT_DELAY, DEFAULT_DUE_CHECK_EVERY,
     DEFAULT_HEARTBEAT_EVERY, DEFAULT_MAX_IN_FLIGHT_BYTES, DEFAULT_SHUTDOWN_TIMEOUT, MAX_BATCH_SIZE,
-    MAX_CONCURRENCY, MAX_DUE_CHECK_EVERY, MIN_DUE_CHECK_EVERY, Mode, WorkerConfig,
+    MAX_CONCURRENCY, MAX_DUE_CHECK_EVERY, MIN_DUE_CHECK_EVERY, WorkerConfig, WorkerMode,
 };
 
 use crate::{
@@ -638,15 +641,15 @@ impl Worker {
         let mut retry: Option<Duration> = None;
         loop {
             let tick = match self.config.mode {
-                Mode::FixedRate => {
+                WorkerMode::FixedRate => {
                     let Some(tick) = self.cron.after(&Utc::now()).next() else {
                         tracing::warn!(cron = %self.config.cron, "cron schedule has no future tick");
                         return;
                     };
                     Instant::now() + (tick - Utc::now()).to_std().unwrap_or_default()
                 }
-                Mode::FixedDelay if first => Instant::now(),
-                Mode::FixedDelay => Instant::now() + self.config.delay,
+                WorkerMode::FixedDelay if first => Instant::now(),
+                WorkerMode::FixedDelay => Instant::now() + self.config.delay,
             };
             first = false;
             let tick = match retry {
@@ -1080,9 +1083,6 @@ async fn sleep_or_stop(d: std::time::Duration, shutdown: &CancellationToken) -> 
     }
 }
 
-/// Writes this worker's heartbeat row every `every` until `stop` (the row
-/// then goes stale: the worker is shown as gone). A failed write is logged
-/// and tried again at the next beat.
 /// This host's name, cut to 200 characters (the heartbeat's columns hold
 /// 255: the host, `:pid:` and 16 hex digits fit).
 fn host_name() -> String {
@@ -1105,6 +1105,9 @@ fn worker_id() -> String {
     )
 }
 
+/// Writes this worker's heartbeat row every `every` until `stop` (the row
+/// then goes stale: the worker is shown as gone). A failed write is logged
+/// and tried again at the next beat.
 async fn heartbeat(
     id: String,
     notifier: Notifier,
