@@ -114,214 +114,9 @@ pub(crate) async fn run(
     );
     crate::trace::link(&span, lease.row().trace_context.as_deref());
     let started = Instant::now();
-    let result = async {
-        let timeout = engine.config.attempt_timeout;
-        let needed = timeout + engine.config.lease_margin();
-        // A pause that began after the claim (as this process last read
-        // the definition): released uncharged, like the circuit's.
-        if let Some(reason) = held_back(engine, &def, &lease, stop) {
-            return Ran::Done(
-                Box::pin(record::release(engine, lease, reason, &stop.give_up)).await,
-            );
-        }
-        // Never sent garbled, never failed for good on what a fix of the
-        // definition or the keys mends: such a notice is parked.
-        if let Some(reason) = deliver::unusable(engine, &def, &lease) {
-            drop(permit);
-            return Ran::Done(
-                Box::pin(park::park_one(engine, &def, lease, reason, &stop.give_up)).await,
-            );
-        }
-        let mut lease = lease;
-        // A failed try to be tried again: logged once the next try starts,
-        // else it is the attempt's outcome.
-        let mut retrying: Option<(chrono::NaiveDateTime, Outcome)> = None;
-        let outcome = loop {
-            // Every try takes a unit of the definition's rate budget. Over
-            // the limit, the first try is released uncharged until the next
-            // window; an immediate retry ends the attempt with the failure
-            // it retried.
-            if let Some(limit) = def.rate_limit {
-                let refused = match crate::state::rate::take(&engine.store, def.id, limit).await {
-                    Ok(rate::Take::Granted) => None,
-                    Ok(rate::Take::Full(wait)) => Some((
-                        wait,
-                        format!("rate limit {limit} of `{}` reached", def.name),
-                    )),
-                    // Not at once: the error would come back at once too.
-                    Err(e) => Some((
-                        RATE_ERROR_WAIT,
-                        format!("cannot take from the rate budget of `{}`: {e}", def.name),
-                    )),
-                };
-                if let Some((wait, reason)) = refused {
-                    if let Some((_, failure)) = retrying.take() {
-                        break Some(failure);
-                    }
-                    drop(permit);
-                    return Ran::Done(
-                        Box::pin(record::release_for(
-                            engine,
-                            lease,
-                            wait,
-                            reason,
-                            &stop.give_up,
-                        ))
-                        .await,
-                    );
-                }
-            }
-            // The checks above took round trips: the try must still fit.
-            if lease.remaining() < needed {
-                if let Some((_, failure)) = retrying.take() {
-                    break Some(failure);
-                }
-                drop(permit);
-                let reason = format!(
-                    "only {:?} of the lease left; an attempt needs {needed:?}",
-                    lease.remaining()
-                );
-                return Ran::Done(
-                    Box::pin(record::release(engine, lease, reason, &stop.give_up)).await,
-                );
-            }
-            if let Some((at, Outcome::Retry { reason })) = retrying.take() {
-                tracing::debug!(notice_id = lease.id(), tries = lease.tries() + 1, %reason, "retrying at once");
-                lease.failed_try(at, &reason);
-            }
-            // Boxed: the delivery's state (any channel's) is freed as soon
-            // as it ends, while the attempt may still wait for its recording.
-            let delivery = Box::pin(deliver::deliver(engine, &def, &lease, timeout));
-            let outcome = tokio::select! {
-                outcome = delivery => outcome,
-                _ = stop.abort.cancelled() => break None,
-            };
-            let more_steps = lease.has_next_step(def.steps.len());
-            // Right at delivery, before the slot frees: deliveries may run
-            // ahead of their recording, and the next one must see a circuit
-            // this one opened. A step before the last is no success of the
-            // notice: it counts for the circuit only when it fails.
-            if !(more_steps && matches!(outcome, Outcome::Success { .. })) {
-                engine.observe(&def, &outcome);
-            }
-            // A step that succeeded and is not the last: recorded, and the
-            // next one runs at once in this claim, unless the attempt must
-            // stop now (released then, at the next step).
-            let outcome = match outcome {
-                Outcome::Success { result, note } if more_steps => {
-                    match step_result(engine, &def, &lease, result) {
-                        Ok(result) => {
-                            match record::persist(lease, &stop.give_up, |l| {
-                                l.advance(result.clone(), note.as_deref())
-                            })
-                            .await
-                            {
-                                Ok(Ok(next)) => {
-                                    if let Some(reason) = held_back(engine, &def, &next, stop) {
-                                        drop(permit);
-                                        return Ran::Done(
-                                            Box::pin(record::release(
-                                                engine,
-                                                next,
-                                                reason,
-                                                &stop.give_up,
-                                            ))
-                                            .await,
-                                        );
-                                    }
-                                    lease = next;
-                                    continue;
-                                }
-                                Ok(Err(_lost)) => {
-                                    drop(permit);
-                                    return Ran::Done(AttemptResult::LostClaim);
-                                }
-                                Err(e) => {
-                                    drop(permit);
-                                    return Ran::Done(e.into_result());
-                                }
-                            }
-                        }
-                        Err(failure) => failure,
-                    }
-                }
-                other => other,
-            };
-            if !matches!(outcome, Outcome::Retry { .. }) {
-                break Some(outcome);
-            }
-            // Immediate retries: only while the next try (its delay, the
-            // timeout, the margin) fits in the lease, and never into an
-            // open circuit or after a probe.
-            let immediate = def.immediate;
-            if lease.tries() >= immediate.count
-                || lease.remaining() < immediate.delay + needed
-                || engine.breakers.is_open(def.id, lease.claimed_at())
-                || engine.breakers.is_probing(def.id)
-            {
-                break Some(outcome);
-            }
-            let failed_at = engine.app_now();
-            let waited = tokio::select! {
-                _ = tokio::time::sleep(immediate.delay) => true,
-                _ = stop.abort.cancelled() => false,
-            };
-            // Shutting down between tries, a sleep that overran, or a claim
-            // lost meanwhile (an operator cancelled the notice): this
-            // failure is the attempt's.
-            if !waited
-                || lease.remaining() < needed
-                || !matches!(claim::still_held(&engine.store, &lease).await, Ok(true))
-            {
-                break Some(outcome);
-            }
-            retrying = Some((failed_at, outcome));
-        };
-        drop(permit);
-        // Delivered: a success (and a release) needs its payload no more;
-        // a failure keeps it (once) for its alert, until it is recorded.
-        match &outcome {
-            Some(Outcome::Retry { .. } | Outcome::Permanent { .. }) => lease.recount_payload(1),
-            _ => lease.drop_payload(),
-        }
-        // A success after failed tries writes their lines, and one after
-        // failed attempts may write its `notice.recovered` event: recorded
-        // inline.
-        let failures = u32::try_from(lease.row().retry_times).unwrap_or(0);
-        let recovers = def.events_to.is_some() && def.alert.reported_failing(failures);
-        let recorder = if lease.tries() > 0 || recovers {
-            &Recorder::Inline
-        } else {
-            recorder
-        };
-        match outcome {
-            Some(outcome) => match batch::batchable(&def, outcome, recorder) {
-                Ok(batch) => match batch.hand_over(lease) {
-                    None => Ran::Batched,
-                    Some(lease) => Ran::Done(
-                        Box::pin(record::succeed_inline(lease, None, &stop.give_up)).await,
-                    ),
-                },
-                Err(outcome) => {
-                    let recorded = Box::pin(record::record(
-                        engine,
-                        &def,
-                        lease,
-                        outcome,
-                        &stop.give_up,
-                    ))
-                    .await;
-                    Ran::Done(background::follow_up(engine, recorded))
-                }
-            },
-            None => {
-                let reason = "shutting down: delivery abandoned".to_string();
-                Ran::Done(Box::pin(record::release(engine, lease, reason, &stop.give_up)).await)
-            }
-        }
-    }
-    .instrument(span.clone())
-    .await;
+    let result = attempt(engine, &def, lease, recorder, stop, permit)
+        .instrument(span.clone())
+        .await;
     span.record("outcome", tracing::field::debug(&result));
     span.record("ms", started.elapsed().as_millis() as u64);
     let counted = match &result {
@@ -331,6 +126,322 @@ pub(crate) async fn run(
     crate::counters::attempt_finished(&def.name, counted, started.elapsed());
     tracing::debug!(parent: &span, "attempt finished");
     result
+}
+
+/// [`run`]'s stages: the checks before any delivery, the tries, the record.
+async fn attempt(
+    engine: &Arc<Engine>,
+    def: &DefRef,
+    lease: Lease,
+    recorder: &Recorder,
+    stop: &Stop,
+    permit: Option<OwnedSemaphorePermit>,
+) -> Ran {
+    // A pause that began after the claim (as this process last read the
+    // definition): released uncharged, like the circuit's.
+    if let Some(reason) = held_back(engine, def, &lease, stop) {
+        return Ran::Done(Box::pin(record::release(engine, lease, reason, &stop.give_up)).await);
+    }
+    // Never sent garbled, never failed for good on what a fix of the
+    // definition or the keys mends: such a notice is parked.
+    if let Some(reason) = deliver::unusable(engine, def, &lease) {
+        drop(permit);
+        return Ran::Done(
+            Box::pin(park::park_one(engine, def, lease, reason, &stop.give_up)).await,
+        );
+    }
+    match tries(engine, def, lease, stop, permit).await {
+        Tried::Ended(ran) => ran,
+        Tried::Delivered(lease, outcome) => {
+            finish(engine, def, lease, outcome, recorder, stop).await
+        }
+    }
+}
+
+/// What the tries of an attempt came to.
+// Returned once per attempt and taken apart at once: a box would cost an
+// allocation per attempt for nothing.
+#[allow(clippy::large_enum_variant)]
+enum Tried {
+    /// Delivered, to be recorded; `None`: abandoned at shutdown.
+    Delivered(Lease, Option<Outcome>),
+    /// Ended with nothing to record: released, the claim lost, an error.
+    Ended(Ran),
+}
+
+/// Delivers, step after step of a multi-step notice, and again at once
+/// while the definition's immediate retries allow; gives the delivery slot
+/// back as soon as the last delivery ends.
+async fn tries(
+    engine: &Arc<Engine>,
+    def: &DefRef,
+    mut lease: Lease,
+    stop: &Stop,
+    permit: Option<OwnedSemaphorePermit>,
+) -> Tried {
+    let needed = engine.config.attempt_timeout + engine.config.lease_margin();
+    // A failed try to be tried again: logged once the next try starts,
+    // else it is the attempt's outcome.
+    let mut retrying: Option<(chrono::NaiveDateTime, Outcome)> = None;
+    let outcome = loop {
+        // Over the rate budget, or too little of the lease left: the first
+        // try is released uncharged; an immediate retry ends the attempt
+        // with the failure it retried.
+        if let Some((wait, reason)) = gate(engine, def, &lease, needed).await {
+            if let Some((_, failure)) = retrying.take() {
+                break Some(failure);
+            }
+            drop(permit);
+            let released = match wait {
+                Some(wait) => {
+                    Box::pin(record::release_for(
+                        engine,
+                        lease,
+                        wait,
+                        reason,
+                        &stop.give_up,
+                    ))
+                    .await
+                }
+                None => Box::pin(record::release(engine, lease, reason, &stop.give_up)).await,
+            };
+            return Tried::Ended(Ran::Done(released));
+        }
+        if let Some((at, Outcome::Retry { reason })) = retrying.take() {
+            tracing::debug!(notice_id = lease.id(), tries = lease.tries() + 1, %reason, "retrying at once");
+            lease.failed_try(at, &reason);
+        }
+        let Some((outcome, more_steps)) = deliver_once(engine, def, &lease, stop).await else {
+            break None;
+        };
+        // A step that succeeded and is not the last: recorded, and the
+        // next one runs at once in this claim, unless the attempt must
+        // stop now (released then, at the next step).
+        let outcome = match outcome {
+            Outcome::Success { result, note } if more_steps => {
+                match advance(engine, def, lease, result, note, stop).await {
+                    Advanced::Next(next) => {
+                        lease = next;
+                        continue;
+                    }
+                    Advanced::HeldBack(next, reason) => {
+                        drop(permit);
+                        let released = record::release(engine, next, reason, &stop.give_up);
+                        return Tried::Ended(Ran::Done(Box::pin(released).await));
+                    }
+                    Advanced::Ended(ran) => {
+                        drop(permit);
+                        return Tried::Ended(ran);
+                    }
+                    Advanced::Failed(back, failure) => {
+                        lease = back;
+                        failure
+                    }
+                }
+            }
+            other => other,
+        };
+        if !matches!(outcome, Outcome::Retry { .. }) {
+            break Some(outcome);
+        }
+        match retry_at_once(engine, def, &lease, stop).await {
+            Some(failed_at) => retrying = Some((failed_at, outcome)),
+            None => break Some(outcome),
+        }
+    };
+    drop(permit);
+    Tried::Delivered(lease, outcome)
+}
+
+/// One delivery of the lease's step, within the attempt timeout, and
+/// whether more steps follow; `None` when shutdown aborts it. Boxed: the
+/// delivery's state (any channel's) is freed as soon as it ends, while the
+/// attempt may still wait for its recording.
+async fn deliver_once(
+    engine: &Arc<Engine>,
+    def: &DefRef,
+    lease: &Lease,
+    stop: &Stop,
+) -> Option<(Outcome, bool)> {
+    let timeout = engine.config.attempt_timeout;
+    let delivery = Box::pin(deliver::deliver(engine, def, lease, timeout));
+    let outcome = tokio::select! {
+        outcome = delivery => outcome,
+        _ = stop.abort.cancelled() => return None,
+    };
+    let more_steps = lease.has_next_step(def.steps.len());
+    // Right at delivery, before the slot frees: deliveries may run ahead
+    // of their recording, and the next one must see a circuit this one
+    // opened. A step before the last is no success of the notice: it
+    // counts for the circuit only when it fails.
+    if !(more_steps && matches!(outcome, Outcome::Success { .. })) {
+        engine.observe(def, &outcome);
+    }
+    Some((outcome, more_steps))
+}
+
+/// Why the next try must not start, and how long its row then waits
+/// (`None`: due at once): every try takes a unit of the definition's rate
+/// budget (full, or unreadable: a database error waits
+/// [`RATE_ERROR_WAIT`], not nothing, since the error would come back at
+/// once too); and the checks took round trips, so the try must still fit
+/// in the lease.
+async fn gate(
+    engine: &Arc<Engine>,
+    def: &DefRef,
+    lease: &Lease,
+    needed: std::time::Duration,
+) -> Option<(Option<std::time::Duration>, String)> {
+    if let Some((wait, reason)) = rate_refused(engine, def).await {
+        return Some((Some(wait), reason));
+    }
+    (lease.remaining() < needed).then(|| {
+        let reason = format!(
+            "only {:?} of the lease left; an attempt needs {needed:?}",
+            lease.remaining()
+        );
+        (None, reason)
+    })
+}
+
+/// The wait and the reason when the definition's rate budget refuses a
+/// try.
+async fn rate_refused(engine: &Arc<Engine>, def: &DefRef) -> Option<(std::time::Duration, String)> {
+    let limit = def.rate_limit?;
+    match crate::state::rate::take(&engine.store, def.id, limit).await {
+        Ok(rate::Take::Granted) => None,
+        Ok(rate::Take::Full(wait)) => Some((
+            wait,
+            format!("rate limit {limit} of `{}` reached", def.name),
+        )),
+        Err(e) => Some((
+            RATE_ERROR_WAIT,
+            format!("cannot take from the rate budget of `{}`: {e}", def.name),
+        )),
+    }
+}
+
+/// What recording a step that succeeded (not the last) came to.
+#[allow(clippy::large_enum_variant)] // as `Tried`
+enum Advanced {
+    /// The next step's lease: it runs at once.
+    Next(Lease),
+    /// Recorded, but the attempt must stop: release the next step.
+    HeldBack(Lease, String),
+    /// Not recorded: the claim was lost, or the database refused.
+    Ended(Ran),
+    /// Its result cannot be kept: the step failed with this outcome.
+    Failed(Lease, Outcome),
+}
+
+/// Records a step that succeeded and is not the last, with its result
+/// for the next step.
+async fn advance(
+    engine: &Arc<Engine>,
+    def: &DefRef,
+    lease: Lease,
+    result: Option<serde_json::Value>,
+    note: Option<String>,
+    stop: &Stop,
+) -> Advanced {
+    let result = match step_result(engine, def, &lease, result) {
+        Ok(result) => result,
+        Err(failure) => return Advanced::Failed(lease, failure),
+    };
+    match record::persist(lease, &stop.give_up, |l| {
+        l.advance(result.clone(), note.as_deref())
+    })
+    .await
+    {
+        Ok(Ok(next)) => match held_back(engine, def, &next, stop) {
+            Some(reason) => Advanced::HeldBack(next, reason),
+            None => Advanced::Next(next),
+        },
+        Ok(Err(_lost)) => Advanced::Ended(Ran::Done(AttemptResult::LostClaim)),
+        Err(e) => Advanced::Ended(Ran::Done(e.into_result())),
+    }
+}
+
+/// Whether a failed try is tried again at once: only while the next try
+/// (its delay, the timeout, the margin) fits in the lease, and never into
+/// an open circuit or after a probe. Waits the delay; returns when the
+/// try failed (this host's clock), or `None` when this failure is the
+/// attempt's: shutting down between tries, a sleep that overran, a claim
+/// lost meanwhile (an operator cancelled the notice).
+async fn retry_at_once(
+    engine: &Arc<Engine>,
+    def: &DefRef,
+    lease: &Lease,
+    stop: &Stop,
+) -> Option<chrono::NaiveDateTime> {
+    let needed = engine.config.attempt_timeout + engine.config.lease_margin();
+    let immediate = def.immediate;
+    if lease.tries() >= immediate.count
+        || lease.remaining() < immediate.delay + needed
+        || engine.breakers.is_open(def.id, lease.claimed_at())
+        || engine.breakers.is_probing(def.id)
+    {
+        return None;
+    }
+    let failed_at = engine.app_now();
+    let waited = tokio::select! {
+        _ = tokio::time::sleep(immediate.delay) => true,
+        _ = stop.abort.cancelled() => false,
+    };
+    if !waited
+        || lease.remaining() < needed
+        || !matches!(claim::still_held(&engine.store, lease).await, Ok(true))
+    {
+        return None;
+    }
+    Some(failed_at)
+}
+
+/// Records what the tries delivered: a plain success through `recorder`
+/// (a sweep's batch), the rest inline, shutdown's abandoned delivery as a
+/// release.
+async fn finish(
+    engine: &Arc<Engine>,
+    def: &DefRef,
+    mut lease: Lease,
+    outcome: Option<Outcome>,
+    recorder: &Recorder,
+    stop: &Stop,
+) -> Ran {
+    // Delivered: a success (and a release) needs its payload no more; a
+    // failure keeps it (once) for its alert, until it is recorded.
+    match &outcome {
+        Some(Outcome::Retry { .. } | Outcome::Permanent { .. }) => lease.recount_payload(1),
+        _ => lease.drop_payload(),
+    }
+    // A success after failed tries writes their lines, and one after failed
+    // attempts may write its `notice.recovered` event: recorded inline.
+    let failures = u32::try_from(lease.row().retry_times).unwrap_or(0);
+    let recovers = def.events_to.is_some() && def.alert.reported_failing(failures);
+    let recorder = if lease.tries() > 0 || recovers {
+        &Recorder::Inline
+    } else {
+        recorder
+    };
+    match outcome {
+        Some(outcome) => match batch::batchable(def, outcome, recorder) {
+            Ok(batch) => match batch.hand_over(lease) {
+                None => Ran::Batched,
+                Some(lease) => {
+                    Ran::Done(Box::pin(record::succeed_inline(lease, None, &stop.give_up)).await)
+                }
+            },
+            Err(outcome) => {
+                let recorded =
+                    Box::pin(record::record(engine, def, lease, outcome, &stop.give_up)).await;
+                Ran::Done(background::follow_up(engine, recorded))
+            }
+        },
+        None => {
+            let reason = "shutting down: delivery abandoned".to_string();
+            Ran::Done(Box::pin(record::release(engine, lease, reason, &stop.give_up)).await)
+        }
+    }
 }
 
 /// Why the attempt held by `lease` must not start (or go on to its next

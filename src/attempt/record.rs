@@ -301,51 +301,12 @@ async fn fail(
         .map(|(row, _)| row.clone())
         .chain(events.rows.iter().cloned())
         .collect();
-    let attempt = lease.attempt();
-    let FailurePlan {
-        is_final,
-        errors,
-        retry_times,
-        delay,
-        alerts,
-        mut report,
-        ..
-    } = plan;
-    let (result, ids) = if is_final {
-        let fail = Final {
-            errors,
-            retry_times,
-            follow,
+    let alerts = plan.alerts;
+    let (result, ids, report) =
+        match write_failure(engine, lease, plan, follow, reason, give_up).await {
+            Ok(written) => written,
+            Err(result) => return result.into(),
         };
-        match persist(lease, give_up, |l| l.fail_for_good(&fail)).await {
-            Ok(Ok(ids)) => (AttemptResult::FinalFailure { attempt, reason }, ids),
-            Ok(Err(_lost)) => return AttemptResult::LostClaim.into(),
-            Err(e) => return e.into_result().into(),
-        }
-    } else {
-        let retry = Retry {
-            errors,
-            retry_times,
-            delay,
-            follow,
-        };
-        match persist(lease, give_up, |l| l.retry(&retry)).await {
-            Ok(Ok(Scheduled { at, follow })) => {
-                engine.due_after(delay);
-                report.next_call_time = Some(at);
-                (
-                    AttemptResult::WillRetry {
-                        attempt,
-                        at,
-                        reason,
-                    },
-                    follow,
-                )
-            }
-            Ok(Err(_lost)) => return AttemptResult::LostClaim.into(),
-            Err(e) => return e.into_result().into(),
-        }
-    };
     // The alert's id comes first, then the events'.
     let (alert_ids, event_ids) = ids.split_at(usize::from(alert.is_some()).min(ids.len()));
     let mut pending = Vec::new();
@@ -362,6 +323,65 @@ async fn fail(
     Recorded {
         result,
         follow: pending,
+    }
+}
+
+/// Writes what `plan` decided, with `follow` queued in the same
+/// transaction: the final failure, or the retry (then due at its time).
+/// The result, the ids `follow` got and the alert's report (with the next
+/// attempt's time); `Err` with the result when nothing was written (the
+/// claim lost, the database refused or away).
+async fn write_failure(
+    engine: &Arc<Engine>,
+    lease: Lease,
+    plan: FailurePlan,
+    follow: Vec<NewRow>,
+    reason: String,
+    give_up: &CancellationToken,
+) -> Result<(AttemptResult, Vec<i64>, FailureEvent), AttemptResult> {
+    let attempt = lease.attempt();
+    let FailurePlan {
+        is_final,
+        errors,
+        retry_times,
+        delay,
+        mut report,
+        ..
+    } = plan;
+    if is_final {
+        let fail = Final {
+            errors,
+            retry_times,
+            follow,
+        };
+        return match persist(lease, give_up, |l| l.fail_for_good(&fail)).await {
+            Ok(Ok(ids)) => Ok((AttemptResult::FinalFailure { attempt, reason }, ids, report)),
+            Ok(Err(_lost)) => Err(AttemptResult::LostClaim),
+            Err(e) => Err(e.into_result()),
+        };
+    }
+    let retry = Retry {
+        errors,
+        retry_times,
+        delay,
+        follow,
+    };
+    match persist(lease, give_up, |l| l.retry(&retry)).await {
+        Ok(Ok(Scheduled { at, follow })) => {
+            engine.due_after(delay);
+            report.next_call_time = Some(at);
+            Ok((
+                AttemptResult::WillRetry {
+                    attempt,
+                    at,
+                    reason,
+                },
+                follow,
+                report,
+            ))
+        }
+        Ok(Err(_lost)) => Err(AttemptResult::LostClaim),
+        Err(e) => Err(e.into_result()),
     }
 }
 

@@ -293,9 +293,16 @@ pub(crate) async fn park_unreadable_in<C: sea_orm::ConnectionTrait>(
         if row.version.and_then(|v| i32::try_from(v).ok()).is_none() {
             sets.push((Column::Version, Expr::val(0)));
         }
+        // Bound as the other guards bind it (`columns::at_version`: INT4)
+        // when it fits: PostgreSQL's prepared statements are cached by
+        // their text, and one cached with an INT4 parameter refuses the
+        // 8 bytes of an INT8 ("incorrect binary data format"). Only
+        // SQLite holds a version past 32 bits.
         let mut guard = Condition::all().add(Expr::col(Column::Id).eq(row.id));
-        if let Some(version) = row.version {
-            guard = guard.add(Expr::col(Column::Version).eq(version));
+        match row.version.map(|v| (v, i32::try_from(v))) {
+            Some((_, Ok(version))) => guard = guard.add(Expr::col(Column::Version).eq(version)),
+            Some((version, Err(_))) => guard = guard.add(Expr::col(Column::Version).eq(version)),
+            None => {}
         }
         parked.extend(columns::move_rows(conn, Table::Live, Table::History, guard, sets).await?);
     }

@@ -268,7 +268,8 @@ where
     let waiting = tokio::spawn(victim());
     // The victim waits for order 2 (held by `other`); now `other` waits for
     // order 1 (held by the victim): a deadlock.
-    eventually(10, "the victim waiting for its lock", || async {
+    // 30 s: under a full test run the server may be busy with others.
+    eventually(30, "the victim waiting for its lock", || async {
         let n = db
             .scalar(
                 "SELECT COUNT(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'",
