@@ -42,8 +42,7 @@ use serde::Deserialize;
 use serde_json::json;
 use solid_notify::{
     NewNotice, NoticeTx, Notifier, Worker, WorkerConfig,
-    def::{Channel, DefSpec, store},
-    worker,
+    def::{self, Channel, DefSpec},
 };
 use tokio_util::sync::CancellationToken;
 
@@ -92,16 +91,15 @@ async fn main() -> Result<(), Box<dyn Error>> {
     // a single connection unless told otherwise, and a transaction holding
     // it would leave the worker (and a definition lookup waiting for the
     // worker's) stuck until `Config::db_timeout`.
-    let mut options = worker::pool_options(url.as_str());
+    let mut options = solid_notify::pool_options(url.as_str());
     options.max_connections(POOL_SIZE);
-    let connecting = sea_orm::Database::connect(options);
-    let db = tokio::time::timeout(worker::DEFAULT_CONNECT_TIMEOUT, connecting).await??;
+    let db = solid_notify::connect_with(options, std::time::Duration::from_secs(5)).await?;
     solid_notify::migrate(&db).await?; // solid-notify's own tables
     create_orders_table(&db).await?; // the application's table
 
     // The definitions, from code. A definitions file works the same way:
-    // `solid_notify::def::file::load_file(path)?`, then sync each `.spec`
-    // (or `solid-notify defs sync` at deploy time).
+    // `solid_notify::def::load_dir(path)?`, then sync each `.spec` (or
+    // `solid-notify defs sync` at deploy time).
     let target = json!({
         "url": webhook,
         // Requests go to public addresses only, unless allowed: the
@@ -121,7 +119,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
         spec.description = description.into();
         specs.push(spec);
     }
-    store::sync(&db, &specs).await?;
+    def::sync(&db, &specs).await?;
 
     let notifier = Notifier::builder(db).build()?;
 

@@ -11,13 +11,11 @@
 
 use std::{error::Error, path::Path, time::Duration};
 
-use sea_orm::{ConnectionTrait, EntityTrait, QueryOrder};
+use sea_orm::ConnectionTrait;
 use serde_json::json;
 use solid_notify::{
-    Config, Notice, Notifier, Outcome,
-    channel::mail::MailConfig,
-    def::{file, store},
-    entity::notify_msg_history,
+    Config, MailConfig, Notice, Notifier, Outcome, def,
+    ops::{Page, Place},
 };
 
 #[tokio::main]
@@ -40,11 +38,11 @@ async fn main() -> Result<(), Box<dyn Error>> {
         .await?;
 
     let defs_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("definitions");
-    let specs: Vec<_> = file::load_dir(&defs_dir)?
+    let specs: Vec<_> = def::load_dir(&defs_dir)?
         .into_iter()
         .map(|d| d.spec)
         .collect();
-    let report = store::sync(&db, &specs).await?;
+    let report = def::sync(&db, &specs).await?;
     println!("synced definitions: inserted {:?}", report.inserted);
 
     // The flaky mailer fails the first two attempts of each notice.
@@ -125,7 +123,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
 
     println!("\n4. retries, as a sweeper drives them (intervals of 1-2 s)");
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while !live_is_empty(&db).await? {
+    while !live_is_empty(&notifier).await? {
         for report in notifier.sweep_once(100).await? {
             println!("  -> notice {}: {:?}", report.notice_id, report.result);
         }
@@ -136,17 +134,21 @@ async fn main() -> Result<(), Box<dyn Error>> {
     }
 
     println!("\n5. history (notify_msg_history): every notice has finished");
-    let rows = notify_msg_history::Entity::find()
-        .order_by_asc(notify_msg_history::Column::Id)
-        .all(&db)
+    let page = Page {
+        limit: 1_000,
+        ..Page::default()
+    };
+    let mut rows = notifier
+        .list(Place::History, &Default::default(), page)
         .await?;
+    rows.reverse(); // oldest first
     for row in &rows {
-        let param: String = row.param.chars().take(60).collect();
+        let param: String = row.param.to_string().chars().take(60).collect();
         println!(
             "  notice {} ({}) status {} after {} failures, param {param}",
             row.id, row.description, row.status, row.retry_times
         );
-        for line in row.errors.lines() {
+        for line in &row.errors {
             println!("      {line}");
         }
     }
@@ -196,10 +198,13 @@ async fn receiver() -> Result<String, Box<dyn Error>> {
     Ok(url)
 }
 
-async fn live_is_empty(db: &sea_orm::DatabaseConnection) -> Result<bool, sea_orm::DbErr> {
-    use sea_orm::PaginatorTrait;
-    Ok(solid_notify::entity::notify_msg::Entity::find()
-        .count(db)
-        .await?
-        == 0)
+async fn live_is_empty(notifier: &Notifier) -> Result<bool, solid_notify::Error> {
+    let page = Page {
+        limit: 1,
+        ..Page::default()
+    };
+    let live = notifier
+        .list(Place::InFlight, &Default::default(), page)
+        .await?;
+    Ok(live.is_empty())
 }
