@@ -34,8 +34,9 @@ fn example_binary() -> PathBuf {
         .join("examples")
         .join(format!("axum_orders{}", std::env::consts::EXE_SUFFIX));
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/axum_orders.rs");
-    let hint = "build it first: `cargo build --example axum_orders` (`cargo test --workspace` \
-                builds the examples; `cargo test --test it` alone does not)";
+    let hint = "build it first: `cargo build --features full --example axum_orders` \
+                (`cargo test --workspace --features full` builds the examples; \
+                `cargo test --test it` alone does not)";
     let built = std::fs::metadata(&binary)
         .and_then(|m| m.modified())
         .unwrap_or_else(|e| panic!("the example {} is missing ({e}): {hint}", binary.display()));
