@@ -47,7 +47,7 @@ struct Cli {
         long,
         env = "SOLID_NOTIFY_SLOW_STATEMENT_LEVEL",
         global = true,
-        default_value = "debug"
+        default_value_t = solid_notify::worker::DEFAULT_SLOW_STATEMENT_LEVEL
     )]
     slow_statement_level: log::LevelFilter,
     /// A statement that runs longer than this is slow (e.g. 1s, 250ms).
