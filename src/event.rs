@@ -221,18 +221,12 @@ impl Event {
     /// The notice row that carries this event to definition `to`, due now.
     pub(crate) fn row(&self, to: &Def, at: NaiveDateTime, dashboard: Option<&str>) -> NewRow {
         NewRow::follow_up(
+            crate::status::Origin::Event,
             to.id,
             self.document(at, dashboard).to_string(),
             format!("{EVENT_DESCRIPTION} {}", self.kind.as_str()),
         )
     }
-}
-
-/// Whether a notice with this description is an event (and so raises none).
-pub fn is_event(description: &str) -> bool {
-    description
-        .strip_prefix(EVENT_DESCRIPTION)
-        .is_some_and(|rest| rest.starts_with(' '))
 }
 
 #[cfg(test)]
@@ -284,15 +278,13 @@ mod tests {
     }
 
     #[test]
-    fn event_descriptions_are_recognised() {
+    fn an_event_row_is_of_event_origin_and_says_its_kind() {
         let row = Event::new(EventKind::CircuitOpened, &def(), "x").row(
             &def(),
             chrono::Utc::now().naive_utc(),
             None,
         );
         assert_eq!(row.description, "solid-notify event circuit.opened");
-        assert!(is_event(&row.description));
-        assert!(!is_event("solid-notify events"));
-        assert!(!is_event("order 42"));
+        assert_eq!(row.origin, crate::status::Origin::Event);
     }
 }

@@ -152,7 +152,7 @@ pub use notifier::{Notifier, NotifierBuilder};
 pub use producer::MAX_DELAY;
 pub use producer::{NewNotice, NoticeTx};
 pub use report::{AttemptReport, AttemptResult};
-pub use status::Status;
+pub use status::{Origin, Status};
 pub use worker::{Worker, WorkerConfig, WorkerMode, connect, connect_with, pool_options};
 
 // The README's example, compiled and run by `cargo test --doc` (on SQLite).

@@ -81,3 +81,38 @@ impl std::fmt::Display for Status {
         f.write_str(s)
     }
 }
+
+/// Who wrote a notice (`notify_msg.origin` / `notify_msg_history.origin`).
+///
+/// The library writes [`Alert`](Origin::Alert) and [`Event`](Origin::Event)
+/// rows itself; every notice a producer adds, through the library or in
+/// plain SQL (the column's default), is a [`Producer`](Origin::Producer)
+/// notice. The description is free text: it never decides the origin.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, EnumIter, DeriveActiveEnum, Serialize,
+)]
+#[sea_orm(rs_type = "i16", db_type = "SmallInteger")]
+#[serde(rename_all = "snake_case")]
+pub enum Origin {
+    /// 0: added by a producer (the default).
+    #[default]
+    #[sea_orm(num_value = 0)]
+    Producer,
+    /// 1: an alert e-mail about another notice.
+    #[sea_orm(num_value = 1)]
+    Alert,
+    /// 2: an operational event (`docs/events.md`); its failures raise no
+    /// further events.
+    #[sea_orm(num_value = 2)]
+    Event,
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Origin::Producer => "producer",
+            Origin::Alert => "alert",
+            Origin::Event => "event",
+        })
+    }
+}

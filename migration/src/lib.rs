@@ -34,6 +34,7 @@ mod m20261210_000020_not_before;
 mod m20261211_000021_events_to;
 mod m20261212_000022_encrypt;
 mod m20261213_000023_untrusted_rows;
+mod m20261214_000024_origin;
 
 pub use m20261124_000004_wake_trigger::WAKE_CHANNEL;
 
@@ -70,6 +71,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261211_000021_events_to::Migration),
             Box::new(m20261212_000022_encrypt::Migration),
             Box::new(m20261213_000023_untrusted_rows::Migration),
+            Box::new(m20261214_000024_origin::Migration),
         ]
     }
 

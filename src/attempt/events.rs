@@ -11,7 +11,8 @@ use crate::{
     alert::ALERT_DEF,
     def::{Def, DefRef},
     error::Error,
-    event::{Event, is_event},
+    event::Event,
+    status::Origin,
     state::insert::NewRow,
 };
 
@@ -51,14 +52,14 @@ impl EventRows {
 pub(crate) async fn target(
     engine: &Arc<Engine>,
     source: &Def,
-    description: Option<&str>,
+    origin: Option<Origin>,
     events: usize,
     give_up: &CancellationToken,
 ) -> Result<Option<DefRef>, Error> {
     let Some(name) = &source.events_to else {
         return Ok(None);
     };
-    if source.name == ALERT_DEF || description.is_some_and(is_event) {
+    if source.name == ALERT_DEF || origin.is_some_and(|o| o != Origin::Producer) {
         return Ok(None);
     }
     match crate::db::retry_db(give_up, || engine.defs.by_name(&engine.store.db, name)).await {
@@ -100,14 +101,14 @@ pub(crate) fn once() -> CancellationToken {
 pub(crate) async fn rows(
     engine: &Arc<Engine>,
     source: &Def,
-    description: Option<&str>,
+    origin: Option<Origin>,
     events: &[Event],
     give_up: &CancellationToken,
 ) -> Result<EventRows, Error> {
     if events.is_empty() {
         return Ok(EventRows::default());
     }
-    let Some(to) = target(engine, source, description, events.len(), give_up).await? else {
+    let Some(to) = target(engine, source, origin, events.len(), give_up).await? else {
         return Ok(EventRows::default());
     };
     let at = engine.app_now();

@@ -154,6 +154,7 @@ async fn park_alert(
     }
     let mail = AlertMail::parked(alert_def.alert_emails.clone(), def_id, reason, ids);
     Ok(Some(NewRow::follow_up(
+        crate::status::Origin::Alert,
         alert_def.id,
         mail.param().to_string(),
         ALERT_DESCRIPTION.to_string(),

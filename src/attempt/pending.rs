@@ -198,6 +198,7 @@ impl PendingNotice {
             step: 0,
             step_result: None,
             not_before: None,
+            origin: r.origin,
         }
     }
 }

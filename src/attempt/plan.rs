@@ -12,7 +12,8 @@ use chrono::NaiveDateTime;
 use crate::{
     alert::FailureEvent,
     def::{DefRef, Ordering},
-    event::{Event, EventKind, NoticeRef, is_event},
+    event::{Event, EventKind, NoticeRef},
+    status::Origin,
     state::errors_log::{append_error, append_try},
 };
 
@@ -30,8 +31,8 @@ pub(crate) struct Failed<'a> {
     pub stored_errors: &'a str,
     /// The failure log with this attempt's earlier tries (when `tries > 0`).
     pub errors_so_far: &'a str,
-    /// The notice's description (an event notice raises no event).
-    pub description: &'a str,
+    /// Who wrote the notice (an event notice raises no event).
+    pub origin: Origin,
     /// Its ordering key.
     pub ordering_key: Option<&'a str>,
     /// Its param as stored (sealed when encrypted).
@@ -100,7 +101,7 @@ impl FailurePlan {
         };
         let delay = def.retry.jittered(failures, jitter);
         let alerts = def.alert.fires(failures, is_final);
-        let event_notice = is_event(failed.description);
+        let event_notice = failed.origin == Origin::Event;
         let recipients = match (alerts, def.alert_emails.is_empty(), event_notice) {
             (false, _, _) => None,
             (true, false, _) => Some(Recipients::Definition(def.alert_emails.clone())),
@@ -216,7 +217,7 @@ mod tests {
 
     fn failed(
         attempt: u32,
-        description: &'static str,
+        origin: Origin,
         key: Option<&'static str>,
     ) -> Failed<'static> {
         Failed {
@@ -225,7 +226,7 @@ mod tests {
             tries: 0,
             stored_errors: "",
             errors_so_far: "",
-            description,
+            origin,
             ordering_key: key,
             param: "{\"order\":1}",
         }
@@ -236,7 +237,7 @@ mod tests {
     }
 
     /// One row: (alert type, email, per key, attempt, permanent, key,
-    /// description) → (final, delay, alerts, recipients, events).
+    /// origin) → (final, delay, alerts, recipients, events).
     #[test]
     fn a_policy_and_a_failure_give_one_plan() {
         use EventKind::*;
@@ -250,68 +251,68 @@ mod tests {
                 u32,
                 bool,
                 Option<&'static str>,
-                &'static str,
+                Origin,
             ),
             (bool, u64, bool, Option<Recipients>, Vec<EventKind>),
         )> = vec![
             // Type 0 (the default): only the final failure alerts.
             (
-                (0, "ops@example.com", false, 1, false, None, "checkout"),
+                (0, "ops@example.com", false, 1, false, None, Origin::Producer),
                 (false, 5, false, None, vec![]),
             ),
             (
-                (0, "ops@example.com", false, 2, false, None, "checkout"),
+                (0, "ops@example.com", false, 2, false, None, Origin::Producer),
                 (false, 60, false, None, vec![]),
             ),
             // The last interval repeats; the third failure is the last.
             (
-                (0, "ops@example.com", false, 3, false, None, "checkout"),
+                (0, "ops@example.com", false, 3, false, None, Origin::Producer),
                 (true, 60, true, ops(), vec![NoticeFailed]),
             ),
             // A permanent failure ends it at once.
             (
-                (0, "ops@example.com", false, 1, true, None, "checkout"),
+                (0, "ops@example.com", false, 1, true, None, Origin::Producer),
                 (true, 5, true, ops(), vec![NoticeFailed]),
             ),
             // Type 1: failures 1, 2, 4, … and the final one alert; those
             // not final say failing.
             (
-                (1, "ops@example.com", false, 1, false, None, "checkout"),
+                (1, "ops@example.com", false, 1, false, None, Origin::Producer),
                 (false, 5, true, ops(), vec![NoticeFailing]),
             ),
             (
-                (1, "ops@example.com", false, 2, false, None, "checkout"),
+                (1, "ops@example.com", false, 2, false, None, Origin::Producer),
                 (false, 60, true, ops(), vec![NoticeFailing]),
             ),
             (
-                (1, "ops@example.com", false, 3, false, None, "checkout"),
+                (1, "ops@example.com", false, 3, false, None, Origin::Producer),
                 (true, 60, true, ops(), vec![NoticeFailed]),
             ),
             // Type 2: never.
             (
-                (2, "ops@example.com", false, 1, false, None, "checkout"),
+                (2, "ops@example.com", false, 1, false, None, Origin::Producer),
                 (false, 5, false, None, vec![]),
             ),
             (
-                (2, "ops@example.com", false, 3, false, None, "checkout"),
+                (2, "ops@example.com", false, 3, false, None, Origin::Producer),
                 (true, 60, false, None, vec![NoticeFailed]),
             ),
             // Type 3: once, at the 2nd failure.
             (
-                (3, "ops@example.com", false, 1, false, None, "checkout"),
+                (3, "ops@example.com", false, 1, false, None, Origin::Producer),
                 (false, 5, false, None, vec![]),
             ),
             (
-                (3, "ops@example.com", false, 2, false, None, "checkout"),
+                (3, "ops@example.com", false, 2, false, None, Origin::Producer),
                 (false, 60, true, ops(), vec![NoticeFailing]),
             ),
             (
-                (3, "ops@example.com", false, 3, false, None, "checkout"),
+                (3, "ops@example.com", false, 3, false, None, Origin::Producer),
                 (true, 60, false, None, vec![NoticeFailed]),
             ),
             // No one to mail: the hook still runs, no e-mail.
             (
-                (1, "", false, 1, false, None, "checkout"),
+                (1, "", false, 1, false, None, Origin::Producer),
                 (false, 5, true, None, vec![NoticeFailing]),
             ),
             // An event notice with no recipients of its own: the alert
@@ -324,7 +325,7 @@ mod tests {
                     1,
                     false,
                     None,
-                    "solid-notify event notice.failed",
+                    Origin::Event,
                 ),
                 (
                     false,
@@ -342,7 +343,7 @@ mod tests {
                     3,
                     false,
                     None,
-                    "solid-notify event notice.failed",
+                    Origin::Event,
                 ),
                 (
                     true,
@@ -354,20 +355,20 @@ mod tests {
             ),
             // A per-key final failure holds its key.
             (
-                (2, "", true, 3, false, Some("order-1"), "checkout"),
+                (2, "", true, 3, false, Some("order-1"), Origin::Producer),
                 (true, 60, false, None, vec![NoticeFailed, KeyBlocked]),
             ),
             // Without a key there is nothing to block.
             (
-                (2, "", true, 3, false, None, "checkout"),
+                (2, "", true, 3, false, None, Origin::Producer),
                 (true, 60, false, None, vec![NoticeFailed]),
             ),
         ];
-        for ((alert, email, per_key, attempt, permanent, key, description), want) in table {
+        for ((alert, email, per_key, attempt, permanent, key, origin), want) in table {
             let d = def(alert, email, per_key);
             let plan = FailurePlan::decide(
                 &d,
-                &failed(attempt, description, key),
+                &failed(attempt, origin, key),
                 "HTTP 503",
                 permanent,
                 now(),
@@ -387,7 +388,7 @@ mod tests {
             assert_eq!(plan.retry_times, attempt as i32);
             assert_eq!(
                 plan.lost_event,
-                plan.is_final && description.starts_with("solid-notify event ")
+                plan.is_final && origin == Origin::Event
             );
             assert!(
                 plan.errors
@@ -405,7 +406,7 @@ mod tests {
         // Failure 1 alerts (type 1) and is not final: notice.failing.
         let plan = FailurePlan::decide(
             &d,
-            &failed(1, "checkout", Some("k")),
+            &failed(1, Origin::Producer, Some("k")),
             "boom",
             false,
             now(),
@@ -416,7 +417,7 @@ mod tests {
         assert_eq!(notice.ordering_key.as_deref(), Some("k"));
         let plan = FailurePlan::decide(
             &d,
-            &failed(3, "checkout", Some("k")),
+            &failed(3, Origin::Producer, Some("k")),
             "boom",
             false,
             now(),
@@ -437,7 +438,7 @@ mod tests {
         spec.retry_jitter = 20;
         let d: DefRef = Arc::new(spec.validate(7, "test").unwrap());
         let wait = |jitter| {
-            FailurePlan::decide(&d, &failed(1, "checkout", None), "x", false, now(), jitter)
+            FailurePlan::decide(&d, &failed(1, Origin::Producer, None), "x", false, now(), jitter)
                 .delay
                 .as_millis()
         };
@@ -447,7 +448,7 @@ mod tests {
     #[test]
     fn an_immediate_retry_adds_its_try_to_the_log_so_far() {
         let d = def(0, "", false);
-        let mut f = failed(1, "checkout", None);
+        let mut f = failed(1, Origin::Producer, None);
         f.stored_errors = "old";
         f.errors_so_far = "2026-11-28T11:59:59.000Z attempt 1, try 1: first";
         f.tries = 1;

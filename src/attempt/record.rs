@@ -225,7 +225,7 @@ async fn recovered(
     events::rows(
         engine,
         def,
-        Some(&lease.row().description),
+        Some(lease.row().origin),
         &[event],
         give_up,
     )
@@ -283,7 +283,7 @@ async fn fail(
         tries: lease.tries(),
         stored_errors: &row.errors,
         errors_so_far: lease.errors_so_far(),
-        description: &row.description,
+        origin: row.origin,
         ordering_key: row.ordering_key.as_deref(),
         param: &row.param,
     };
@@ -419,7 +419,7 @@ async fn follow_ups(
     let events = events::rows(
         engine,
         def,
-        Some(&lease.row().description),
+        Some(lease.row().origin),
         &plan.events,
         give_up,
     )
@@ -439,6 +439,7 @@ pub(crate) async fn alert_row(
 ) -> Result<(NewRow, DefRef), crate::error::Error> {
     let def = db::retry_db(give_up, || engine.alert_def()).await?;
     let row = NewRow::follow_up(
+        crate::status::Origin::Alert,
         def.id,
         mail.param().to_string(),
         alert::ALERT_DESCRIPTION.to_string(),

@@ -476,6 +476,9 @@ pub(super) async fn notice(
         dl.detail {
             dt { "Definition" } dd { (v.def.as_deref().unwrap_or("?")) " (id " (v.def_id) ")" }
             dt { "Where" } dd { (match v.place { Place::InFlight => "in flight", Place::History => "history" }) }
+            @if v.origin != crate::status::Origin::Producer {
+                dt { "Written by" } dd { "the library: " (match v.origin { crate::status::Origin::Alert => "an alert e-mail", _ => "an operational event" }) }
+            }
             dt { "Status" } dd { (notice_state(&v)) }
             @if let Some(why) = &v.unreadable {
                 dt { "Cannot be read" } dd.unreadable { (why) }

@@ -3,7 +3,7 @@
 use sea_orm::entity::prelude::*;
 use serde::Serialize;
 
-use crate::status::Status;
+use crate::status::{Origin, Status};
 
 /// A notice in flight. `notify_msg_history` has the same columns.
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel, Serialize)]
@@ -70,6 +70,8 @@ pub struct Model {
     /// [`NewNotice::delay`](crate::NewNotice::delay)). `None`: due when
     /// added. A requeue clears it.
     pub not_before: Option<DateTime>,
+    /// Who wrote it: a producer, or the library (an alert, an event).
+    pub origin: Origin,
 }
 
 /// See [`super::notify_def::Relation`].

@@ -11,7 +11,7 @@
 use chrono::NaiveDateTime;
 use sea_orm::{ActiveEnum, FromQueryResult, QueryResult};
 
-use crate::status::Status;
+use crate::status::{Origin, Status};
 
 /// How a column of a notice is read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,6 +22,8 @@ enum Kind {
     Int,
     /// A [`Status`] number.
     Status,
+    /// An [`Origin`] number.
+    Origin,
     /// Text.
     Text,
     /// Text or `NULL`.
@@ -40,6 +42,7 @@ impl Kind {
             Kind::Big => "a 64-bit integer",
             Kind::Int => "an integer from -2147483648 to 2147483647",
             Kind::Status => "a status from 0 to 6",
+            Kind::Origin => "an origin from 0 to 2",
             Kind::Text => "text",
             Kind::OptText => "text or NULL",
             Kind::Time => "a time",
@@ -53,7 +56,7 @@ impl Kind {
 /// [`notify_msg::Column`](super::notify_msg::Column), how each is read, and
 /// whether its content is the producer's payload (never quoted in a reason:
 /// it may be secret).
-const COLUMNS: [(&str, Kind, bool); 20] = [
+const COLUMNS: [(&str, Kind, bool); 21] = [
     ("id", Kind::Big, false),
     ("def_id", Kind::Big, false),
     ("param", Kind::Text, true),
@@ -74,6 +77,7 @@ const COLUMNS: [(&str, Kind, bool); 20] = [
     ("step", Kind::Int, false),
     ("step_result", Kind::OptText, true),
     ("not_before", Kind::OptTime, false),
+    ("origin", Kind::Origin, false),
 ];
 
 /// One cell that cannot be read.
@@ -254,6 +258,11 @@ pub fn lenient(row: &QueryResult) -> super::notify_msg::Model {
         step: get(row, "step"),
         step_result: get(row, "step_result"),
         not_before: get(row, "not_before"),
+        origin: row
+            .try_get::<i16>("", "origin")
+            .ok()
+            .and_then(|n| Origin::try_from_value(&n).ok())
+            .unwrap_or_default(),
     }
 }
 
@@ -278,8 +287,11 @@ fn bad_cell(row: &QueryResult, column: &'static str, kind: Kind, payload: bool) 
     let read = match kind {
         Kind::Big => row.try_get::<i64>("", column).is_ok(),
         Kind::Int => row.try_get::<i32>("", column).is_ok(),
-        Kind::Status => match row.try_get::<i16>("", column) {
-            Ok(n) if Status::try_from_value(&n).is_err() => {
+        Kind::Status | Kind::Origin => match row.try_get::<i16>("", column) {
+            Ok(n)
+                if (kind == Kind::Status && Status::try_from_value(&n).is_err())
+                    || (kind == Kind::Origin && Origin::try_from_value(&n).is_err()) =>
+            {
                 return Some(BadCell {
                     column,
                     found: format!("{n}"),

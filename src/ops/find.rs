@@ -144,6 +144,8 @@ pub struct NoticeView {
     pub param_cut: bool,
     /// The producer's description (plus handlers' success notes).
     pub description: String,
+    /// Who wrote it: a producer, or the library (an alert, an event).
+    pub origin: crate::status::Origin,
     /// The failure and audit log, one entry per line, oldest first.
     pub errors: Vec<String>,
     /// Per-notice target override, as stored.
@@ -261,6 +263,7 @@ macro_rules! view_from {
                     },
                     param_cut: false,
                     description: row.description,
+                    origin: row.origin,
                     errors: row
                         .errors
                         .lines()

@@ -78,6 +78,9 @@ pub struct NewNotice {
     ordering_key: Option<String>,
     target_override: Option<Value>,
     later: Option<When>,
+    /// Who adds it: a producer, unless the library adds it through this
+    /// path itself ([`NewNotice::from_library`]).
+    origin: crate::status::Origin,
 }
 
 /// A delayed notice's time, as the producer gave it.
@@ -106,7 +109,14 @@ impl NewNotice {
             ordering_key: None,
             target_override: None,
             later: None,
+            origin: crate::status::Origin::Producer,
         }
+    }
+
+    /// The library's own notice (an alert it adds as a producer would).
+    pub(crate) fn from_library(mut self, origin: crate::status::Origin) -> Self {
+        self.origin = origin;
+        self
     }
 
     /// The caller's context, kept with the notice. Default: empty.
@@ -318,13 +328,6 @@ impl Notifier {
             }
             None => None,
         };
-        // Events raise no events: a producer cannot pass for one.
-        if crate::event::is_event(&notice.description) {
-            return Err(invalid(format!(
-                "a description may not start with `{} ` (reserved for operational events)",
-                crate::event::EVENT_DESCRIPTION
-            )));
-        }
         if notice.ordering_key.is_some() && def.ordering == crate::def::Ordering::Unordered {
             return Err(invalid(
                 "ordering_key is set, but the definition is not ordered (ordering = \"per_key\")"
@@ -365,6 +368,7 @@ impl Notifier {
                 None => self.engine.first_due(notice.ordering_key.is_some()),
             },
             ordering_key: notice.ordering_key,
+            origin: notice.origin,
         };
         insert::check(&row, self.engine.config.max_param_bytes).map_err(invalid)?;
         let row = match def.encrypt {

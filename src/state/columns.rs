@@ -453,6 +453,7 @@ pub(crate) fn model_at_pg(row: &sea_orm::QueryResult) -> Result<notify_msg::Mode
         step: row.try_get(17).map_err(e)?,
         step_result: row.try_get(18).map_err(e)?,
         not_before: row.try_get(19).map_err(e)?,
+        origin: crate::status::Origin::try_from_value(&row.try_get::<i16, _>(20).map_err(e)?)?,
     })
 }
 
@@ -524,6 +525,7 @@ mod tests {
                 "step",
                 "step_result",
                 "not_before",
+                "origin",
             ]
         );
     }

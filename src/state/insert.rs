@@ -27,7 +27,7 @@ use super::{
     clock::{self, Due},
     columns::{self, Column},
 };
-use crate::entity::notify_msg;
+use crate::{entity::notify_msg, status::Origin};
 
 /// Longest `idempotency_key`, in characters (the column is `varchar(255)`).
 pub const MAX_KEY_CHARS: usize = 255;
@@ -52,13 +52,20 @@ pub(crate) struct NewRow {
     /// Orders it after older notices of its definition with this key.
     pub ordering_key: Option<String>,
     pub due: Due,
+    /// Who writes it: a producer, or the library itself.
+    pub origin: Origin,
 }
 
 impl NewRow {
-    /// A notice the library writes itself (an alert, an operational
-    /// event) for definition `def_id`: due now, no key, no partition, the
-    /// current trace context.
-    pub(crate) fn follow_up(def_id: i64, param: String, description: String) -> NewRow {
+    /// A notice the library writes itself (`origin`: an alert, an
+    /// operational event) for definition `def_id`: due now, no key, no
+    /// partition, the current trace context.
+    pub(crate) fn follow_up(
+        origin: Origin,
+        def_id: i64,
+        param: String,
+        description: String,
+    ) -> NewRow {
         NewRow {
             def_id,
             param,
@@ -69,6 +76,7 @@ impl NewRow {
             trace_context: crate::trace::capture(),
             ordering_key: None,
             due: Due::Now,
+            origin,
         }
     }
 }
@@ -179,13 +187,15 @@ enum Init {
     Empty,
     /// `status`, `retry_times`, `version`: 0.
     Zero,
+    /// Who writes it.
+    Origin,
 }
 
 /// The one layout of a new notice row: every column written at insert (all
 /// but `id`, given by the database or the caller, `last_call_time`, NULL
 /// until a first call, and `step` and `step_result`, 0 and NULL until a
 /// first step succeeds).
-const NEW_ROW: [(Column, Init); 16] = [
+const NEW_ROW: [(Column, Init); 17] = [
     (Column::DefId, Init::DefId),
     (Column::Param, Init::Param),
     (Column::Description, Init::Description),
@@ -202,6 +212,7 @@ const NEW_ROW: [(Column, Init); 16] = [
     (Column::TraceContext, Init::TraceContext),
     (Column::OrderingKey, Init::OrderingKey),
     (Column::NotBefore, Init::NotBefore),
+    (Column::Origin, Init::Origin),
 ];
 
 pub(super) fn statement(backend: DbBackend, row: &NewRow, within: Within) -> InsertStatement {
@@ -235,7 +246,7 @@ pub(super) fn statement(backend: DbBackend, row: &NewRow, within: Within) -> Ins
 }
 
 /// The values of `row`, in the order of [`NEW_ROW`].
-fn values(backend: DbBackend, row: &NewRow) -> [Expr; 16] {
+fn values(backend: DbBackend, row: &NewRow) -> [Expr; 17] {
     let value = |init: Init| -> Expr {
         match init {
             Init::DefId => row.def_id.into(),
@@ -252,6 +263,7 @@ fn values(backend: DbBackend, row: &NewRow) -> [Expr; 16] {
             Init::Now => clock::insert_time(backend),
             Init::Empty => "".into(),
             Init::Zero => 0.into(),
+            Init::Origin => sea_orm::ActiveEnum::to_value(&row.origin).into(),
         }
     };
     NEW_ROW.map(|(_, init)| value(init))
@@ -442,15 +454,16 @@ pub(crate) async fn pg_insert_rows(
             Init::Now => clock::PG_INSERT_TIME.into(),
             Init::Empty => "''".into(),
             Init::Zero => "0".into(),
+            Init::Origin => "r.origin".into(),
         });
         // `due_at` (migration 16) as `next_call_time`: no trigger call.
         format!(
             "INSERT INTO notify_msg (id, {}, due_at) SELECT r.id, {}, {due} \
              FROM UNNEST($1::bigint[], $2::bigint[], $3::text[], $4::text[], $5::int[], \
              $6::text[], $7::text[], $8::float8[], $9::bool[], $10::text[], $11::text[], \
-             $12::timestamp[], $13::bool[]) \
+             $12::timestamp[], $13::bool[], $14::smallint[]) \
              AS r(id, def_id, param, description, lb, key, over, due, reserved, trace, ordering, \
-             at, later)",
+             at, later, origin)",
             NEW_ROW.map(|(c, _)| c.as_str()).join(", "),
             values.join(", ")
         )
@@ -518,6 +531,11 @@ pub(crate) async fn pg_insert_rows(
                 .map(|(_, r)| matches!(r.due, Due::Later(_)))
                 .collect::<Vec<bool>>(),
         )
+        .bind(
+            rows.iter()
+                .map(|(_, r)| sea_orm::ActiveEnum::to_value(&r.origin))
+                .collect::<Vec<i16>>(),
+        )
         .execute(conn)
         .await
         .map(drop)
@@ -540,6 +558,7 @@ mod tests {
             trace_context: None,
             ordering_key: None,
             due: Due::Now,
+            origin: Origin::Producer,
         }
     }
 

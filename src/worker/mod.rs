@@ -994,7 +994,8 @@ impl Worker {
                 .add(
                     self.notifier.db(),
                     crate::producer::NewNotice::new(crate::alert::ALERT_DEF, &mail.param())
-                        .description(crate::alert::ALERT_DESCRIPTION),
+                        .description(crate::alert::ALERT_DESCRIPTION)
+                        .from_library(crate::status::Origin::Alert),
                 )
                 .await?;
             self.notifier.dispatch(vec![pending], false).await;

@@ -95,6 +95,8 @@ fn cases(backend: Backend) -> Vec<Case> {
             case("not_before", "'2000-01-01'", Parked),
             case("version", "'abc'", Delivered),
             case("version", "1.5", Parked),
+            // Within the CHECK's range, but no origin.
+            case("origin", "1.5", Parked),
             case("leased", "'yes'", Delivered),
             case("def_id", "'abc'", Parked),
             case("status", "'abc'", Shown),
@@ -186,6 +188,29 @@ async fn errors_of(db: &TestDb, table: &str, id: i64) -> String {
         .unwrap()
         .unwrap_or_default()
 }
+
+db_test!(
+    a_plain_sql_notice_is_a_producers_and_no_other_origin_is_stored,
+    |db| async move {
+        db.def("odd", "odd", |_| {}).await;
+        let id = insert(&db, "odd").await;
+        let origin = format!("SELECT origin + 0 FROM notify_msg WHERE id = {id}");
+        assert_eq!(db.scalar(&origin).await, 0, "the column's default");
+        let mut refused = vec!["3", "-1"];
+        if db.backend == Backend::Sqlite {
+            refused.extend(["'event'", "X'02'"]);
+        }
+        for value in refused {
+            let sql = format!("UPDATE notify_msg SET origin = {value} WHERE id = {id}");
+            let err = exec(&db, &sql).await.expect_err(&sql);
+            assert!(
+                err.to_string().to_lowercase().contains("check"),
+                "{sql}: {err}"
+            );
+        }
+        assert_eq!(db.scalar(&origin).await, 0, "unchanged");
+    }
+);
 
 db_test!(odd_rows_are_parked_and_stop_no_one, |db| async move {
     db.def("good", "good", |_| {}).await;

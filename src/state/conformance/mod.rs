@@ -209,6 +209,7 @@ impl Fixture {
             trace_context: None,
             ordering_key: key.map(str::to_string),
             due,
+            origin: crate::status::Origin::Producer,
         }
     }
 
