@@ -161,13 +161,19 @@ pub use worker::{Worker, WorkerConfig, WorkerMode, connect, connect_with, pool_o
 struct ReadmeExample;
 
 /// Runs solid-notify's migrations (its own tracking table,
-/// `solid_notify_migrations`): creates or upgrades the three tables.
+/// `solid_notify_migrations`): creates or upgrades its tables. A database
+/// a pre-release build migrated is adopted first (ADR 0013).
 ///
 /// Fails with [`Error::BackendNotCompiled`] when the connection's database
 /// has no cargo feature in this build.
 pub async fn migrate(db: &sea_orm::DatabaseConnection) -> Result<()> {
     use migration::MigratorTrait;
     db::check_backend(db.get_database_backend())?;
+    if migration::adopt_pre_release(db).await? {
+        tracing::info!(
+            "adopted a database of the pre-release migrations: recorded as the baseline"
+        );
+    }
     migration::Migrator::up(db, None).await?;
     Ok(())
 }

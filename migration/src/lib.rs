@@ -1,42 +1,25 @@
 //! Schema migrations of solid-notify.
 //!
-//! Creates `notify_def`, `notify_msg`, `notify_msg_history` and
-//! `notify_worker` and `notify_rate` on SQLite,
-//! PostgreSQL and MySQL/MariaDB. The migrator keeps its own tracking table,
+//! Creates `notify_def`, `notify_msg`, `notify_msg_history`,
+//! `notify_worker` and `notify_rate` on SQLite, PostgreSQL and
+//! MySQL/MariaDB. The migrator keeps its own tracking table,
 //! [`MIGRATION_TABLE`], so it never collides with the application's migrator.
 //!
 //! Run it with `cargo run -p solid-notify-migration -- up` (the standard sea-orm-migration
 //! CLI, reading `DATABASE_URL`), `solid-notify migrate`, or
 //! `solid_notify::migrate(&db)` from code.
+//!
+//! The first release starts from one baseline migration
+//! ([`m20261215_000001_baseline`]), which builds what 24 pre-release
+//! migrations built (ADR 0013). A database those migrated is adopted by
+//! [`adopt_pre_release`] (which `solid_notify::migrate` calls).
 
 pub use sea_orm_migration::prelude::*;
 
-mod m20261122_000001_create_tables;
-mod m20261122_000002_alert_def;
-mod m20261123_000003_lease_flag;
-mod m20261124_000004_wake_trigger;
-mod m20261125_000005_pause;
-mod m20261126_000006_trace_context;
-mod m20261127_000007_worker_heartbeat;
-mod m20261128_000008_error_policy;
-mod m20261129_000009_retry_shape;
-mod m20261130_000010_idempotency_key;
-mod m20261201_000011_rate_limit;
-mod m20261202_000012_ordering;
-mod m20261203_000013_steps;
-mod m20261204_000014_set_aside_at_insert;
-mod m20261205_000015_history_key_partial;
-mod m20261206_000016_hot_claim;
-mod m20261207_000017_run_claim;
-mod m20261208_000018_def_touched;
-mod m20261209_000019_paused_index;
-mod m20261210_000020_not_before;
-mod m20261211_000021_events_to;
-mod m20261212_000022_encrypt;
-mod m20261213_000023_untrusted_rows;
-mod m20261214_000024_origin;
+pub mod m20261215_000001_baseline;
 
-pub use m20261124_000004_wake_trigger::WAKE_CHANNEL;
+/// The channel the PostgreSQL triggers notify and workers listen on.
+pub const WAKE_CHANNEL: &str = "solid_notify";
 
 /// Name of the table recording which solid-notify migrations ran.
 pub const MIGRATION_TABLE: &str = "solid_notify_migrations";
@@ -47,35 +30,79 @@ pub struct Migrator;
 #[async_trait::async_trait]
 impl MigratorTrait for Migrator {
     fn migrations() -> Vec<Box<dyn MigrationTrait>> {
-        vec![
-            Box::new(m20261122_000001_create_tables::Migration),
-            Box::new(m20261122_000002_alert_def::Migration),
-            Box::new(m20261123_000003_lease_flag::Migration),
-            Box::new(m20261124_000004_wake_trigger::Migration),
-            Box::new(m20261125_000005_pause::Migration),
-            Box::new(m20261126_000006_trace_context::Migration),
-            Box::new(m20261127_000007_worker_heartbeat::Migration),
-            Box::new(m20261128_000008_error_policy::Migration),
-            Box::new(m20261129_000009_retry_shape::Migration),
-            Box::new(m20261130_000010_idempotency_key::Migration),
-            Box::new(m20261201_000011_rate_limit::Migration),
-            Box::new(m20261202_000012_ordering::Migration),
-            Box::new(m20261203_000013_steps::Migration),
-            Box::new(m20261204_000014_set_aside_at_insert::Migration),
-            Box::new(m20261205_000015_history_key_partial::Migration),
-            Box::new(m20261206_000016_hot_claim::Migration),
-            Box::new(m20261207_000017_run_claim::Migration),
-            Box::new(m20261208_000018_def_touched::Migration),
-            Box::new(m20261209_000019_paused_index::Migration),
-            Box::new(m20261210_000020_not_before::Migration),
-            Box::new(m20261211_000021_events_to::Migration),
-            Box::new(m20261212_000022_encrypt::Migration),
-            Box::new(m20261213_000023_untrusted_rows::Migration),
-            Box::new(m20261214_000024_origin::Migration),
-        ]
+        vec![Box::new(m20261215_000001_baseline::Migration)]
     }
 
     fn migration_table_name() -> DynIden {
         Alias::new(MIGRATION_TABLE).into_iden()
     }
+}
+
+/// The last of the 24 pre-release migrations: a database that ran it has
+/// the baseline's schema.
+pub const PRE_RELEASE_LAST: &str = "m20261214_000024_origin";
+
+/// Whether `version` names a pre-release migration: they are dated from
+/// 2026-11-22 to 2026-12-14, before the baseline.
+fn pre_release(version: &str) -> bool {
+    version.starts_with("m2026") && version < "m20261215"
+}
+
+/// Adopts a database the pre-release migrations built: when
+/// [`MIGRATION_TABLE`] records [`PRE_RELEASE_LAST`], their records are
+/// replaced by the baseline's, in one transaction (the schema is the
+/// baseline's already; nothing else changes). A database that stopped
+/// part way through them is refused: it must be recreated, or migrated to
+/// their end by the pre-release build first. Returns whether it adopted.
+/// Without the tracking table, or without pre-release records, it does
+/// nothing.
+pub async fn adopt_pre_release(
+    db: &sea_orm_migration::sea_orm::DatabaseConnection,
+) -> Result<bool, DbErr> {
+    use sea_orm_migration::sea_orm::TransactionTrait;
+    let exists = SchemaManager::new(db).has_table(MIGRATION_TABLE).await?;
+    if !exists {
+        return Ok(false);
+    }
+    let select = Query::select()
+        .column(Alias::new("version"))
+        .from(Alias::new(MIGRATION_TABLE))
+        .to_owned();
+    let versions: Vec<String> = db
+        .query_all(&select)
+        .await?
+        .iter()
+        .filter_map(|row| row.try_get_by_index::<String>(0).ok())
+        .collect();
+    let old: Vec<&String> = versions.iter().filter(|v| pre_release(v)).collect();
+    if old.is_empty() {
+        return Ok(false);
+    }
+    if !versions.iter().any(|v| v == PRE_RELEASE_LAST) {
+        return Err(DbErr::Custom(format!(
+            "this database was migrated by a pre-release build of solid-notify and stopped \
+             part way ({} of its 24 migrations ran, not {PRE_RELEASE_LAST}): recreate it, \
+             or migrate it to the end with that build first",
+            old.len()
+        )));
+    }
+    let baseline = m20261215_000001_baseline::Migration.name().to_string();
+    let txn = db.begin().await?;
+    let delete = Query::delete()
+        .from_table(Alias::new(MIGRATION_TABLE))
+        .and_where(Expr::col(Alias::new("version")).is_in(old.iter().map(|v| v.as_str())))
+        .to_owned();
+    txn.execute(&delete).await?;
+    let applied_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    let insert = Query::insert()
+        .into_table(Alias::new(MIGRATION_TABLE))
+        .columns([Alias::new("version"), Alias::new("applied_at")])
+        .values_panic([baseline.into(), applied_at.into()])
+        .to_owned();
+    txn.execute(&insert).await?;
+    txn.commit().await?;
+    Ok(true)
 }

@@ -12,8 +12,8 @@ use crate::{
     def::{Def, DefRef},
     error::Error,
     event::Event,
-    status::Origin,
     state::insert::NewRow,
+    status::Origin,
 };
 
 /// Event rows to write, with the definition that receives them.

@@ -13,8 +13,8 @@ use crate::{
     alert::FailureEvent,
     def::{DefRef, Ordering},
     event::{Event, EventKind, NoticeRef},
-    status::Origin,
     state::errors_log::{append_error, append_try},
+    status::Origin,
 };
 
 /// The notice whose attempt failed, as the plan needs it (read from its
@@ -215,11 +215,7 @@ mod tests {
         Arc::new(spec.validate(7, "test").unwrap())
     }
 
-    fn failed(
-        attempt: u32,
-        origin: Origin,
-        key: Option<&'static str>,
-    ) -> Failed<'static> {
+    fn failed(attempt: u32, origin: Origin, key: Option<&'static str>) -> Failed<'static> {
         Failed {
             id: 42,
             attempt,
@@ -244,29 +240,45 @@ mod tests {
         let ops = || Some(Recipients::Definition(vec!["ops@example.com".into()]));
         #[allow(clippy::type_complexity)]
         let table: Vec<(
-            (
-                i64,
-                &str,
-                bool,
-                u32,
-                bool,
-                Option<&'static str>,
-                Origin,
-            ),
+            (i64, &str, bool, u32, bool, Option<&'static str>, Origin),
             (bool, u64, bool, Option<Recipients>, Vec<EventKind>),
         )> = vec![
             // Type 0 (the default): only the final failure alerts.
             (
-                (0, "ops@example.com", false, 1, false, None, Origin::Producer),
+                (
+                    0,
+                    "ops@example.com",
+                    false,
+                    1,
+                    false,
+                    None,
+                    Origin::Producer,
+                ),
                 (false, 5, false, None, vec![]),
             ),
             (
-                (0, "ops@example.com", false, 2, false, None, Origin::Producer),
+                (
+                    0,
+                    "ops@example.com",
+                    false,
+                    2,
+                    false,
+                    None,
+                    Origin::Producer,
+                ),
                 (false, 60, false, None, vec![]),
             ),
             // The last interval repeats; the third failure is the last.
             (
-                (0, "ops@example.com", false, 3, false, None, Origin::Producer),
+                (
+                    0,
+                    "ops@example.com",
+                    false,
+                    3,
+                    false,
+                    None,
+                    Origin::Producer,
+                ),
                 (true, 60, true, ops(), vec![NoticeFailed]),
             ),
             // A permanent failure ends it at once.
@@ -277,37 +289,101 @@ mod tests {
             // Type 1: failures 1, 2, 4, … and the final one alert; those
             // not final say failing.
             (
-                (1, "ops@example.com", false, 1, false, None, Origin::Producer),
+                (
+                    1,
+                    "ops@example.com",
+                    false,
+                    1,
+                    false,
+                    None,
+                    Origin::Producer,
+                ),
                 (false, 5, true, ops(), vec![NoticeFailing]),
             ),
             (
-                (1, "ops@example.com", false, 2, false, None, Origin::Producer),
+                (
+                    1,
+                    "ops@example.com",
+                    false,
+                    2,
+                    false,
+                    None,
+                    Origin::Producer,
+                ),
                 (false, 60, true, ops(), vec![NoticeFailing]),
             ),
             (
-                (1, "ops@example.com", false, 3, false, None, Origin::Producer),
+                (
+                    1,
+                    "ops@example.com",
+                    false,
+                    3,
+                    false,
+                    None,
+                    Origin::Producer,
+                ),
                 (true, 60, true, ops(), vec![NoticeFailed]),
             ),
             // Type 2: never.
             (
-                (2, "ops@example.com", false, 1, false, None, Origin::Producer),
+                (
+                    2,
+                    "ops@example.com",
+                    false,
+                    1,
+                    false,
+                    None,
+                    Origin::Producer,
+                ),
                 (false, 5, false, None, vec![]),
             ),
             (
-                (2, "ops@example.com", false, 3, false, None, Origin::Producer),
+                (
+                    2,
+                    "ops@example.com",
+                    false,
+                    3,
+                    false,
+                    None,
+                    Origin::Producer,
+                ),
                 (true, 60, false, None, vec![NoticeFailed]),
             ),
             // Type 3: once, at the 2nd failure.
             (
-                (3, "ops@example.com", false, 1, false, None, Origin::Producer),
+                (
+                    3,
+                    "ops@example.com",
+                    false,
+                    1,
+                    false,
+                    None,
+                    Origin::Producer,
+                ),
                 (false, 5, false, None, vec![]),
             ),
             (
-                (3, "ops@example.com", false, 2, false, None, Origin::Producer),
+                (
+                    3,
+                    "ops@example.com",
+                    false,
+                    2,
+                    false,
+                    None,
+                    Origin::Producer,
+                ),
                 (false, 60, true, ops(), vec![NoticeFailing]),
             ),
             (
-                (3, "ops@example.com", false, 3, false, None, Origin::Producer),
+                (
+                    3,
+                    "ops@example.com",
+                    false,
+                    3,
+                    false,
+                    None,
+                    Origin::Producer,
+                ),
                 (true, 60, false, None, vec![NoticeFailed]),
             ),
             // No one to mail: the hook still runs, no e-mail.
@@ -318,15 +394,7 @@ mod tests {
             // An event notice with no recipients of its own: the alert
             // definition's.
             (
-                (
-                    1,
-                    "",
-                    false,
-                    1,
-                    false,
-                    None,
-                    Origin::Event,
-                ),
+                (1, "", false, 1, false, None, Origin::Event),
                 (
                     false,
                     5,
@@ -336,15 +404,7 @@ mod tests {
                 ),
             ),
             (
-                (
-                    0,
-                    "",
-                    false,
-                    3,
-                    false,
-                    None,
-                    Origin::Event,
-                ),
+                (0, "", false, 3, false, None, Origin::Event),
                 (
                     true,
                     60,
@@ -386,10 +446,7 @@ mod tests {
                 "alert type {alert}, email {email:?}, per key {per_key}, attempt {attempt}, permanent {permanent}, key {key:?}"
             );
             assert_eq!(plan.retry_times, attempt as i32);
-            assert_eq!(
-                plan.lost_event,
-                plan.is_final && origin == Origin::Event
-            );
+            assert_eq!(plan.lost_event, plan.is_final && origin == Origin::Event);
             assert!(
                 plan.errors
                     .ends_with(&format!("attempt {attempt}: HTTP 503")),
@@ -438,9 +495,16 @@ mod tests {
         spec.retry_jitter = 20;
         let d: DefRef = Arc::new(spec.validate(7, "test").unwrap());
         let wait = |jitter| {
-            FailurePlan::decide(&d, &failed(1, Origin::Producer, None), "x", false, now(), jitter)
-                .delay
-                .as_millis()
+            FailurePlan::decide(
+                &d,
+                &failed(1, Origin::Producer, None),
+                "x",
+                false,
+                now(),
+                jitter,
+            )
+            .delay
+            .as_millis()
         };
         assert_eq!((wait(-1.0), wait(0.0), wait(1.0)), (8_000, 10_000, 12_000));
     }

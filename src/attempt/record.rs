@@ -222,14 +222,7 @@ async fn recovered(
         ),
     );
     event.notice = Some(notice_ref(lease, failures, None));
-    events::rows(
-        engine,
-        def,
-        Some(lease.row().origin),
-        &[event],
-        give_up,
-    )
-    .await
+    events::rows(engine, def, Some(lease.row().origin), &[event], give_up).await
 }
 
 /// The notice an event about `lease`'s attempt names.
@@ -416,15 +409,9 @@ async fn follow_ups(
                 .map_err(|e| ("the alert", e))?,
         )
     };
-    let events = events::rows(
-        engine,
-        def,
-        Some(lease.row().origin),
-        &plan.events,
-        give_up,
-    )
-    .await
-    .map_err(|e| ("its events", e))?;
+    let events = events::rows(engine, def, Some(lease.row().origin), &plan.events, give_up)
+        .await
+        .map_err(|e| ("its events", e))?;
     Ok((alert, events))
 }
 

@@ -79,7 +79,7 @@ pub struct NewNotice {
     target_override: Option<Value>,
     later: Option<When>,
     /// Who adds it: a producer, unless the library adds it through this
-    /// path itself ([`NewNotice::from_library`]).
+    /// path itself ([`NewNotice::written_by`]).
     origin: crate::status::Origin,
 }
 
@@ -114,7 +114,7 @@ impl NewNotice {
     }
 
     /// The library's own notice (an alert it adds as a producer would).
-    pub(crate) fn from_library(mut self, origin: crate::status::Origin) -> Self {
+    pub(crate) fn written_by(mut self, origin: crate::status::Origin) -> Self {
         self.origin = origin;
         self
     }

@@ -602,12 +602,12 @@ mod tests {
         assert!(sql.contains("make_interval(secs => 1.5)"), "{sql}");
         assert!(
             sql.contains(
-                r#"TRUE, $sn${"traceparent":"a'b"}$sn$, $sn$o'k$sn$, NULL, ((statement_timestamp() AT TIME ZONE 'UTC') + make_interval(secs => 1.5))), (8, 1, "#
+                r#"TRUE, $sn${"traceparent":"a'b"}$sn$, $sn$o'k$sn$, NULL, 0, ((statement_timestamp() AT TIME ZONE 'UTC') + make_interval(secs => 1.5))), (8, 1, "#
             ),
             "two rows, the trace context quoted, due_at last as next_call_time: {sql}"
         );
         assert!(
-            sql.contains(r#""ordering_key", "not_before", "due_at") VALUES"#),
+            sql.contains(r#""ordering_key", "not_before", "origin", "due_at") VALUES"#),
             "{sql}"
         );
         // Many small rows count their SQL, not only their text.

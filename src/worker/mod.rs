@@ -995,7 +995,7 @@ impl Worker {
                     self.notifier.db(),
                     crate::producer::NewNotice::new(crate::alert::ALERT_DEF, &mail.param())
                         .description(crate::alert::ALERT_DESCRIPTION)
-                        .from_library(crate::status::Origin::Alert),
+                        .written_by(crate::status::Origin::Alert),
                 )
                 .await?;
             self.notifier.dispatch(vec![pending], false).await;

@@ -212,35 +212,6 @@ db_test!(
     }
 );
 
-db_test!(the_migration_names_keys_already_shared, |db: Arc<
-    TestDb,
->| async move {
-    use migration::MigratorTrait;
-    db.def("ship", "ship", |_| {}).await;
-    // Back to before migration 10 (the unique key index).
-    let after_ten = migration::Migrator::migrations().len() as u32 - 9;
-    migration::Migrator::down(&db.db, Some(after_ten))
-        .await
-        .unwrap();
-    let insert = "INSERT INTO notify_msg (def_id, param, description, idempotency_key) \
-                      SELECT id, '{}', '', 'dup' FROM notify_def WHERE name = 'ship'";
-    db.db.execute_unprepared(insert).await.unwrap();
-    db.db.execute_unprepared(insert).await.unwrap();
-    let err = migration::Migrator::up(&db.db, None).await.unwrap_err();
-    assert!(err.to_string().contains("\"dup\": 2 notices"), "{err}");
-    assert_eq!(rows_with_key(&db, "dup").await, (2, 0), "nothing dropped");
-    db.db
-        .execute_unprepared(&format!(
-            "UPDATE notify_msg SET idempotency_key = NULL WHERE id = {}",
-            // Read by SQL: the schema is older than the entities here.
-            db.scalar("SELECT MAX(id) FROM notify_msg").await
-        ))
-        .await
-        .unwrap();
-    migration::Migrator::up(&db.db, None).await.unwrap();
-    assert_eq!(rows_with_key(&db, "dup").await, (1, 0));
-});
-
 db_test!(
     keys_compare_byte_for_byte_and_requeue_skips_a_taken_key,
     |db: Arc<TestDb>| async move {

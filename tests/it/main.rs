@@ -14,6 +14,7 @@ mod mock;
 
 mod amqp;
 mod axum_orders;
+mod baseline;
 mod browser;
 mod census;
 mod committed;
@@ -33,6 +34,7 @@ mod http;
 mod idempotent;
 mod inputs;
 mod keys;
+mod legacy;
 mod mail;
 mod many_defs;
 mod ops;

@@ -72,7 +72,8 @@ fn unique_name() -> String {
 }
 
 impl TestDb {
-    pub async fn new(backend: Backend) -> TestDb {
+    /// A fresh, empty database of `backend`: no table at all.
+    pub async fn blank(backend: Backend) -> TestDb {
         // RUST_LOG=solid_notify=debug shows the library's logs of a test.
         let _ = tracing_subscriber::fmt()
             .with_test_writer()
@@ -106,7 +107,19 @@ impl TestDb {
             }
         };
         let db = connect(&url).await;
-        solid_notify::migrate(&db).await.expect("migrate");
+        TestDb {
+            backend,
+            db,
+            url,
+            name,
+            admin,
+        }
+    }
+
+    pub async fn new(backend: Backend) -> TestDb {
+        let test = TestDb::blank(backend).await;
+        let db = &test.db;
+        solid_notify::migrate(db).await.expect("migrate");
         let orders = Table::create()
             .table(Alias::new("orders"))
             .col(
@@ -122,13 +135,7 @@ impl TestDb {
             )
             .to_owned();
         db.execute(&orders).await.expect("create orders");
-        TestDb {
-            backend,
-            db,
-            url,
-            name,
-            admin,
-        }
+        test
     }
 
     /// Drops the database (best effort; `.ci/run` sweeps leftovers of failed runs).

@@ -7,7 +7,7 @@
 
 use sea_orm_migration::{prelude::*, schema::*, sea_orm::DbBackend};
 
-use crate::m20261122_000001_create_tables::long_text;
+use super::m20261122_000001_create_tables::long_text;
 
 /// A nullable text column that holds up to 4 GiB on MySQL/MariaDB (a result
 /// may be as large as a param: `Config::max_param_bytes`).

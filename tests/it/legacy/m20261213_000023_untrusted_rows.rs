@@ -165,14 +165,3 @@ impl MigrationTrait for Migration {
         Ok(())
     }
 }
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn the_trigger_names_every_time_column() {
-        let sql = super::sqlite_trigger();
-        for (column, _) in super::TIMES {
-            assert!(sql.contains(&format!("notify_msg.{column} is not a time")));
-        }
-    }
-}

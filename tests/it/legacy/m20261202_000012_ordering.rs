@@ -26,7 +26,7 @@ use sea_orm_migration::{
     sea_orm::{ConnectionTrait, DbBackend},
 };
 
-use crate::m20261130_000010_idempotency_key::binary_collation;
+use super::m20261130_000010_idempotency_key::binary_collation;
 
 pub struct Migration;
 

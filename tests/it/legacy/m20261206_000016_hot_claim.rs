@@ -28,7 +28,7 @@
 
 use sea_orm_migration::prelude::*;
 
-use crate::m20261124_000004_wake_trigger::on_postgres;
+use super::m20261124_000004_wake_trigger::on_postgres;
 
 pub struct Migration;
 

@@ -24,8 +24,8 @@
 
 use sea_orm_migration::{prelude::*, sea_orm::DbBackend};
 
-use crate::m20261122_000001_create_tables::timestamp;
-use crate::m20261124_000004_wake_trigger::on_postgres;
+use super::m20261122_000001_create_tables::timestamp;
+use super::m20261124_000004_wake_trigger::on_postgres;
 
 pub struct Migration;
 
