@@ -223,6 +223,66 @@ type ClaimInFlight<'a> = std::pin::Pin<
     >,
 >;
 
+/// What a sweep writes with, from its start to its end ([`Sweep::start`]).
+struct Setup {
+    /// The stop its attempts share.
+    stop: Stop,
+    /// Ends the attempts `shutdown_timeout` after shutdown.
+    watcher: tokio::task::JoinHandle<()>,
+    /// The batch that moves plain successes to history.
+    batch: SuccessBatch,
+    /// The attempts' way to the batch.
+    recorder: Recorder,
+    /// The batch's reports (when reports are kept).
+    batch_reports: tokio::sync::mpsc::UnboundedReceiver<AttemptReport>,
+    /// Next notices the batch claimed ([`attempt::batch`]).
+    next_claimed: tokio::sync::mpsc::UnboundedReceiver<Vec<Lease>>,
+    /// Whether the batch claims next notices (PostgreSQL, some definition
+    /// ordered, a sweep that goes on).
+    chain: bool,
+    /// One per delivery that may run at once.
+    slots: Arc<Semaphore>,
+}
+
+/// What a sweep's turns share ([`Sweep::turn`]).
+struct Turns<'f> {
+    /// Claimed rows waiting for a slot, with their definitions.
+    waiting: VecDeque<(Lease, DefRef)>,
+    /// The attempts being run.
+    running: JoinSet<Option<AttemptReport>>,
+    /// The notice each attempt task runs, to release what waits behind it
+    /// should the task fail.
+    attempting: std::collections::HashMap<tokio::task::Id, i64>,
+    /// Rows claimed so far.
+    claimed_total: u64,
+    /// Whether to claim again.
+    more: bool,
+    /// Whether the sweep holds little enough to claim more (rows and bytes).
+    room: bool,
+    /// The first claim's error, when it failed before any row was claimed.
+    first_error: Option<sea_orm::DbErr>,
+    /// The claim in flight: deliveries keep starting while it runs.
+    claiming: Option<ClaimInFlight<'f>>,
+    /// When the last claim ended.
+    last_claim: std::time::Instant,
+}
+
+impl Turns<'_> {
+    fn new() -> Self {
+        Turns {
+            waiting: VecDeque::new(),
+            running: JoinSet::new(),
+            attempting: std::collections::HashMap::new(),
+            claimed_total: 0,
+            more: true,
+            room: true,
+            first_error: None,
+            claiming: None,
+            last_claim: std::time::Instant::now(),
+        }
+    }
+}
+
 struct Sweep<'a> {
     notifier: &'a Notifier,
     stats: Arc<WorkerStats>,
@@ -254,7 +314,10 @@ impl<'a> Sweep<'a> {
     }
 
     /// Claims and runs attempts until no due row is left (or, without
-    /// `again`, after one claim).
+    /// `again`, after one claim): [`start`](Self::start)s what the sweep
+    /// writes with, then turns until it is done ([`claim_if_low`](Self::claim_if_low),
+    /// [`release_waiting`](Self::release_waiting), [`turn`](Self::turn)),
+    /// then [`finish`](Self::finish)es.
     async fn run(
         mut self,
         filter: &DueFilter,
@@ -263,19 +326,70 @@ impl<'a> Sweep<'a> {
         again: bool,
         mut wakes: Option<&mut tokio::sync::watch::Receiver<u64>>,
     ) -> Result<SweepSummary> {
-        let inner = &self.notifier.engine;
         self.max_bytes = limits.max_in_flight_bytes.max(1);
         let sweep_started = std::time::Instant::now();
+        let mut setup = self.start(filter, limits, shutdown, again);
+        let mut turns = Turns::new();
+        loop {
+            self.claim_if_low(&mut turns, &setup, filter, limits, shutdown);
+            // (Not while a claim is in flight: on SQLite, or on a pool of
+            // one, the release would wait for the claim it does not poll.)
+            if shutdown.is_cancelled() && !turns.waiting.is_empty() && turns.claiming.is_none() {
+                self.release_waiting(&mut turns, &setup.stop).await;
+            }
+            // Done once nothing is held or being claimed; a woken sweep
+            // also stays while its last successes are written, so a wake-up
+            // meanwhile claims at once instead of after that write, and so
+            // does one whose batch claims next notices (they come with it).
+            let writing = (wakes.is_some() || setup.chain) && setup.batch.pending() > 0;
+            let idle = turns.waiting.is_empty()
+                && turns.running.is_empty()
+                && turns.claiming.is_none()
+                && setup.next_claimed.is_empty();
+            if idle
+                && (!turns.more || shutdown.is_cancelled())
+                && (!writing || shutdown.is_cancelled())
+            {
+                break;
+            }
+            let waiting_for_writes = !turns.room || (idle && writing);
+            self.turn(
+                &mut turns,
+                &mut setup,
+                limits,
+                shutdown,
+                again,
+                wakes.as_deref_mut(),
+                waiting_for_writes,
+            )
+            .await;
+        }
+        let summary = self.finish(turns, setup).await?;
+        crate::counters::sweep_finished(sweep_started.elapsed());
+        Ok(summary)
+    }
+
+    /// What the sweep writes with: the stop its attempts share (and its
+    /// watcher, which ends them `shutdown_timeout` after `shutdown`), the
+    /// batch of successes (which, on PostgreSQL with ordered definitions
+    /// and `again`, claims each key's next notice as it records a success
+    /// and hands it back: `chain`), and the slots of its deliveries.
+    fn start(
+        &self,
+        filter: &DueFilter,
+        limits: &SweepLimits,
+        shutdown: &CancellationToken,
+        again: bool,
+    ) -> Setup {
+        let inner = &self.notifier.engine;
         let stop = inner.stop.child();
         let watcher = tokio::spawn(stop_after(
             shutdown.clone(),
             stop.clone(),
             limits.shutdown_timeout,
         ));
-        let (reports, mut batch_reports) = tokio::sync::mpsc::unbounded_channel();
-        // PostgreSQL, ordered definitions: the batch claims each key's next
-        // notice as it records a success (attempt::batch), and hands it here.
-        let (next_sender, mut next_claimed) = tokio::sync::mpsc::unbounded_channel();
+        let (reports, batch_reports) = tokio::sync::mpsc::unbounded_channel();
+        let (next_sender, next_claimed) = tokio::sync::mpsc::unbounded_channel();
         let chain = again
             && inner.store.backend() == sea_orm::DbBackend::Postgres
             && inner.defs.any_ordered();
@@ -295,199 +409,281 @@ impl<'a> Sweep<'a> {
             self.keep_reports.then_some(reports),
             next,
         );
-        let recorder = Recorder::Batched(batch.handle());
-        let slots = Arc::new(Semaphore::new(limits.concurrency.max(1)));
-        let mut waiting: VecDeque<(Lease, DefRef)> = VecDeque::new();
-        let mut running: JoinSet<Option<AttemptReport>> = JoinSet::new();
-        // The notice each attempt task runs, to release what waits behind
-        // it should the task fail.
-        let mut attempting: std::collections::HashMap<tokio::task::Id, i64> =
-            std::collections::HashMap::new();
-        let mut claimed_total = 0;
-        let mut more = true;
-        let mut first_error = None;
-        // The claim in flight: deliveries keep starting while it runs.
-        let mut claiming: Option<ClaimInFlight<'_>> = None;
-        let mut last_claim = std::time::Instant::now();
-        loop {
-            // Claim when the waiting rows run low: fewer than the
-            // deliveries that may run at once, or, while at most half of
-            // those run (deliveries end as fast as they start), fewer than
-            // half a batch, so the next claim runs while these start. And
-            // only while this sweep holds at most two batches (waiting,
-            // delivering, being written): claims, deliveries and writes of
-            // successes then overlap, and memory stays bounded. Slow
-            // deliveries keep their slots busy, so no more than the
-            // concurrency waits ahead of them when a claim is asked.
-            let concurrency = limits.concurrency.max(1);
-            let low = if running.len() <= concurrency / 2 {
-                concurrency.max(limits.batch_size as usize / 2)
-            } else {
-                concurrency
-            };
-            // (Runs queued behind these are not counted: at most RUN - 1
-            // each, they bound themselves.)
-            let held = (waiting.len() + running.len() + batch.pending()) as u64;
-            // And only while its params (waiting, being delivered, queued
-            // in runs) are under their bound in bytes: each claim takes at
-            // most what is left of it, and an eighth of it (a claim's rows
-            // are parsed from the database's answer, so held twice
-            // meanwhile), always at least one row.
-            let budget = limits.max_in_flight_bytes.max(1);
-            let held_bytes = self.stats.payload_bytes();
-            let room = held <= 2 * limits.batch_size && held_bytes < budget;
-            if more && claiming.is_none() && !shutdown.is_cancelled() && waiting.len() < low && room
-            {
-                let set_aside = inner.defs.any_ordered();
-                let (store, limit) = (&inner.store, limits.batch_size);
-                let bytes = (budget - held_bytes).min(budget / 8).max(1);
-                claiming = Some(Box::pin(async move {
-                    let asked = std::time::Instant::now();
-                    let claimed = claim::claim_due(store, filter, limit, set_aside, bytes).await;
-                    (claimed, asked)
-                }));
+        Setup {
+            recorder: Recorder::Batched(batch.handle()),
+            batch,
+            batch_reports,
+            next_claimed,
+            chain,
+            slots: Arc::new(Semaphore::new(limits.concurrency.max(1))),
+            stop,
+            watcher,
+        }
+    }
+
+    /// Asks for a claim when the waiting rows run low: fewer than the
+    /// deliveries that may run at once, or, while at most half of those
+    /// run (deliveries end as fast as they start), fewer than half a
+    /// batch, so the next claim runs while these start. And only while this
+    /// sweep holds at most two batches (waiting, delivering, being
+    /// written): claims, deliveries and writes of successes then overlap,
+    /// and memory stays bounded. Slow deliveries keep their slots busy, so
+    /// no more than the concurrency waits ahead of them when a claim is
+    /// asked. Sets `turns.room`.
+    fn claim_if_low<'f>(
+        &self,
+        turns: &mut Turns<'f>,
+        setup: &Setup,
+        filter: &'f DueFilter,
+        limits: &SweepLimits,
+        shutdown: &CancellationToken,
+    ) where
+        'a: 'f,
+    {
+        let inner: &'f attempt::engine::Engine = &self.notifier.engine;
+        let concurrency = limits.concurrency.max(1);
+        let low = if turns.running.len() <= concurrency / 2 {
+            concurrency.max(limits.batch_size as usize / 2)
+        } else {
+            concurrency
+        };
+        // (Runs queued behind these are not counted: at most RUN - 1
+        // each, they bound themselves.)
+        let held = (turns.waiting.len() + turns.running.len() + setup.batch.pending()) as u64;
+        // And only while its params (waiting, being delivered, queued in
+        // runs) are under their bound in bytes: each claim takes at most
+        // what is left of it, and an eighth of it (a claim's rows are
+        // parsed from the database's answer, so held twice meanwhile),
+        // always at least one row.
+        let budget = limits.max_in_flight_bytes.max(1);
+        let held_bytes = self.stats.payload_bytes();
+        turns.room = held <= 2 * limits.batch_size && held_bytes < budget;
+        if !turns.more
+            || turns.claiming.is_some()
+            || shutdown.is_cancelled()
+            || turns.waiting.len() >= low
+            || !turns.room
+        {
+            return;
+        }
+        let set_aside = inner.defs.any_ordered();
+        let (store, limit) = (&inner.store, limits.batch_size);
+        let bytes = (budget - held_bytes).min(budget / 8).max(1);
+        turns.claiming = Some(Box::pin(async move {
+            let asked = std::time::Instant::now();
+            let claimed = claim::claim_due(store, filter, limit, set_aside, bytes).await;
+            (claimed, asked)
+        }));
+    }
+
+    /// Shutting down: the rows not started, and the runs behind them, go
+    /// back at once.
+    async fn release_waiting(&mut self, turns: &mut Turns<'_>, stop: &Stop) {
+        let leases: Vec<Lease> = turns.waiting.drain(..).map(|(lease, _)| lease).collect();
+        let behind = self.runs.take_behind(leases.iter().map(Lease::id));
+        let leases = leases.into_iter().chain(behind).collect();
+        self.release(leases, "shutting down", &stop.give_up).await;
+    }
+
+    /// One turn: waits for the first of an attempt ending, a claim
+    /// answering, next notices from the batch, a slot for a waiting row,
+    /// shutdown, the batch's writes (when `waiting_for_writes`) or a
+    /// wake-up, and deals with it.
+    #[allow(clippy::too_many_arguments)]
+    async fn turn(
+        &mut self,
+        turns: &mut Turns<'_>,
+        setup: &mut Setup,
+        limits: &SweepLimits,
+        shutdown: &CancellationToken,
+        again: bool,
+        mut wakes: Option<&mut tokio::sync::watch::Receiver<u64>>,
+        waiting_for_writes: bool,
+    ) {
+        let chain = setup.chain;
+        tokio::select! {
+            biased;
+            Some(done) = turns.running.join_next_with_id() => {
+                self.attempt_ended(turns, done, &setup.stop).await;
             }
-            // (Not while a claim is in flight: on SQLite, or on a pool of
-            // one, the release would wait for the claim it does not poll.)
-            if shutdown.is_cancelled() && !waiting.is_empty() && claiming.is_none() {
-                let leases: Vec<Lease> = waiting.drain(..).map(|(lease, _)| lease).collect();
-                let behind = self.runs.take_behind(leases.iter().map(Lease::id));
-                let leases = leases.into_iter().chain(behind).collect();
-                self.release(leases, "shutting down", &stop.give_up).await;
+            // A claim is never dropped while in flight: rows it took would
+            // wait out their lease. Its rows are released at the next turn
+            // if shutdown came meanwhile.
+            (claimed, asked) = async { match turns.claiming.as_mut() {
+                Some(claim) => claim.await,
+                None => std::future::pending().await,
+            } }, if turns.claiming.is_some() => {
+                self.claim_answered(turns, claimed, asked, again, limits).await;
             }
-            // Done once nothing is held or being claimed; a woken sweep
-            // also stays while its last successes are written, so a wake-up
-            // meanwhile claims at once instead of after that write, and so
-            // does one whose batch claims next notices (they come with it).
-            let writing = (wakes.is_some() || chain) && batch.pending() > 0;
-            let idle = waiting.is_empty()
-                && running.is_empty()
-                && claiming.is_none()
-                && next_claimed.is_empty();
-            if idle && (!more || shutdown.is_cancelled()) && (!writing || shutdown.is_cancelled()) {
-                break;
+            // Next notices the batch claimed as it recorded successes.
+            Some(leases) = setup.next_claimed.recv(), if chain => {
+                // Chains keep this sweep going with nothing waking it
+                // (their writes promote nothing): it claims again now and
+                // then, so rows due meanwhile (a retry, a lease run out)
+                // are not left until every chain has ended.
+                if !turns.more && turns.last_claim.elapsed() >= RECLAIM_WHILE_CHAINING {
+                    turns.more = true;
+                }
+                let n = leases.len() as u64;
+                turns.claimed_total += n;
+                self.stats.add_claimed(n);
+                self.resolve(leases, &mut turns.waiting).await;
             }
-            tokio::select! {
-                biased;
-                Some(done) = running.join_next_with_id() => match done {
-                    Ok((task, Some(report))) => {
-                        attempting.remove(&task);
-                        // Not recorded by the batch: what waited behind it
-                        // goes back to the claims' turn rule.
-                        let behind = self.runs.take(report.notice_id);
-                        self.report(report);
-                        self.release(behind, "its run ended: the notice before it was not recorded as a plain success", &stop.give_up).await;
-                    }
-                    // Handed to the batch, which reports it.
-                    Ok((task, None)) => {
-                        attempting.remove(&task);
-                    }
-                    Err(e) => {
-                        tracing::error!(error = %e, "an attempt task failed");
-                        // Its lease was dropped (released in the
-                        // background); so is what waited behind it.
-                        if let Some(notice_id) = attempting.remove(&e.id()) {
-                            let behind = self.runs.take(notice_id);
-                            self.release(behind, "its run ended: the attempt before it failed", &stop.give_up).await;
-                        }
-                    }
-                },
-                // A claim is never dropped while in flight: rows it took
-                // would wait out their lease. Its rows are released below
-                // if shutdown came meanwhile.
-                (claimed, asked) = async { match claiming.as_mut() {
-                    Some(claim) => claim.await,
-                    None => std::future::pending().await,
-                } }, if claiming.is_some() => {
-                    claiming = None;
-                    // Counted from its end: a slow claim is not followed
-                    // by another at once.
-                    last_claim = std::time::Instant::now();
-                    match claimed {
-                        Ok(claimed) => {
-                            let n = claimed.leases.len() as u64;
-                            let aside = claimed.set_aside;
-                            tracing::trace!(
-                                n,
-                                aside,
-                                ms = asked.elapsed().as_millis() as u64,
-                                "claimed"
-                            );
-                            claimed_total += n;
-                            self.stats.add_claimed(n);
-                            // Rows set aside for their turn count too: a claim
-                            // that dealt with its whole limit, or filled its
-                            // bound in bytes, may leave more due.
-                            more = again
-                                && (claimed.looked_at() >= limits.batch_size
-                                    || claimed.full_in_bytes);
-                            self.resolve(claimed.leases, &mut waiting).await;
-                        }
-                        Err(e) => {
-                            more = false;
-                            if claimed_total == 0 {
-                                first_error = Some(e);
-                            } else {
-                                self.stats.add_error();
-                                tracing::warn!(error = %e, "claiming failed mid-sweep; finishing what is claimed");
-                            }
-                        }
-                    }
+            slot = setup.slots.clone().acquire_owned(), if !turns.waiting.is_empty() && !shutdown.is_cancelled()
+                && (turns.running.is_empty() || starts_within(&turns.waiting, &self.stats, limits)) => {
+                if let Ok(slot) = slot {
+                    self.start_attempt(turns, setup, slot);
                 }
-                // Next notices the batch claimed as it recorded successes.
-                Some(leases) = next_claimed.recv(), if chain => {
-                    // Chains keep this sweep going with nothing waking it
-                    // (their writes promote nothing): it claims again now
-                    // and then, so rows due meanwhile (a retry, a lease run
-                    // out) are not left until every chain has ended.
-                    if !more && last_claim.elapsed() >= RECLAIM_WHILE_CHAINING {
-                        more = true;
-                    }
-                    let n = leases.len() as u64;
-                    claimed_total += n;
-                    self.stats.add_claimed(n);
-                    self.resolve(leases, &mut waiting).await;
-                }
-                slot = slots.clone().acquire_owned(), if !waiting.is_empty() && !shutdown.is_cancelled()
-                    && (running.is_empty() || starts_within(&waiting, &self.stats, limits)) => {
-                    let (Ok(slot), Some((mut lease, def))) = (slot, waiting.pop_front()) else { continue };
-                    // Being delivered, its payload is held three times.
-                    lease.recount_payload(crate::state::DELIVERY_COPIES);
-                    let notifier = self.notifier.clone();
-                    let (recorder, stop) = (recorder.clone(), stop.clone());
-                    // The caller's subscriber follows the attempt onto its
-                    // task. Boxed: a task's future is moved on spawn, and
-                    // an attempt's is large (a tenth of a no-op drain's CPU
-                    // went to copying it).
-                    let notice_id = lease.id();
-                    let task = running.spawn(Box::pin(async move {
-                        match attempt::run(&notifier.engine, def, lease, &recorder, &stop, Some(slot)).await {
-                            Ran::Done(result) => Some(AttemptReport { notice_id, result }),
-                            Ran::Batched => None,
-                        }
-                    }).with_current_subscriber());
-                    attempting.insert(task.id(), notice_id);
-                }
-                _ = shutdown.cancelled(), if !waiting.is_empty() && !shutdown.is_cancelled() => {}
-                // Holding a full batch of successes being written, or only
-                // the last ones (woken sweep): wait for them.
-                _ = batch.flushed(), if !room || (idle && writing) => {}
-                // Notices made due meanwhile: claim again.
-                changed = async { match wakes.as_mut() {
-                    Some(w) => w.changed().await.is_ok(),
-                    None => std::future::pending().await,
-                } }, if wakes.is_some() && !more && !shutdown.is_cancelled() => {
-                    if changed {
-                        more = true;
-                        self.stats.add_wakeup();
-                    }
+            }
+            _ = shutdown.cancelled(), if !turns.waiting.is_empty() && !shutdown.is_cancelled() => {}
+            // Holding a full batch of successes being written, or only the
+            // last ones (woken sweep): wait for them.
+            _ = setup.batch.flushed(), if waiting_for_writes => {}
+            // Notices made due meanwhile: claim again.
+            changed = async { match wakes.as_mut() {
+                Some(w) => w.changed().await.is_ok(),
+                None => std::future::pending().await,
+            } }, if wakes.is_some() && !turns.more && !shutdown.is_cancelled() => {
+                if changed {
+                    turns.more = true;
+                    self.stats.add_wakeup();
                 }
             }
         }
+    }
+
+    /// An attempt's task ended: its report (unless the batch reports it),
+    /// and what waited behind it in its run released unless the batch
+    /// recorded it as a plain success.
+    async fn attempt_ended(
+        &mut self,
+        turns: &mut Turns<'_>,
+        done: std::result::Result<(tokio::task::Id, Option<AttemptReport>), tokio::task::JoinError>,
+        stop: &Stop,
+    ) {
+        match done {
+            Ok((task, Some(report))) => {
+                turns.attempting.remove(&task);
+                // Not recorded by the batch: what waited behind it goes
+                // back to the claims' turn rule.
+                let behind = self.runs.take(report.notice_id);
+                self.report(report);
+                self.release(
+                    behind,
+                    "its run ended: the notice before it was not recorded as a plain success",
+                    &stop.give_up,
+                )
+                .await;
+            }
+            // Handed to the batch, which reports it.
+            Ok((task, None)) => {
+                turns.attempting.remove(&task);
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "an attempt task failed");
+                // Its lease was dropped (released in the background); so
+                // is what waited behind it.
+                if let Some(notice_id) = turns.attempting.remove(&e.id()) {
+                    let behind = self.runs.take(notice_id);
+                    self.release(
+                        behind,
+                        "its run ended: the attempt before it failed",
+                        &stop.give_up,
+                    )
+                    .await;
+                }
+            }
+        }
+    }
+
+    /// A claim answered: its rows wait for a slot, and the sweep claims
+    /// again while claims come back full. A claim that fails ends the
+    /// claiming; the sweep fails with it only if it claimed nothing.
+    async fn claim_answered(
+        &mut self,
+        turns: &mut Turns<'_>,
+        claimed: std::result::Result<claim::Claimed, sea_orm::DbErr>,
+        asked: std::time::Instant,
+        again: bool,
+        limits: &SweepLimits,
+    ) {
+        turns.claiming = None;
+        // Counted from its end: a slow claim is not followed by another at
+        // once.
+        turns.last_claim = std::time::Instant::now();
+        match claimed {
+            Ok(claimed) => {
+                let n = claimed.leases.len() as u64;
+                let aside = claimed.set_aside;
+                tracing::trace!(n, aside, ms = asked.elapsed().as_millis() as u64, "claimed");
+                turns.claimed_total += n;
+                self.stats.add_claimed(n);
+                // Rows set aside for their turn count too: a claim that
+                // dealt with its whole limit, or filled its bound in bytes,
+                // may leave more due.
+                turns.more =
+                    again && (claimed.looked_at() >= limits.batch_size || claimed.full_in_bytes);
+                self.resolve(claimed.leases, &mut turns.waiting).await;
+            }
+            Err(e) => {
+                turns.more = false;
+                if turns.claimed_total == 0 {
+                    turns.first_error = Some(e);
+                } else {
+                    self.stats.add_error();
+                    tracing::warn!(error = %e, "claiming failed mid-sweep; finishing what is claimed");
+                }
+            }
+        }
+    }
+
+    /// Starts the attempt of the first waiting row on its own task, holding
+    /// `slot`.
+    fn start_attempt(
+        &mut self,
+        turns: &mut Turns<'_>,
+        setup: &Setup,
+        slot: tokio::sync::OwnedSemaphorePermit,
+    ) {
+        let Some((mut lease, def)) = turns.waiting.pop_front() else {
+            return;
+        };
+        // Being delivered, its payload is held three times.
+        lease.recount_payload(crate::state::DELIVERY_COPIES);
+        let notifier = self.notifier.clone();
+        let (recorder, stop) = (setup.recorder.clone(), setup.stop.clone());
+        // The caller's subscriber follows the attempt onto its task. Boxed:
+        // a task's future is moved on spawn, and an attempt's is large (a
+        // tenth of a no-op drain's CPU went to copying it).
+        let notice_id = lease.id();
+        let task = turns.running.spawn(
+            Box::pin(async move {
+                match attempt::run(&notifier.engine, def, lease, &recorder, &stop, Some(slot)).await
+                {
+                    Ran::Done(result) => Some(AttemptReport { notice_id, result }),
+                    Ran::Batched => None,
+                }
+            })
+            .with_current_subscriber(),
+        );
+        turns.attempting.insert(task.id(), notice_id);
+    }
+
+    /// The sweep's end: the last successes written, next notices claimed
+    /// by the last writes (after the sweep stopped taking rows) and the
+    /// runs still queued released, the reports gathered.
+    async fn finish(mut self, turns: Turns<'_>, setup: Setup) -> Result<SweepSummary> {
+        let Setup {
+            recorder,
+            batch,
+            mut batch_reports,
+            mut next_claimed,
+            stop,
+            watcher,
+            ..
+        } = setup;
         drop(recorder);
         batch.finish().await;
-        // Claimed by the last writes, after this sweep stopped taking rows
-        // (shutting down): due again at once.
         let mut late = Vec::new();
         while let Ok(leases) = next_claimed.try_recv() {
             late.extend(leases);
@@ -498,12 +694,11 @@ impl<'a> Sweep<'a> {
         while let Ok(report) = batch_reports.try_recv() {
             self.reports.push(report);
         }
-        if let Some(e) = first_error {
+        if let Some(e) = turns.first_error {
             return Err(e.into());
         }
-        crate::counters::sweep_finished(sweep_started.elapsed());
         Ok(SweepSummary {
-            claimed: claimed_total,
+            claimed: turns.claimed_total,
             reports: std::mem::take(&mut self.reports),
         })
     }
