@@ -24,8 +24,9 @@
 //! | `circuit.opened` | the circuit opens (the definition is paused too) |
 //! | `circuit.closed` | a probe succeeds and the circuit closes |
 //!
-//! **No loop.** A notice that is itself an event (its description starts
-//! with [`EVENT_DESCRIPTION`]) and the alert e-mails raise no events: an
+//! **No loop.** A notice that is itself an event (its `origin` is
+//! [`Origin::Event`](crate::Origin::Event)) and the alert e-mails raise no
+//! events: an
 //! event definition's own failures fall back to its alert e-mails (to its
 //! `email`, else to the alert definition's) and a log line.
 //!
@@ -50,7 +51,8 @@ use crate::{
 pub const EVENT_VERSION: u32 = 1;
 
 /// The description of every event notice starts with this, followed by a
-/// space and the kind (`solid-notify event notice.failed`).
+/// space and the kind (`solid-notify event notice.failed`), for people:
+/// the notice's `origin` tells it apart.
 pub const EVENT_DESCRIPTION: &str = "solid-notify event";
 
 /// Bytes of the failure reason quoted in an event.

@@ -51,29 +51,22 @@ fn pre_release(version: &str) -> bool {
 /// Adopts a database the pre-release migrations built: when
 /// [`MIGRATION_TABLE`] records [`PRE_RELEASE_LAST`], their records are
 /// replaced by the baseline's, in one transaction (the schema is the
-/// baseline's already; nothing else changes). A database that stopped
-/// part way through them is refused: it must be recreated, or migrated to
-/// their end by the pre-release build first. Returns whether it adopted.
+/// baseline's already; nothing else changes). It trusts the records: a
+/// database migrated before a pre-release migration was edited in place
+/// may differ from the baseline, and is best recreated. A database that
+/// stopped part way through them is refused: it must be recreated, or
+/// migrated to their end by the pre-release build first. Returns whether
+/// it adopted (false too when another process adopted it meanwhile).
 /// Without the tracking table, or without pre-release records, it does
 /// nothing.
 pub async fn adopt_pre_release(
     db: &sea_orm_migration::sea_orm::DatabaseConnection,
 ) -> Result<bool, DbErr> {
-    use sea_orm_migration::sea_orm::TransactionTrait;
     let exists = SchemaManager::new(db).has_table(MIGRATION_TABLE).await?;
     if !exists {
         return Ok(false);
     }
-    let select = Query::select()
-        .column(Alias::new("version"))
-        .from(Alias::new(MIGRATION_TABLE))
-        .to_owned();
-    let versions: Vec<String> = db
-        .query_all(&select)
-        .await?
-        .iter()
-        .filter_map(|row| row.try_get_by_index::<String>(0).ok())
-        .collect();
+    let versions = recorded(db).await?;
     let old: Vec<&String> = versions.iter().filter(|v| pre_release(v)).collect();
     if old.is_empty() {
         return Ok(false);
@@ -87,6 +80,37 @@ pub async fn adopt_pre_release(
         )));
     }
     let baseline = m20261215_000001_baseline::Migration.name().to_string();
+    match record_baseline(db, &old, &baseline).await {
+        Ok(()) => Ok(true),
+        // Another process adopted it meanwhile (its record is there).
+        Err(_) if recorded(db).await?.contains(&baseline) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// The versions [`MIGRATION_TABLE`] records.
+async fn recorded(
+    db: &sea_orm_migration::sea_orm::DatabaseConnection,
+) -> Result<Vec<String>, DbErr> {
+    let select = Query::select()
+        .column(Alias::new("version"))
+        .from(Alias::new(MIGRATION_TABLE))
+        .to_owned();
+    Ok(db
+        .query_all(&select)
+        .await?
+        .iter()
+        .filter_map(|row| row.try_get_by_index::<String>(0).ok())
+        .collect())
+}
+
+/// Replaces the records `old` by `baseline`'s, in one transaction.
+async fn record_baseline(
+    db: &sea_orm_migration::sea_orm::DatabaseConnection,
+    old: &[&String],
+    baseline: &str,
+) -> Result<(), DbErr> {
+    use sea_orm_migration::sea_orm::TransactionTrait;
     let txn = db.begin().await?;
     let delete = Query::delete()
         .from_table(Alias::new(MIGRATION_TABLE))
@@ -103,6 +127,5 @@ pub async fn adopt_pre_release(
         .values_panic([baseline.into(), applied_at.into()])
         .to_owned();
     txn.execute(&insert).await?;
-    txn.commit().await?;
-    Ok(true)
+    txn.commit().await
 }

@@ -28,6 +28,30 @@ impl MigrationName for Migration {
 /// The definition of alert e-mails (same as `solid_notify::alert::ALERT_DEF`).
 const ALERT_DEF: &str = "solid_notify_alert";
 
+/// The collation of the keys in `baseline/mysql.sql`: byte for byte,
+/// trailing spaces included (MariaDB's).
+const MARIADB_BINARY: &str = "utf8mb4_nopad_bin";
+
+/// The server's collation that compares keys byte for byte: MariaDB's
+/// [`MARIADB_BINARY`], MySQL 8's `utf8mb4_0900_bin` (no padding either),
+/// else `utf8mb4_bin` (which ignores trailing spaces).
+async fn binary_collation(db: &SchemaManagerConnection<'_>) -> Result<&'static str, DbErr> {
+    for name in [MARIADB_BINARY, "utf8mb4_0900_bin"] {
+        let found = db
+            .query_one_raw(sea_orm_migration::sea_orm::Statement::from_string(
+                DbBackend::MySql,
+                format!(
+                    "SELECT 1 FROM information_schema.COLLATIONS WHERE COLLATION_NAME = '{name}'"
+                ),
+            ))
+            .await?;
+        if found.is_some() {
+            return Ok(name);
+        }
+    }
+    Ok("utf8mb4_bin")
+}
+
 /// What separates two statements of a baseline file.
 const BREAK: &str = "--> statement-breakpoint";
 
@@ -51,8 +75,14 @@ pub fn statements(backend: DbBackend) -> Vec<&'static str> {
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         let db = manager.get_connection();
-        for sql in statements(manager.get_database_backend()) {
-            db.execute_unprepared(sql).await?;
+        let backend = manager.get_database_backend();
+        let collation = match backend {
+            DbBackend::MySql => binary_collation(db).await?,
+            _ => MARIADB_BINARY,
+        };
+        for sql in statements(backend) {
+            db.execute_unprepared(&sql.replace(MARIADB_BINARY, collation))
+                .await?;
         }
         let insert = Query::insert()
             .into_table(Alias::new("notify_def"))

@@ -19,6 +19,8 @@ use crate::{
 /// `text` with runs of white space made one space, and none beside
 /// brackets, commas and semicolons: the baseline files are laid out for
 /// reading, and SQLite and the function bodies keep the text as written.
+/// (White space inside string literals is normalized too: a literal that
+/// differs only in its spaces would pass.)
 fn normalized(text: &str) -> String {
     let spaced = text.split_whitespace().collect::<Vec<_>>().join(" ");
     let mut out = String::with_capacity(spaced.len());
@@ -61,7 +63,8 @@ SELECT 'constraint ' || conrelid::regclass::text || ' ' || conname || ' ' || pg_
 UNION ALL
 SELECT 'trigger ' || pg_get_triggerdef(oid) FROM pg_trigger WHERE NOT tgisinternal
 UNION ALL
-SELECT 'function ' || pg_get_functiondef(oid) FROM pg_proc WHERE pronamespace = 'public'::regnamespace
+SELECT 'function ' || pg_get_functiondef(oid) || COALESCE(' comment ' || obj_description(oid, 'pg_proc'), '')
+  FROM pg_proc WHERE pronamespace = 'public'::regnamespace
 UNION ALL
 SELECT 'sequence ' || sequencename || ' ' || data_type::text || ' ' || start_value || ' ' || increment_by
   FROM pg_sequences WHERE schemaname = 'public'";

@@ -3,7 +3,9 @@
 -- separated by statement-breakpoint lines; the equivalence test
 -- (tests/it/baseline.rs) checks it against the old chain's schema. The
 -- tables take the database's default character set and collation; keys
--- compare byte for byte (utf8mb4_nopad_bin).
+-- compare byte for byte (utf8mb4_nopad_bin on MariaDB; the migration
+-- puts the server's binary collation of no padding in its place, else
+-- utf8mb4_bin).
 
 CREATE TABLE `notify_def` (
   `id` bigint(20) NOT NULL AUTO_INCREMENT,
@@ -19,8 +21,8 @@ CREATE TABLE `notify_def` (
   `need_confirm` tinyint(1) NOT NULL DEFAULT 0,
   `max_confirm_delay` int(11) NOT NULL DEFAULT 0,
   `description` text NOT NULL DEFAULT '',
-  `create_time` datetime(6) NOT NULL DEFAULT utc_timestamp(6),
-  `update_time` datetime(6) NOT NULL DEFAULT utc_timestamp(6),
+  `create_time` datetime(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
+  `update_time` datetime(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
   `paused_until` datetime(6) DEFAULT NULL,
   `pause_reason` text DEFAULT NULL,
   `circuit_failures` int(11) NOT NULL DEFAULT 0,
@@ -53,8 +55,8 @@ CREATE TABLE `notify_msg` (
   `status` smallint(6) NOT NULL DEFAULT 0,
   `retry_times` int(11) NOT NULL DEFAULT 0,
   `last_call_time` datetime(6) DEFAULT NULL,
-  `next_call_time` datetime(6) NOT NULL DEFAULT utc_timestamp(6),
-  `create_time` datetime(6) NOT NULL DEFAULT utc_timestamp(6),
+  `next_call_time` datetime(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
+  `create_time` datetime(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
   `version` int(11) NOT NULL DEFAULT 0,
   `load_balance_num` int(11) NOT NULL DEFAULT 0,
   `idempotency_key` varchar(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin DEFAULT NULL,
@@ -87,8 +89,8 @@ CREATE TABLE `notify_msg_history` (
   `status` smallint(6) NOT NULL DEFAULT 0,
   `retry_times` int(11) NOT NULL DEFAULT 0,
   `last_call_time` datetime(6) DEFAULT NULL,
-  `next_call_time` datetime(6) NOT NULL DEFAULT utc_timestamp(6),
-  `create_time` datetime(6) NOT NULL DEFAULT utc_timestamp(6),
+  `next_call_time` datetime(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
+  `create_time` datetime(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
   `version` int(11) NOT NULL DEFAULT 0,
   `load_balance_num` int(11) NOT NULL DEFAULT 0,
   `idempotency_key` varchar(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin DEFAULT NULL,

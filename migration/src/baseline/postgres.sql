@@ -294,3 +294,19 @@ CREATE INDEX idx_notify_msg_history_finished ON notify_msg_history USING btree (
 --> statement-breakpoint
 
 CREATE INDEX idx_notify_msg_partition_due_at ON notify_msg USING btree (load_balance_num, due_at);
+
+--> statement-breakpoint
+
+COMMENT ON FUNCTION solid_notify_not_before() IS 'solid-notify: a plain-SQL notice written due later is delayed until then';
+
+--> statement-breakpoint
+
+COMMENT ON FUNCTION solid_notify_sync_due() IS 'solid-notify: due_at follows next_call_time, except ahead of a lease';
+
+--> statement-breakpoint
+
+COMMENT ON FUNCTION solid_notify_wake() IS 'solid-notify: NOTIFY solid_notify when notices become due';
+
+--> statement-breakpoint
+
+COMMENT ON FUNCTION solid_notify_wake_later() IS 'solid-notify: NOTIFY solid_notify, ''later'' when a notice is added due later';

@@ -113,7 +113,10 @@ fn peak_rss(pid: u32) -> usize {
 crate::db_test!(
     a_worker_holds_its_bound_in_bytes_for_large_payloads,
     |db: Arc<TestDb>| async move {
-        const N: usize = 2_000;
+        // 600 MiB through a 64 MiB budget, ten times over. (2,000 until
+        // 2026-11-28: its 2 GiB of writes per backend, beside the rest of
+        // the suite, stalled every commit on the disk for minutes.)
+        const N: usize = 600;
         let receiver = Receiver::start(|_| Reply::ok()).await;
         http_def(&db, "big", &receiver.url, |_| {}).await;
         allow_packets(&db, 4 * MIB).await;
