@@ -56,6 +56,7 @@ pub use crate::state::pause::CIRCUIT_REASON;
 pub(crate) fn start(engine: &Arc<Engine>, def: DefRef) {
     let controller = engine.clone();
     engine
+        .lifecycle
         .controllers
         .spawn(async move { open(controller, def).await });
 }
@@ -70,52 +71,52 @@ async fn open(engine: Arc<Engine>, def: DefRef) {
     let Some(circuit) = def.circuit else {
         return;
     };
-    if engine.closing.is_cancelled() {
+    if engine.lifecycle.closing.is_cancelled() {
         // Shutting down: no new fleet-wide pause that no one here would
         // probe; the failures are counted again (by clones still running).
-        engine.breakers.closed(def.id);
+        engine.delivery.breakers.closed(def.id);
         return;
     }
-    let hold = circuit.cool_down + engine.config.lease;
+    let hold = circuit.cool_down + engine.settings.lease;
     let opened = open_in_db(&engine, &def, hold).await;
     engine.defs.invalidate();
     match opened {
         Ok(true) => {
             // Claims sent from now on see the committed pause.
-            engine.breakers.opened(def.id);
+            engine.delivery.breakers.opened(def.id);
             tracing::warn!(def = %def.name, failures = circuit.failures, cool_down = ?circuit.cool_down, "circuit opened: definition paused");
         }
         Ok(false) => {
             // Paused already (another process's circuit, or an operator):
             // whoever paused it decides when it ends.
-            engine.breakers.closed(def.id);
+            engine.delivery.breakers.closed(def.id);
             return;
         }
         Err(e) => {
             tracing::warn!(def = %def.name, error = %e, "cannot open the circuit; counting again");
-            engine.breakers.closed(def.id);
+            engine.delivery.breakers.closed(def.id);
             return;
         }
     }
     loop {
         let stopped = tokio::select! {
             biased;
-            _ = engine.closing.cancelled() => true,
-            _ = engine.stop.abort.cancelled() => true,
-            _ = tokio::time::sleep(circuit.cool_down) => engine.closing.is_cancelled(),
+            _ = engine.lifecycle.closing.cancelled() => true,
+            _ = engine.lifecycle.stop.abort.cancelled() => true,
+            _ = tokio::time::sleep(circuit.cool_down) => engine.lifecycle.closing.is_cancelled(),
         };
         if stopped {
             // The pause ends by itself, a lease after the cool-down; until
             // then claims skip the definition. This process counts again.
-            engine.breakers.closed(def.id);
+            engine.delivery.breakers.closed(def.id);
             return;
         }
-        engine.breakers.probing(def.id);
+        engine.delivery.breakers.probing(def.id);
         let verdict = probe(&engine, &def).await;
-        if engine.closing.is_cancelled() && !matches!(verdict, Ok(Probe::Delivered)) {
+        if engine.lifecycle.closing.is_cancelled() && !matches!(verdict, Ok(Probe::Delivered)) {
             // Shutting down: no new cool-down that no one here would probe;
             // the pause ends by itself, a lease after this one's cool-down.
-            engine.breakers.closed(def.id);
+            engine.delivery.breakers.closed(def.id);
             return;
         }
         let again = match &verdict {
@@ -136,7 +137,7 @@ async fn open(engine: Arc<Engine>, def: DefRef) {
                 }
             }
             engine.defs.invalidate();
-            engine.breakers.closed(def.id);
+            engine.delivery.breakers.closed(def.id);
             tracing::info!(def = %def.name, "circuit closed");
             return;
         };
@@ -144,7 +145,7 @@ async fn open(engine: Arc<Engine>, def: DefRef) {
         // resumed (or paused it themselves) meanwhile decides.
         match pause::extend_if(&engine.store.db, def.id, hold, CIRCUIT_REASON, &again).await {
             Ok(true) => {
-                engine.breakers.opened(def.id);
+                engine.delivery.breakers.opened(def.id);
                 match verdict {
                     Err(e) => {
                         tracing::warn!(def = %def.name, error = %e, "circuit probe could not run; trying again after the cool-down");
@@ -161,13 +162,13 @@ async fn open(engine: Arc<Engine>, def: DefRef) {
                 tracing::info!(def = %def.name, "circuit: an operator changed the pause meanwhile; counting again");
                 taken_over(&engine, &def).await;
                 engine.defs.invalidate();
-                engine.breakers.closed(def.id);
+                engine.delivery.breakers.closed(def.id);
                 return;
             }
             Err(e) => {
                 // The pause still ends by itself a lease after the cool-down.
                 tracing::warn!(def = %def.name, error = %e, "cannot re-open the circuit; counting again");
-                engine.breakers.closed(def.id);
+                engine.delivery.breakers.closed(def.id);
                 return;
             }
         }
@@ -188,16 +189,25 @@ async fn open_in_db(
         let mail = AlertMail::circuit(def, n, hold);
         Some(
             // Retried while the database is away, until shutdown begins.
-            record::alert_row(engine, &mail, &engine.closing).await?.0,
+            record::alert_row(engine, &mail, &engine.lifecycle.closing)
+                .await?
+                .0,
         )
     };
     let why = reason(n);
     let mut opened = Event::new(EventKind::CircuitOpened, def, why.clone());
-    opened.paused_until = Some(engine.app_now() + hold);
+    opened.paused_until = Some(crate::state::clock::app_now() + hold);
     let mut paused = Event::new(EventKind::DefinitionPaused, def, why.clone());
     paused.paused_until = opened.paused_until;
-    let events = events::rows(engine, def, None, &[opened, paused], &engine.closing).await?;
-    if engine.closing.is_cancelled() {
+    let events = events::rows(
+        engine,
+        def,
+        None,
+        &[opened, paused],
+        &engine.lifecycle.closing,
+    )
+    .await?;
+    if engine.lifecycle.closing.is_cancelled() {
         // Shutdown began meanwhile: pause nothing no one here would probe.
         return Ok(false);
     }
@@ -229,7 +239,14 @@ async fn close_in_db(engine: &Arc<Engine>, def: &DefRef) -> crate::error::Result
         def,
         format!("circuit closed: {why}"),
     );
-    let events = events::rows(engine, def, None, &[closed, resumed], &engine.closing).await?;
+    let events = events::rows(
+        engine,
+        def,
+        None,
+        &[closed, resumed],
+        &engine.lifecycle.closing,
+    )
+    .await?;
     let txn = engine.store.db.begin().await?;
     if !pause::lift_if(&txn, def.id, CIRCUIT_REASON).await? {
         txn.rollback().await?;
@@ -252,7 +269,7 @@ async fn taken_over(engine: &Arc<Engine>, def: &DefRef) {
         "an operator resumed or paused the definition meanwhile",
     );
     let written = async {
-        let events = events::rows(engine, def, None, &[closed], &engine.closing).await?;
+        let events = events::rows(engine, def, None, &[closed], &engine.lifecycle.closing).await?;
         if events.rows.is_empty() {
             return Ok::<_, crate::error::Error>(());
         }
@@ -289,8 +306,8 @@ enum Probe {
 /// attempts it.
 async fn probe(engine: &Arc<Engine>, def: &DefRef) -> crate::error::Result<Probe> {
     // Counted among the attempts a shutdown waits for, and aborts.
-    let _running = engine.tasks.token();
-    if engine.closing.is_cancelled() {
+    let _running = engine.lifecycle.tasks.token();
+    if engine.lifecycle.closing.is_cancelled() {
         return Ok(Probe::NoVerdict);
     }
     let Some(lease) = claim::claim_probe(&engine.store, def.id).await? else {
@@ -301,7 +318,7 @@ async fn probe(engine: &Arc<Engine>, def: &DefRef) -> crate::error::Result<Probe
         def.clone(),
         lease,
         &Recorder::Inline,
-        &engine.stop,
+        &engine.lifecycle.stop,
         None,
     )
     .await

@@ -134,8 +134,8 @@ impl Notifier {
 
     /// Whether notice `id` is held by a live claim (by the database's clock).
     async fn claim_is_live(&self, id: i64) -> Result<bool> {
-        let db = &self.engine.store.db;
-        let now = crate::state::clock::now(self.engine.store.backend());
+        let db = &self.store().db;
+        let now = crate::state::clock::now(self.store().backend());
         Ok(notify_msg::Entity::find_by_id(id)
             .filter(notify_msg::Column::Leased.eq(true))
             .filter(Expr::col(notify_msg::Column::NextCallTime).gt(now))
@@ -206,8 +206,14 @@ impl Notifier {
                 };
                 let outcome =
                     crate::attempt::deliver::of_step(&def, &lease, Outcome::retry(reason));
-                let recorded =
-                    record::record(&self.engine, &def, lease, outcome, &inner.stop.give_up).await;
+                let recorded = record::record(
+                    &self.engine,
+                    &def,
+                    lease,
+                    outcome,
+                    &inner.lifecycle.stop.give_up,
+                )
+                .await;
                 let result = crate::attempt::background::follow_up(&self.engine, recorded);
                 Ok(match result {
                     AttemptResult::LostClaim => ConfirmOutcome::NotAwaiting { status },
@@ -231,7 +237,7 @@ pub async fn listen(notifier: Notifier, shutdown: CancellationToken) {
 
 #[cfg(feature = "amqp")]
 async fn listen_amqp(notifier: Notifier, shutdown: CancellationToken) {
-    let config = notifier.engine.channels.amqp.config().clone();
+    let config = notifier.config().amqp.clone();
     if config.url.is_none() {
         return;
     }

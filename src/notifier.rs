@@ -36,6 +36,8 @@ pub struct Notifier {
     /// What every attempt needs (the attempt layer's context).
     pub(crate) engine: Arc<Engine>,
     pub(crate) producing: Arc<Producing>,
+    /// The settings in force (the engine keeps what attempts read).
+    config: Arc<Config>,
 }
 
 /// What only producers need, beside the engine.
@@ -76,24 +78,73 @@ impl Notifier {
 
     /// The database pool.
     pub fn db(&self) -> &DatabaseConnection {
-        self.engine.store.db.pool()
+        self.store().db.pool()
     }
 
     /// The settings in force.
     pub fn config(&self) -> &Config {
-        &self.engine.config
+        &self.config
+    }
+
+    /// The store the layers above the engine read and write with.
+    pub(crate) fn store(&self) -> &Store {
+        &self.engine.store
+    }
+
+    /// The definition cache.
+    pub(crate) fn defs(&self) -> &crate::def::cache::DefCache {
+        &self.engine.defs
+    }
+
+    /// The definition that receives `source`'s events, asked once
+    /// ([`events::target`](crate::attempt::events::target)).
+    pub(crate) async fn events_target(
+        &self,
+        source: &crate::def::Def,
+    ) -> Result<Option<crate::def::DefRef>> {
+        use crate::attempt::events;
+        events::target(&self.engine, source, None, 0, &events::once()).await
+    }
+
+    /// The rows of `events` about `source`, asked once
+    /// ([`events::rows`](crate::attempt::events::rows)).
+    pub(crate) async fn events_of(
+        &self,
+        source: &crate::def::Def,
+        events: &[crate::event::Event],
+    ) -> Result<crate::attempt::events::EventRows> {
+        use crate::attempt::events;
+        events::rows(&self.engine, source, None, events, &events::once()).await
+    }
+
+    /// Wakes the workers of this process and, on PostgreSQL, of every
+    /// process (`NOTIFY`); without it they would see newly due notices at
+    /// their next poll.
+    pub(crate) async fn wake_everyone(&self) {
+        self.engine.wake_everyone().await;
+    }
+
+    /// The reserved alert definition (a built-in policy when its row is
+    /// invalid; the row is recreated when missing).
+    pub(crate) async fn alert_def(&self) -> Result<crate::def::DefRef> {
+        self.engine.alert_def().await
+    }
+
+    /// What this notifier tells the workers built on it.
+    pub(crate) fn signals(&self) -> &crate::attempt::engine::Signals {
+        &self.engine.signals
     }
 
     #[doc(hidden)]
     /// Names of the registered handlers.
     pub fn handler_names(&self) -> Vec<String> {
-        self.engine.handlers.names()
+        self.engine.delivery.handlers.names()
     }
 
     #[doc(hidden)]
     /// Whether an AMQP broker is configured.
     pub fn amqp_enabled(&self) -> bool {
-        self.engine.channels.amqp.enabled()
+        self.engine.delivery.channels.amqp.enabled()
     }
 
     /// Stops this notifier's attempts for shutdown: no new after-commit
@@ -109,7 +160,7 @@ impl Notifier {
     /// Call it before the process exits.
     pub async fn shutdown(&self, timeout: Duration) -> Result<u64> {
         let inner = &self.engine;
-        let before = inner.released();
+        let before = inner.signals.released();
         // `None`: no deadline (a timeout too long to add up waits for ever).
         let deadline = tokio::time::Instant::now()
             .checked_add(timeout)
@@ -117,31 +168,31 @@ impl Notifier {
         // The circuit controllers stop now (a circuit left open ends by
         // itself, a lease after its cool-down); a probe running is an
         // attempt like the others.
-        inner.controllers.close();
-        inner.closing.cancel();
-        inner.tasks.close();
-        if tokio::time::timeout(timeout, inner.tasks.wait())
+        inner.lifecycle.controllers.close();
+        inner.lifecycle.closing.cancel();
+        inner.lifecycle.tasks.close();
+        if tokio::time::timeout(timeout, inner.lifecycle.tasks.wait())
             .await
             .is_err()
         {
-            inner.stop.abort.cancel();
-            if tokio::time::timeout(RELEASE_GRACE, inner.tasks.wait())
+            inner.lifecycle.stop.abort.cancel();
+            if tokio::time::timeout(RELEASE_GRACE, inner.lifecycle.tasks.wait())
                 .await
                 .is_err()
             {
-                inner.stop.give_up.cancel();
-                if tokio::time::timeout(HARD_STOP_MARGIN, inner.tasks.wait())
+                inner.lifecycle.stop.give_up.cancel();
+                if tokio::time::timeout(HARD_STOP_MARGIN, inner.lifecycle.tasks.wait())
                     .await
                     .is_err()
                 {
                     tracing::warn!(
-                        tasks = inner.tasks.len(),
+                        tasks = inner.lifecycle.tasks.len(),
                         "shutdown: attempts still waiting for the database are left behind; their notices are due again when their leases end"
                     );
                 }
             }
         }
-        let controllers = inner.controllers.wait();
+        let controllers = inner.lifecycle.controllers.wait();
         let stopped = match deadline {
             Some(deadline) => tokio::time::timeout_at(deadline, controllers).await.is_ok(),
             None => {
@@ -154,7 +205,7 @@ impl Notifier {
                 "shutdown: a circuit controller is still waiting for the database; left behind"
             );
         }
-        Ok(inner.released() - before)
+        Ok(inner.signals.released() - before)
     }
 
     #[doc(hidden)]
@@ -175,15 +226,15 @@ impl Notifier {
     /// Forgets cached definitions so the next use rereads the whole of
     /// `notify_def`.
     pub fn reload_defs(&self) {
-        self.engine.defs.forget();
+        self.defs().forget();
     }
 }
 
 impl std::fmt::Debug for Notifier {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Notifier")
-            .field("handlers", &self.engine.handlers)
-            .field("config", &self.engine.config)
+            .field("handlers", &self.engine.delivery.handlers)
+            .field("config", &self.config)
             .finish_non_exhaustive()
     }
 }
@@ -229,7 +280,7 @@ impl NotifierBuilder {
         };
         let engine = Engine::new(
             store,
-            self.config,
+            &self.config,
             self.handlers,
             self.alerts,
             crate::circuit::start,
@@ -237,6 +288,7 @@ impl NotifierBuilder {
         Ok(Notifier {
             engine: Arc::new(engine),
             producing: Arc::new(producing),
+            config: Arc::new(self.config),
         })
     }
 }

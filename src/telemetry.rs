@@ -349,7 +349,7 @@ struct Seen {
 /// One refresh. Series seen last time and absent now are set to 0.
 async fn refresh_gauges(notifier: &Notifier, seen_before: &Seen) -> Result<Seen> {
     use sea_orm::{ColumnTrait, QueryFilter, QueryOrder, QuerySelect};
-    let db = &notifier.engine.store.db;
+    let db = &notifier.store().db;
     let groups = crate::ops::overview::in_flight_groups(db).await?;
     let now = chrono::Utc::now().naive_utc();
     // The definitions with series of their own: the paused ones, then the

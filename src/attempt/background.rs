@@ -28,11 +28,11 @@ pub(crate) fn after_commit(engine: &Arc<Engine>, pending: Vec<PendingNotice>) {
             // Delayed: a sweeper takes it when it is due.
             continue;
         }
-        if !p.attempted_here() || engine.tasks.is_closed() {
+        if !p.attempted_here() || engine.lifecycle.tasks.is_closed() {
             left.push(p);
             continue;
         }
-        let Ok(permit) = engine.background.clone().try_acquire_owned() else {
+        let Ok(permit) = engine.lifecycle.background.clone().try_acquire_owned() else {
             tracing::debug!(
                 notice_id = p.id,
                 "no background slot; due now for a sweeper"
@@ -41,7 +41,7 @@ pub(crate) fn after_commit(engine: &Arc<Engine>, pending: Vec<PendingNotice>) {
             continue;
         };
         let task = engine.clone();
-        engine.tasks.spawn(async move {
+        engine.lifecycle.tasks.spawn(async move {
             attempt_boxed(task, p).await;
             drop(permit);
         });
@@ -63,7 +63,7 @@ pub(crate) async fn wait_for(
     engine: &Arc<Engine>,
     pending: Vec<PendingNotice>,
 ) -> Vec<AttemptReport> {
-    if engine.tasks.is_closed() {
+    if engine.lifecycle.tasks.is_closed() {
         let reports = pending
             .iter()
             .map(|p| AttemptReport {
@@ -83,7 +83,7 @@ pub(crate) async fn wait_for(
         return reports;
     }
     // Counted as running, so that shutdown waits for them.
-    let _running = engine.tasks.token();
+    let _running = engine.lifecycle.tasks.token();
     let attempts = pending
         .into_iter()
         .map(|p| attempt_boxed(engine.clone(), p));
@@ -102,7 +102,7 @@ async fn attempt(engine: &Arc<Engine>, mut p: PendingNotice) -> AttemptReport {
     }
     if !p.attempted_here() {
         not_attempted(engine, vec![p]);
-        let reason = if engine.config.immediate_attempt {
+        let reason = if engine.settings.immediate_attempt {
             "committed during shutdown: due now for a sweeper"
         } else {
             "after-commit attempts are off (Config::immediate_attempt): due now for a sweeper"
@@ -154,9 +154,16 @@ async fn attempt(engine: &Arc<Engine>, mut p: PendingNotice) -> AttemptReport {
             });
         }
     };
-    let result = super::run(engine, p.def, lease, &Recorder::Inline, &engine.stop, None)
-        .await
-        .result();
+    let result = super::run(
+        engine,
+        p.def,
+        lease,
+        &Recorder::Inline,
+        &engine.lifecycle.stop,
+        None,
+    )
+    .await
+    .result();
     report(result)
 }
 
@@ -197,7 +204,10 @@ fn recheck_turns(engine: &Arc<Engine>, pending: &[&PendingNotice]) {
         .filter_map(|p| Some((p.def.id, p.row.ordering_key.clone()?)));
     // On the tracked tasks, so that shutdown waits for the check (it only
     // moves a waiting notice's next check earlier).
-    engine.rechecks.queue(&engine.store, &engine.tasks, keys);
+    engine
+        .delivery
+        .rechecks
+        .queue(&engine.store, &engine.lifecycle.tasks, keys);
 }
 
 /// Makes reserved rows due at once (retrying while the database is away,
@@ -212,9 +222,9 @@ fn release_reservations(engine: &Arc<Engine>, pending: Vec<PendingNotice>) {
         return;
     }
     let task = engine.clone();
-    engine.tasks.spawn(async move {
+    engine.lifecycle.tasks.spawn(async move {
         let store = task.store.clone();
-        let released = crate::db::retry_db(&task.stop.give_up, || async {
+        let released = crate::db::retry_db(&task.lifecycle.stop.give_up, || async {
             Ok(claim::release_reserved(&store, &rows).await?)
         })
         .await;

@@ -44,7 +44,7 @@ pub(crate) fn available(engine: &Engine, def: &DefRef) -> Result<(), String> {
             "encryption is not compiled into this process (cargo feature `encrypt`)".into(),
         );
     }
-    if def.encrypt && engine.config.keys.current_id().is_none() {
+    if def.encrypt && engine.settings.keys.current_id().is_none() {
         return Err(format!(
             "`{}` has encrypt = true and this process has no encryption keys",
             def.name
@@ -53,13 +53,13 @@ pub(crate) fn available(engine: &Engine, def: &DefRef) -> Result<(), String> {
     for step in &def.steps {
         compiled_in(&step.target)?;
         match &step.target {
-            Target::Handler(t) if engine.handlers.get(&t.handler).is_none() => {
+            Target::Handler(t) if engine.delivery.handlers.get(&t.handler).is_none() => {
                 return Err(format!(
                     "handler `{}` is not registered in this process",
                     t.handler
                 ));
             }
-            Target::Amqp(_) if !engine.channels.amqp.enabled() => {
+            Target::Amqp(_) if !engine.delivery.channels.amqp.enabled() => {
                 return Err("channel `amqp` has no broker configured in this process".into());
             }
             _ => {}
@@ -200,8 +200,8 @@ pub(crate) async fn deliver(
     };
     let outcome = match prepared {
         Ok((target, notice, raw)) => {
-            let run = engine.channels.send(
-                &engine.handlers,
+            let run = engine.delivery.channels.send(
+                &engine.delivery.handlers,
                 &target,
                 notice,
                 &raw,
@@ -318,7 +318,7 @@ fn prepare<'r>(
 /// written, and logged: `solid-notify rekey` seals such rows at rest.
 pub(crate) fn unusable(engine: &Engine, def: &DefRef, lease: &Lease) -> Option<String> {
     let row = lease.row();
-    let keys = &engine.config.keys;
+    let keys = &engine.settings.keys;
     for (what, stored) in [
         ("param", Some(&row.param)),
         (
@@ -378,7 +378,7 @@ fn opened<'r>(
         return Ok(Cow::Borrowed(stored));
     }
     engine
-        .config
+        .settings
         .keys
         .open(stored, def.id)
         .map(Cow::Owned)

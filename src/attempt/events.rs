@@ -111,11 +111,11 @@ pub(crate) async fn rows(
     let Some(to) = target(engine, source, origin, events.len(), give_up).await? else {
         return Ok(EventRows::default());
     };
-    let at = engine.app_now();
-    let link = engine.config.dashboard_url.as_deref();
+    let at = crate::state::clock::app_now();
+    let link = engine.settings.dashboard_url.as_deref();
     let mut rows: Vec<NewRow> = events.iter().map(|e| e.row(&to, at, link)).collect();
     for row in &mut rows {
-        seal_for(&engine.config.keys, &to, row);
+        seal_for(&engine.settings.keys, &to, row);
     }
     Ok(EventRows { rows, to: Some(to) })
 }

@@ -179,7 +179,7 @@ async fn tries(
     stop: &Stop,
     permit: Option<OwnedSemaphorePermit>,
 ) -> Tried {
-    let needed = engine.config.attempt_timeout + engine.config.lease_margin();
+    let needed = engine.settings.attempt_timeout + engine.settings.lease_margin;
     // A failed try to be tried again: logged once the next try starts,
     // else it is the attempt's outcome.
     let mut retrying: Option<(chrono::NaiveDateTime, Outcome)> = None;
@@ -263,7 +263,7 @@ async fn deliver_once(
     lease: &Lease,
     stop: &Stop,
 ) -> Option<(Outcome, bool)> {
-    let timeout = engine.config.attempt_timeout;
+    let timeout = engine.settings.attempt_timeout;
     let delivery = Box::pin(deliver::deliver(engine, def, lease, timeout));
     let outcome = tokio::select! {
         outcome = delivery => outcome,
@@ -374,16 +374,16 @@ async fn retry_at_once(
     lease: &Lease,
     stop: &Stop,
 ) -> Option<chrono::NaiveDateTime> {
-    let needed = engine.config.attempt_timeout + engine.config.lease_margin();
+    let needed = engine.settings.attempt_timeout + engine.settings.lease_margin;
     let immediate = def.immediate;
     if lease.tries() >= immediate.count
         || lease.remaining() < immediate.delay + needed
-        || engine.breakers.is_open(def.id, lease.claimed_at())
-        || engine.breakers.is_probing(def.id)
+        || engine.delivery.breakers.is_open(def.id, lease.claimed_at())
+        || engine.delivery.breakers.is_probing(def.id)
     {
         return None;
     }
-    let failed_at = engine.app_now();
+    let failed_at = crate::state::clock::app_now();
     let waited = tokio::select! {
         _ = tokio::time::sleep(immediate.delay) => true,
         _ = stop.abort.cancelled() => false,
@@ -449,9 +449,9 @@ async fn finish(
 /// definition paused since the claim (as this process last read it), or
 /// too little of the lease left. It is released uncharged then.
 fn held_back(engine: &Arc<Engine>, def: &DefRef, lease: &Lease, stop: &Stop) -> Option<String> {
-    let needed = engine.config.attempt_timeout + engine.config.lease_margin();
+    let needed = engine.settings.attempt_timeout + engine.settings.lease_margin;
     let paused = || {
-        !engine.breakers.is_probing(def.id)
+        !engine.delivery.breakers.is_probing(def.id)
             && engine
                 .defs
                 .peek(def.id)
@@ -459,7 +459,7 @@ fn held_back(engine: &Arc<Engine>, def: &DefRef, lease: &Lease, stop: &Stop) -> 
     };
     if stop.abort.is_cancelled() {
         Some("shutting down".to_string())
-    } else if engine.breakers.is_open(def.id, lease.claimed_at()) {
+    } else if engine.delivery.breakers.is_open(def.id, lease.claimed_at()) {
         Some(format!("the circuit of `{}` is open", def.name))
     } else if paused() {
         Some(format!("`{}` is paused", def.name))
@@ -486,7 +486,7 @@ fn step_result(
         return Ok(None);
     };
     let text = result.to_string();
-    let max = engine.config.max_param_bytes;
+    let max = engine.settings.max_param_bytes;
     let step = || {
         format!(
             "step {} of {}",
@@ -505,7 +505,7 @@ fn step_result(
         return Ok(Some(text));
     }
     // Derived from the param: sealed like it.
-    match engine.config.keys.seal(&text, def.id) {
+    match engine.settings.keys.seal(&text, def.id) {
         Ok(sealed) => Ok(Some(sealed)),
         Err(e) => Err(Outcome::retry(format!(
             "{}: cannot encrypt its result: {e}",
@@ -541,14 +541,21 @@ pub(crate) async fn attempt_row(engine: &Arc<Engine>, row: notify_msg::Model) ->
             });
         }
     };
-    let _running = engine.tasks.token();
+    let _running = engine.lifecycle.tasks.token();
     match def {
         Ok(def) => report(
-            run(engine, def, lease, &Recorder::Inline, &engine.stop, None)
-                .await
-                .result(),
+            run(
+                engine,
+                def,
+                lease,
+                &Recorder::Inline,
+                &engine.lifecycle.stop,
+                None,
+            )
+            .await
+            .result(),
         ),
-        Err(_) => park::park(engine, vec![lease], &engine.stop.give_up)
+        Err(_) => park::park(engine, vec![lease], &engine.lifecycle.stop.give_up)
             .await
             .pop()
             .unwrap_or_else(|| report(AttemptResult::LostClaim)),

@@ -101,7 +101,7 @@ pub(crate) async fn park_one(
     give_up: &CancellationToken,
 ) -> AttemptResult {
     let ids = [lease.id()];
-    let alert = match engine.park_alert_due(def.id) {
+    let alert = match engine.delivery.park_alert_due(def.id) {
         false => None,
         true => match park_alert(engine, def.id, &reason, &ids).await {
             Ok(alert) => alert,
@@ -115,7 +115,7 @@ pub(crate) async fn park_one(
         Ok(parked) if parked.is_empty() => AttemptResult::LostClaim,
         Ok(_) => {
             if alert.is_some() {
-                engine.park_alerted(def.id);
+                engine.delivery.park_alerted(def.id);
             }
             tracing::error!(notice_id = ids[0], def = %def.name, %reason, "parked a notice that cannot be delivered as stored");
             AttemptResult::Parked { reason }
@@ -171,7 +171,7 @@ async fn park_all(
     let store = &engine.store;
     let mut backoff = Backoff::default();
     loop {
-        match park_many(store, leases, reason, engine.app_now(), alert).await {
+        match park_many(store, leases, reason, crate::state::clock::app_now(), alert).await {
             Ok(parked) => return Ok(parked),
             Err(HeldMany {
                 leases: held,

@@ -179,7 +179,7 @@ async fn succeed(
         .map(|w| {
             w.map(|ids| {
                 if let Deadline::After(d) = until {
-                    engine.due_after(d);
+                    engine.signals.due_after(d);
                 }
                 (AttemptResult::AwaitingConfirm, ids)
             })
@@ -281,7 +281,14 @@ async fn fail(
         param: &row.param,
     };
     let jitter = fastrand::f64() * 2.0 - 1.0;
-    let plan = FailurePlan::decide(def, &failed, &reason, permanent, engine.app_now(), jitter);
+    let plan = FailurePlan::decide(
+        def,
+        &failed,
+        &reason,
+        permanent,
+        crate::state::clock::app_now(),
+        jitter,
+    );
     let (alert, events) = match follow_ups(engine, def, &lease, &plan, give_up).await {
         Ok(queued) => queued,
         Err((what, e)) => return not_queued(lease, what, &e),
@@ -361,7 +368,7 @@ async fn write_failure(
     };
     match persist(lease, give_up, |l| l.retry(&retry)).await {
         Ok(Ok(Scheduled { at, follow })) => {
-            engine.due_after(delay);
+            engine.signals.due_after(delay);
             report.next_call_time = Some(at);
             Ok((
                 AttemptResult::WillRetry {
@@ -436,8 +443,8 @@ pub(crate) async fn alert_row(
 
 /// Runs the alert hook on its own task, bounded by [`ALERT_HOOK_TIMEOUT`].
 pub(crate) fn spawn_hook(engine: &Arc<Engine>, event: FailureEvent) {
-    let hooks = engine.alerts.clone();
-    engine.tasks.spawn(async move {
+    let hooks = engine.delivery.alerts.clone();
+    engine.lifecycle.tasks.spawn(async move {
         let notice_id = event.notice_id;
         if tokio::time::timeout(ALERT_HOOK_TIMEOUT, hooks.alert(event))
             .await

@@ -226,7 +226,7 @@ impl Notifier {
     /// At most two reads of one row each; the first stops at the first
     /// notice the filter leaves out.
     pub async fn matches_every_notice(&self, place: Place, filter: &NoticeFilter) -> Result<bool> {
-        let db = &self.engine.store.db;
+        let db = &self.store().db;
         let kind = match place {
             Place::History => Kind::Requeue,
             Place::InFlight => Kind::Cancel,
@@ -291,7 +291,7 @@ impl Notifier {
         report: &mut BulkReport,
     ) -> Result<()> {
         use notify_msg::Column;
-        let db = &self.engine.store.db;
+        let db = &self.store().db;
         let base = find::condition(db, kind.place(), filter)
             .await?
             .add(kind.takes());
@@ -334,7 +334,7 @@ impl Notifier {
         {
             return Err(not_requeueable(status));
         }
-        let db = &self.engine.store.db;
+        let db = &self.store().db;
         let base = find::condition(db, place, filter)
             .await?
             .add(action.kind().takes());
@@ -404,7 +404,7 @@ impl Notifier {
         dry_run: bool,
         report: &mut BulkReport,
     ) -> Result<()> {
-        let db = &self.engine.store.db;
+        let db = &self.store().db;
         let cond = Condition::all()
             .add(
                 Expr::tuple([
@@ -448,7 +448,7 @@ impl Notifier {
         note: &str,
         report: &mut BulkReport,
     ) -> Result<Vec<i64>> {
-        let store = &self.engine.store;
+        let store = &self.store();
         let mut rest = rows;
         let mut changed = Vec::new();
         let keys = match kind {
@@ -470,7 +470,7 @@ impl Notifier {
             }
             let (part, after) = rest.split_at(take);
             rest = after;
-            let at = self.engine.app_now();
+            let at = crate::state::clock::app_now();
             let done = match kind {
                 Kind::Requeue => {
                     let on_release = on_release.as_ref().map(|f| f as _);

@@ -22,20 +22,20 @@ impl Notifier {
         filter: &NoticeFilter,
         page: Page,
     ) -> Result<Vec<NoticeView>> {
-        find::list(&self.engine.store.db, place, filter, page).await
+        find::list(&self.store().db, place, filter, page).await
     }
 
     /// Every notice, in flight or in history, added with idempotency key
     /// `key` (of definition `def` only, when given), newest first.
     pub async fn find_by_key(&self, key: &str, def: Option<&str>) -> Result<Vec<NoticeView>> {
-        find::by_key(&self.engine.store.db, key, def).await
+        find::by_key(&self.store().db, key, def).await
     }
 
     /// The ordering keys held back by a final failure or parked notice (of
     /// definition `def`, or of all), oldest head first, at most `limit`
     /// (1 to 1,000).
     pub async fn blocked_keys(&self, def: Option<&str>, limit: u64) -> Result<BlockedKeys> {
-        let db = &self.engine.store.db;
+        let db = &self.store().db;
         let def_id = match def {
             Some(name) => Some(find::def_id(db, name).await?),
             None => None,
@@ -47,7 +47,7 @@ impl Notifier {
     /// seen (the dashboard's first page); `query` picks the definitions
     /// shown, the rest are summed.
     pub async fn overview(&self, query: &OverviewQuery) -> Result<Overview> {
-        overview::overview_of(&self.engine.store.db, query).await
+        overview::overview_of(&self.store().db, query).await
     }
 
     /// Deletes finished notices as `purge` says (archiving them first when

@@ -583,13 +583,13 @@ impl Notifier {
     /// or finished (how). [`Error::NoticeNotFound`] if it never existed or
     /// was purged.
     pub async fn status(&self, id: i64) -> Result<NoticeView> {
-        show(&self.engine.store.db, id).await
+        show(&self.store().db, id).await
     }
 
     /// What became of the newest notice of definition `def` added with
     /// idempotency key `key`; `None` if there is none.
     pub async fn status_by_key(&self, def: &str, key: &str) -> Result<Option<NoticeView>> {
-        let views = by_key(&self.engine.store.db, key, Some(def)).await?;
+        let views = by_key(&self.store().db, key, Some(def)).await?;
         Ok(views.into_iter().max_by_key(|v| v.id))
     }
 }

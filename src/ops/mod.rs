@@ -239,7 +239,7 @@ impl Notifier {
 
     async fn one(&self, id: i64, audit: &Audit, requeue: bool) -> Result<()> {
         for _ in 0..crate::db::CONFLICT_TRIES {
-            let view = find::show(&self.engine.store.db, id).await?;
+            let view = find::show(&self.store().db, id).await?;
             match (requeue, view.place) {
                 (true, Place::History) if view.status.is_requeueable() => {}
                 (false, Place::InFlight) => {}
@@ -260,10 +260,10 @@ impl Notifier {
                         .as_ref()
                         .map(|k| move |d: i64, key: &str| k.row(d, key));
                     let (done, events) = crate::state::operator::cancel_finished(
-                        &self.engine.store,
+                        self.store(),
                         std::slice::from_ref(&seen),
                         &note,
-                        self.engine.app_now(),
+                        crate::state::clock::app_now(),
                         on_release.as_ref().map(|f| f as _),
                     )
                     .await?;
@@ -288,14 +288,14 @@ impl Notifier {
                     };
                     let note = format!("sent now (was scheduled) by {audit}");
                     let changed = crate::state::operator::send_now(
-                        &self.engine.store,
+                        self.store(),
                         &seen,
                         &note,
-                        self.engine.app_now(),
+                        crate::state::clock::app_now(),
                     )
                     .await?;
                     if changed {
-                        self.engine.wake_everyone().await;
+                        self.wake_everyone().await;
                         return Ok(());
                     }
                     continue;

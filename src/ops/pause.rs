@@ -7,7 +7,7 @@
 use super::{Audit, find};
 pub use crate::state::pause::PauseEnd;
 use crate::{
-    attempt::events::{self, EventRows},
+    attempt::events::EventRows,
     def::Def,
     error::{Error, Result},
     event::{Event, EventKind},
@@ -44,7 +44,7 @@ impl Notifier {
     /// transaction (`docs/events.md`).
     pub async fn pause(&self, def: &str, end: PauseEnd, audit: &Audit) -> Result<()> {
         check_end(end)?;
-        let db = &self.engine.store.db;
+        let db = &self.store().db;
         let id = find::def_id(db, def).await?;
         let reason = format!("paused by {audit}");
         let until = match end {
@@ -52,7 +52,7 @@ impl Notifier {
             PauseEnd::At(at) => Some(at),
             PauseEnd::After(d) => chrono::Duration::from_std(d)
                 .ok()
-                .map(|d| self.engine.app_now() + d),
+                .map(|d| crate::state::clock::app_now() + d),
         };
         let paused = self
             .event_rows(id, |def| {
@@ -65,7 +65,7 @@ impl Notifier {
         pause::set(&txn, id, Some(end), Some(reason)).await?;
         let ids = insert_all(&txn, &paused.rows).await?;
         txn.commit().await?;
-        self.engine.defs.invalidate();
+        self.defs().invalidate();
         self.events_written(ids.len()).await;
         Ok(())
     }
@@ -76,7 +76,7 @@ impl Notifier {
     /// With `events_to`, a `definition.resumed` event is written in the
     /// same transaction when a pause held, naming who resumed it and why.
     pub async fn resume(&self, def: &str, audit: &Audit) -> Result<()> {
-        let db = &self.engine.store.db;
+        let db = &self.store().db;
         let id = find::def_id(db, def).await?;
         let resumed = self
             .event_rows(id, |def| {
@@ -93,7 +93,7 @@ impl Notifier {
             false => Vec::new(),
         };
         txn.commit().await?;
-        self.engine.defs.invalidate();
+        self.defs().invalidate();
         self.events_written(ids.len()).await;
         self.wake_everyone().await;
         Ok(())
@@ -107,13 +107,12 @@ impl Notifier {
         def_id: i64,
         build: impl FnOnce(&Def) -> Event,
     ) -> Result<EventRows> {
-        let engine = &self.engine;
-        let db = &engine.store.db;
-        let source = match engine.defs.by_id(db, def_id).await {
+        let db = &self.store().db;
+        let source = match self.defs().by_id(db, def_id).await {
             // Created since the cache last looked: asked again.
             Err(Error::UnknownDefId(_)) => {
-                engine.defs.invalidate();
-                engine.defs.by_id(db, def_id).await
+                self.defs().invalidate();
+                self.defs().by_id(db, def_id).await
             }
             other => other,
         };
@@ -124,7 +123,7 @@ impl Notifier {
             Err(_) => return Ok(EventRows::default()),
         };
         let event = build(&source);
-        events::rows(engine, &source, None, &[event], &events::once()).await
+        self.events_of(&source, &[event]).await
     }
 
     /// Counts the events written and wakes the workers, which send them (a
@@ -135,12 +134,5 @@ impl Notifier {
         if n > 0 {
             self.wake_everyone().await;
         }
-    }
-
-    /// Wakes the workers of this process and, on PostgreSQL, of every
-    /// process (`NOTIFY`); without it they would see newly due notices at
-    /// their next poll.
-    pub(crate) async fn wake_everyone(&self) {
-        self.engine.wake_everyone().await;
     }
 }

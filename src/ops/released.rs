@@ -43,10 +43,8 @@ impl Notifier {
     /// (`requeued by …`); `None` when no ordered definition with
     /// `stop_on_failure` sends events (no extra query is made then).
     pub(crate) async fn key_events(&self, reason: &str) -> Result<Option<KeyEvents>> {
-        let engine = &self.engine;
         let mut by_def = HashMap::new();
-        let once = events::once();
-        for def in engine.defs.all(&engine.store.db).await? {
+        for def in self.defs().all(&self.store().db).await? {
             if !matches!(
                 def.ordering,
                 Ordering::PerKey {
@@ -55,16 +53,16 @@ impl Notifier {
             ) {
                 continue;
             }
-            if let Some(to) = events::target(engine, &def, None, 0, &once).await? {
+            if let Some(to) = self.events_target(&def).await? {
                 by_def.insert(def.id, (def, to));
             }
         }
         Ok((!by_def.is_empty()).then(|| KeyEvents {
             by_def,
             reason: reason.to_string(),
-            at: engine.app_now(),
-            link: engine.config.dashboard_url.clone(),
-            keys: engine.config.keys.clone(),
+            at: crate::state::clock::app_now(),
+            link: self.config().dashboard_url.clone(),
+            keys: self.config().keys.clone(),
         }))
     }
 }

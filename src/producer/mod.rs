@@ -235,7 +235,7 @@ impl Notifier {
         } else {
             Within::Transaction
         };
-        let bound = self.engine.config.db_timeout;
+        let bound = self.config().db_timeout;
         let prepared = tokio::time::timeout(bound, self.prepare(conn, notice))
             .await
             .unwrap_or_else(|_| Err(Error::Db(crate::db::timed_out(bound))));
@@ -270,7 +270,7 @@ impl Notifier {
         if let Some(known) = self.producing.mariadb.get() {
             return *known;
         }
-        let bound = self.engine.config.db_timeout;
+        let bound = self.config().db_timeout;
         let asked = conn.query_one_raw(sea_orm::Statement::from_string(
             DbBackend::MySql,
             "SELECT VERSION()",
@@ -294,7 +294,7 @@ impl Notifier {
         conn: &C,
         notice: NewNotice,
     ) -> Result<(NewRow, crate::def::DefRef)> {
-        let def = self.engine.defs.by_name(conn, &notice.def).await?;
+        let def = self.defs().by_name(conn, &notice.def).await?;
         let invalid = |problem: String| Error::InvalidNotice {
             def: notice.def.clone(),
             problem,
@@ -370,14 +370,13 @@ impl Notifier {
             ordering_key: notice.ordering_key,
             origin: notice.origin,
         };
-        insert::check(&row, self.engine.config.max_param_bytes).map_err(invalid)?;
+        insert::check(&row, self.config().max_param_bytes).map_err(invalid)?;
         let row = match def.encrypt {
             false => row,
             // Sealed once checked: the size limit is the plaintext's.
             true => NewRow {
                 param: self
-                    .engine
-                    .config
+                    .config()
                     .keys
                     .seal(&row.param, def.id)
                     .map_err(|source| Error::Crypto {
@@ -407,7 +406,7 @@ impl Notifier {
         // Delayed notices: this process's workers sleep until then at the
         // latest (the others learn it from the database).
         if let Some(first) = pending.iter().filter_map(PendingNotice::due_in).min() {
-            self.engine.due_after(first);
+            self.signals().due_after(first);
         }
         if wait {
             return background::wait_for(&self.engine, pending).await;
@@ -433,7 +432,7 @@ impl Notifier {
     /// # Ok(()) }
     /// ```
     pub async fn begin(&self) -> Result<NoticeTx> {
-        let db = &self.engine.store.db;
+        let db = &self.store().db;
         #[cfg(feature = "postgres")]
         if db.get_database_backend() == DbBackend::Postgres {
             let pg = pg::PgTx::new(db.pool().get_postgres_connection_pool(), db.bound()).await?;

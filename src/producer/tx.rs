@@ -250,7 +250,7 @@ impl NoticeTx {
                 if let Some(why) = lock(&self.shared.aborted).clone() {
                     return Err(Error::TransactionAborted(why));
                 }
-                let bound = self.notifier.engine.config.db_timeout;
+                let bound = self.notifier.config().db_timeout;
                 if self.shared.failed.swap(false, Ordering::SeqCst)
                     && let Some(why) = probe_within(txn, bound).await
                 {
@@ -376,7 +376,7 @@ impl NoticeTx {
         let savepoint = format!("solid_notify_sp{n}");
         let (kind, guard) = match &self.kind {
             Kind::Sea(txn) => {
-                let bound = self.notifier.engine.config.db_timeout;
+                let bound = self.notifier.config().db_timeout;
                 let nested = crate::db::bounded(bound, txn.begin()).await;
                 (Kind::Sea(self.watch(nested)?), None)
             }
@@ -468,7 +468,7 @@ impl NoticeTx {
         let Level::Nested { parent, savepoint } = level else {
             return Ok(Vec::new());
         };
-        let bound = notifier.engine.config.db_timeout;
+        let bound = notifier.config().db_timeout;
         let _busy = shared.busy.lock().await;
         let released = match kind {
             Kind::Sea(txn) => crate::db::bounded(bound, txn.commit()).await,
@@ -499,7 +499,7 @@ impl NoticeTx {
             ..
         } = self;
         let mut pending = std::mem::take(&mut *lock(&pending));
-        let bound = notifier.engine.config.db_timeout;
+        let bound = notifier.config().db_timeout;
         let savepoints = shared.savepoints.load(Ordering::SeqCst);
         let committed = match kind {
             Kind::Sea(txn) if savepoints && txn.get_database_backend() == DbBackend::Sqlite => {

@@ -22,6 +22,12 @@ use std::time::Duration;
 use chrono::NaiveDateTime;
 use sea_orm::{DbBackend, sea_query::Expr};
 
+/// The application's clock, for the dates of failure-log lines and
+/// events (the database's clock decides everything else).
+pub(crate) fn app_now() -> NaiveDateTime {
+    chrono::Utc::now().naive_utc()
+}
+
 /// The database's current UTC time.
 pub(crate) fn now(backend: DbBackend) -> Expr {
     Expr::cust(now_sql(backend))

@@ -382,7 +382,7 @@ impl<'a> Sweep<'a> {
         again: bool,
     ) -> Setup {
         let inner = &self.notifier.engine;
-        let stop = inner.stop.child();
+        let stop = inner.lifecycle.stop.child();
         let watcher = tokio::spawn(stop_after(
             shutdown.clone(),
             stop.clone(),
@@ -735,15 +735,19 @@ impl<'a> Sweep<'a> {
             .runs
             .take_behind(unusable.iter().chain(&elsewhere).map(Lease::id));
         elsewhere.extend(behind);
-        for report in
-            attempt::park::park(&self.notifier.engine, unusable, &inner.stop.give_up).await
+        for report in attempt::park::park(
+            &self.notifier.engine,
+            unusable,
+            &inner.lifecycle.stop.give_up,
+        )
+        .await
         {
             self.report(report);
         }
         self.release(
             elsewhere,
             "not deliverable in this process",
-            &inner.stop.give_up,
+            &inner.lifecycle.stop.give_up,
         )
         .await;
     }
@@ -754,7 +758,7 @@ impl<'a> Sweep<'a> {
             return;
         }
         let ids: Vec<i64> = leases.iter().map(Lease::id).collect();
-        let result = match release_all(&self.notifier.engine.store, leases, give_up).await {
+        let result = match release_all(self.notifier.store(), leases, give_up).await {
             Ok(n) => {
                 self.notifier.engine.count_released(n);
                 AttemptResult::Released {

@@ -32,6 +32,6 @@ impl Notifier {
             super::DEFAULT_MAX_IN_FLIGHT_BYTES,
         )
         .await?;
-        Ok(park(&self.engine, leases, &inner.stop.give_up).await)
+        Ok(park(&self.engine, leases, &inner.lifecycle.stop.give_up).await)
     }
 }

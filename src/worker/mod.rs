@@ -625,10 +625,10 @@ impl Worker {
             },
             () = shutdown.cancelled() => return,
         }
-        let mut wakes = self.notifier.engine.subscribe_wakes();
+        let mut wakes = self.notifier.store().wakes.subscribe();
         wakes.mark_unchanged();
-        let mut hints = self.notifier.engine.subscribe_due_hint();
-        let mut checks = self.notifier.engine.subscribe_due_checks();
+        let mut hints = self.notifier.signals().subscribe_due_hint();
+        let mut checks = self.notifier.signals().subscribe_due_checks();
         checks.mark_unchanged();
         // With wake-ups on, a starting worker catches up at once.
         let mut next_due: Option<Instant> = self.config.wake.then(Instant::now);
@@ -663,7 +663,7 @@ impl Worker {
                 // processes' notices, every `due_check_every`.
                 let every = (self.config.wake
                     && !self.config.due_check_every.is_zero()
-                    && self.notifier.engine.store.backend() != sea_orm::DbBackend::Postgres)
+                    && self.notifier.store().backend() != sea_orm::DbBackend::Postgres)
                     .then(|| {
                         next_due_asked.map_or_else(Instant::now, |t| {
                             t.checked_add(self.config.due_check_every).unwrap_or(tick)
@@ -717,7 +717,7 @@ impl Worker {
                 (false, None) => Some(SWEEP_RETRY_FIRST),
                 (false, Some(after)) => Some((after * 2).min(SWEEP_RETRY_MAX)),
             };
-            self.notifier.engine.clear_due_hint(swept_at);
+            self.notifier.signals().clear_due_hint(swept_at);
             if shutdown.is_cancelled() {
                 return;
             }
@@ -812,7 +812,7 @@ impl Worker {
                 return known;
             }
         };
-        match crate::state::claim::next_due(&self.notifier.engine.store, &filter).await {
+        match crate::state::claim::next_due(self.notifier.store(), &filter).await {
             Ok(due) => due.map(|d| Instant::now() + d.max(MIN_DUE_WAIT)),
             Err(e) => {
                 tracing::debug!(error = %e, "cannot read the next due time");
@@ -864,7 +864,7 @@ impl Worker {
             && self.config.partitions.is_empty());
         let always = match filtered {
             false => Vec::new(),
-            true => match self.notifier.engine.alert_def().await {
+            true => match self.notifier.alert_def().await {
                 Ok(def) if crate::attempt::available(&self.notifier.engine, &def).is_ok() => {
                     vec![def.id]
                 }
@@ -975,7 +975,7 @@ impl Worker {
     /// once. `false`: it could not be stored (logged).
     async fn sweeps_failing_alert(&self, n: u64, error: &Error) -> bool {
         let result = async {
-            let def = self.notifier.engine.alert_def().await?;
+            let def = self.notifier.alert_def().await?;
             if def.alert_emails.is_empty() {
                 return Ok(());
             }
@@ -1138,7 +1138,7 @@ async fn heartbeat(
             beat_secs: every.as_secs_f64(),
         };
         let written = tokio::select! {
-            written = crate::state::heartbeat::beat(&notifier.engine.store.db, &beat) => written,
+            written = crate::state::heartbeat::beat(&notifier.store().db, &beat) => written,
             _ = stop.cancelled() => return,
         };
         if let Err(e) = written {

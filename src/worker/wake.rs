@@ -123,7 +123,7 @@ pub(crate) async fn listen(notifier: Notifier, stop: CancellationToken) {
                 // A notice added due later: when is it due?
                 Ok(Some(n)) if n.payload() == LATER_PAYLOAD => {
                     tracing::trace!("notified of a notice due later");
-                    notifier.engine.ask_due();
+                    notifier.signals().ask_due();
                 }
                 Ok(Some(_)) => {
                     tracing::trace!("notified");

@@ -68,11 +68,6 @@ impl AmqpChannel {
         self.config.url.is_some()
     }
 
-    /// The configuration in force.
-    pub fn config(&self) -> &AmqpConfig {
-        &self.config
-    }
-
     /// Opens a connection (bounded by the connect timeout).
     pub async fn connect(config: &AmqpConfig) -> Result<Connection, String> {
         let url = config.url.as_deref().ok_or("no AMQP broker configured")?;
