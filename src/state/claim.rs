@@ -497,15 +497,46 @@ fn placeholder(backend: DbBackend) -> &'static str {
 /// `(def_id, ordering_key)` of a row set aside.
 type Key = (i64, String);
 
-/// PostgreSQL: the claim and the setting aside in one statement: the
-/// candidates are locked (`SKIP LOCKED`), those in turn are claimed and
-/// returned in full, the others are pushed out and returned as their key
-/// (the `aside` column tells which is which).
-async fn claim_due_pg(
+/// The ids [`claim_due_pg`] claims (`in_turn`: those in turn, while
+/// their params fit in `bytes`) or sets aside (the others), of the
+/// candidates `cand`.
+fn pg_ids_of(cand: &Alias, in_turn: bool, bytes: u64) -> sea_orm::sea_query::SimpleExpr {
+    let mut ids = Query::select();
+    let turn = Expr::col(Alias::new(TURN));
+    if in_turn {
+        // Those in turn, while their params fit in `bytes`.
+        let mut sized = Query::select();
+        sized
+            .columns([Alias::new("id"), Alias::new("sz"), Alias::new(TURN)])
+            .expr_as(
+                Expr::cust("SUM(CASE WHEN turn THEN sz ELSE 0 END) OVER (ORDER BY d, id)"),
+                Alias::new("upto"),
+            )
+            .from(cand.clone());
+        ids.column(Alias::new("id"))
+            .from_subquery(sized, Alias::new("w"))
+            .and_where(turn)
+            .and_where(Expr::cust(format!(
+                "upto - sz < {}",
+                i64::try_from(bytes).unwrap_or(i64::MAX)
+            )));
+    } else {
+        ids.column(Column::Id)
+            .from(cand.clone())
+            .and_where(turn.not());
+    }
+    Expr::cust_with_expr(
+        r#""id" = ANY(ARRAY($1))"#,
+        Expr::SubQuery(None, Box::new(ids.into())),
+    )
+}
+
+/// [`claim_due_pg`]'s statement.
+fn claim_due_pg_statement(
     store: &Store,
     candidates: Select<notify_msg::Entity>,
     bytes: u64,
-) -> Result<(Vec<notify_msg::Model>, Vec<Key>), DbErr> {
+) -> sea_orm::sea_query::WithQuery {
     let backend = store.backend();
     let (cand, aside, claimed) = (
         Alias::new("cand"),
@@ -519,36 +550,7 @@ async fn claim_due_pg(
         .expr_as(param_bytes(backend), "sz")
         .expr_as(due_at(backend), "d")
         .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked);
-    let ids_of = |in_turn: bool| {
-        let mut ids = Query::select();
-        let turn = Expr::col(Alias::new(TURN));
-        if in_turn {
-            // Those in turn, while their params fit in `bytes`.
-            let mut sized = Query::select();
-            sized
-                .columns([Alias::new("id"), Alias::new("sz"), Alias::new(TURN)])
-                .expr_as(
-                    Expr::cust("SUM(CASE WHEN turn THEN sz ELSE 0 END) OVER (ORDER BY d, id)"),
-                    Alias::new("upto"),
-                )
-                .from(cand.clone());
-            ids.column(Alias::new("id"))
-                .from_subquery(sized, Alias::new("w"))
-                .and_where(turn)
-                .and_where(Expr::cust(format!(
-                    "upto - sz < {}",
-                    i64::try_from(bytes).unwrap_or(i64::MAX)
-                )));
-        } else {
-            ids.column(Column::Id)
-                .from(cand.clone())
-                .and_where(turn.not());
-        }
-        Expr::cust_with_expr(
-            r#""id" = ANY(ARRAY($1))"#,
-            Expr::SubQuery(None, Box::new(ids.into())),
-        )
-    };
+    let ids_of = |in_turn: bool| pg_ids_of(&cand, in_turn, bytes);
     let mut set_aside = Query::update();
     set_aside
         .table(notify_msg::Entity)
@@ -586,7 +588,7 @@ async fn claim_due_pg(
             .query(query)
             .to_owned()
     };
-    let statement = rows.with(
+    rows.with(
         WithClause::new()
             .cte(cte(
                 &cand,
@@ -595,7 +597,19 @@ async fn claim_due_pg(
             .cte(cte(&aside, set_aside.into()))
             .cte(cte(&claimed, claim.into()))
             .to_owned(),
-    );
+    )
+}
+
+/// PostgreSQL: the claim and the setting aside in one statement: the
+/// candidates are locked (`SKIP LOCKED`), those in turn are claimed and
+/// returned in full, the others are pushed out and returned as their key
+/// (the `aside` column tells which is which).
+async fn claim_due_pg(
+    store: &Store,
+    candidates: Select<notify_msg::Entity>,
+    bytes: u64,
+) -> Result<(Vec<notify_msg::Model>, Vec<Key>), DbErr> {
+    let statement = claim_due_pg_statement(store, candidates, bytes);
     let mut taken = Vec::new();
     let mut keys = Vec::new();
     let mut unreadable = Vec::new();
@@ -707,6 +721,95 @@ impl HasSize for (i64, i64) {
     }
 }
 
+/// The candidates' ids, keys, turns and sizes (no param read yet).
+fn candidate_columns(
+    backend: DbBackend,
+    select: Select<notify_msg::Entity>,
+) -> Select<notify_msg::Entity> {
+    select
+        .select_only()
+        .columns([Column::Id, Column::DefId, Column::OrderingKey])
+        .expr_as(super::order::in_turn(backend), TURN)
+        .expr_as(param_bytes(backend), "sz")
+}
+
+/// The candidates `select` (of [`candidate_columns`]) reads in `txn`.
+async fn read_candidates(
+    txn: &crate::db::Txn,
+    select: Select<notify_msg::Entity>,
+) -> Result<Vec<Candidate>, DbErr> {
+    let mut found = Vec::new();
+    for row in txn
+        .query_all(&sea_orm::QueryTrait::into_query(select))
+        .await?
+    {
+        let turn = match row.try_get::<bool>("", TURN) {
+            Ok(flag) => flag,
+            Err(_) => row.try_get::<i64>("", TURN)? != 0,
+        };
+        // A key or definition that cannot be read promotes
+        // nothing: the row itself is parked when read whole.
+        found.push(Candidate {
+            id: row.try_get("", Column::Id.as_str())?,
+            def_id: row.try_get("", Column::DefId.as_str()).unwrap_or_default(),
+            key: row
+                .try_get("", Column::OrderingKey.as_str())
+                .unwrap_or_default(),
+            turn,
+            size: row.try_get("", "sz").unwrap_or_default(),
+        });
+    }
+    Ok(found)
+}
+
+/// MariaDB: the candidates, locked `SKIP LOCKED` in `txn`, those in turn
+/// while they fit in `bytes`.
+async fn lock_candidates_mysql(
+    txn: &crate::db::Txn,
+    candidates: Select<notify_msg::Entity>,
+    bytes: u64,
+) -> Result<Vec<Candidate>, DbErr> {
+    let backend = DbBackend::MySql;
+    // A locking read makes InnoDB read each row whole, params
+    // included: 1,000 candidates of 1 MiB took 11 s. So the
+    // candidates are read without locks, and only those that fit are
+    // locked (read again with their conditions, skipping those another
+    // claim holds), a bite at a time until `bytes` are held.
+    let preview = read_candidates(txn, candidate_columns(backend, candidates.clone())).await?;
+    if preview.iter().map(HasSize::size).sum::<u64>() <= bytes {
+        // Small rows: one locking read, which moves on past rows other
+        // claims hold (what does not fit is cut below).
+        read_candidates(
+            txn,
+            candidate_columns(backend, candidates.clone())
+                .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked),
+        )
+        .await
+    } else {
+        let waiting: Vec<i64> = preview.iter().filter(|c| !c.turn).map(|c| c.id).collect();
+        let ready: Vec<(i64, i64)> = preview
+            .iter()
+            .filter(|c| c.turn)
+            .map(|c| (c.id, c.size))
+            .collect();
+        let mut first = Some(waiting);
+        lock_fitting(&ready, bytes, |ids: Vec<i64>| {
+            let ids: Vec<i64> = first
+                .take()
+                .unwrap_or_default()
+                .into_iter()
+                .chain(ids)
+                .collect();
+            read_candidates(
+                txn,
+                candidate_columns(backend, candidates.clone().filter(Column::Id.is_in(ids)))
+                    .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked),
+            )
+        })
+        .await
+    }
+}
+
 /// MariaDB and SQLite: in one transaction, read the candidates with their
 /// turn (locked `SKIP LOCKED` on MariaDB; SQLite's write lock is held from
 /// the start), claim those in turn and push out the others.
@@ -716,81 +819,11 @@ async fn claim_due_locked(
     bytes: u64,
 ) -> Result<(Vec<notify_msg::Model>, Vec<Key>), DbErr> {
     let backend = store.backend();
-    // First the candidates' ids, turns and sizes (no param read yet).
-    let columns = |select: Select<notify_msg::Entity>| {
-        select
-            .select_only()
-            .columns([Column::Id, Column::DefId, Column::OrderingKey])
-            .expr_as(super::order::in_turn(backend), TURN)
-            .expr_as(param_bytes(backend), "sz")
-    };
     let txn = db::begin(&store.db).await?;
-    let read = |select: Select<notify_msg::Entity>| {
-        let txn = &txn;
-        async move {
-            let mut found = Vec::new();
-            for row in txn
-                .query_all(&sea_orm::QueryTrait::into_query(select))
-                .await?
-            {
-                let turn = match row.try_get::<bool>("", TURN) {
-                    Ok(flag) => flag,
-                    Err(_) => row.try_get::<i64>("", TURN)? != 0,
-                };
-                // A key or definition that cannot be read promotes
-                // nothing: the row itself is parked when read whole.
-                found.push(Candidate {
-                    id: row.try_get("", Column::Id.as_str())?,
-                    def_id: row.try_get("", Column::DefId.as_str()).unwrap_or_default(),
-                    key: row
-                        .try_get("", Column::OrderingKey.as_str())
-                        .unwrap_or_default(),
-                    turn,
-                    size: row.try_get("", "sz").unwrap_or_default(),
-                });
-            }
-            Ok::<_, DbErr>(found)
-        }
-    };
     let found = if backend == DbBackend::MySql {
-        // A locking read makes InnoDB read each row whole, params
-        // included: 1,000 candidates of 1 MiB took 11 s. So the
-        // candidates are read without locks, and only those that fit are
-        // locked (read again with their conditions, skipping those another
-        // claim holds), a bite at a time until `bytes` are held.
-        let preview = read(columns(candidates.clone())).await?;
-        if preview.iter().map(HasSize::size).sum::<u64>() <= bytes {
-            // Small rows: one locking read, which moves on past rows other
-            // claims hold (what does not fit is cut below).
-            read(
-                columns(candidates.clone())
-                    .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked),
-            )
-            .await?
-        } else {
-            let waiting: Vec<i64> = preview.iter().filter(|c| !c.turn).map(|c| c.id).collect();
-            let ready: Vec<(i64, i64)> = preview
-                .iter()
-                .filter(|c| c.turn)
-                .map(|c| (c.id, c.size))
-                .collect();
-            let mut first = Some(waiting);
-            lock_fitting(&ready, bytes, |ids: Vec<i64>| {
-                let ids: Vec<i64> = first
-                    .take()
-                    .unwrap_or_default()
-                    .into_iter()
-                    .chain(ids)
-                    .collect();
-                read(
-                    columns(candidates.clone().filter(Column::Id.is_in(ids)))
-                        .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked),
-                )
-            })
-            .await?
-        }
+        lock_candidates_mysql(&txn, candidates, bytes).await?
     } else {
-        read(columns(candidates)).await?
+        read_candidates(&txn, candidate_columns(backend, candidates)).await?
     };
     let mut in_turn = Vec::new();
     let mut waiting: Vec<(i64, i64, Option<String>)> = Vec::new();
@@ -871,6 +904,121 @@ pub(crate) async fn claim_in_turn(store: &Store, id: i64) -> Result<Option<Lease
     Ok(claim_rows(store, row, None).await?.pop())
 }
 
+/// [`claim_rows`] on MariaDB, which has no `UPDATE … RETURNING`: lock,
+/// then bump, in one transaction (the sizes first, when bounded in bytes).
+async fn claim_rows_mysql(
+    store: &Store,
+    due: Select<notify_msg::Entity>,
+    bytes: Option<u64>,
+) -> Result<Vec<notify_msg::Model>, DbErr> {
+    // MariaDB has no UPDATE … RETURNING: lock, then bump, in one
+    // transaction (the sizes first, when bounded in bytes).
+    let txn = db::begin(&store.db).await?;
+    let locked = due
+        .clone()
+        .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked);
+    let (mut rows, unreadable) = match bytes {
+        None => read_rows(&txn, locked).await?,
+        Some(bytes) => {
+            // As in claim_due_locked: sizes without locks, then
+            // lock what fits (a locking read reads params).
+            let sized = |select: Select<notify_msg::Entity>| {
+                select
+                    .select_only()
+                    .column(Column::Id)
+                    .expr(param_bytes(DbBackend::MySql))
+                    .into_tuple::<(i64, i64)>()
+            };
+            let preview = sized(due.clone()).all(&txn).await?;
+            let small = preview.iter().map(HasSize::size).sum::<u64>() <= bytes;
+            let chosen: Vec<i64> = if small {
+                // One locking read moves on past rows others hold.
+                let sizes = sized(
+                    due.clone()
+                        .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked),
+                )
+                .all(&txn)
+                .await?;
+                let fit = fitting(sizes.iter().map(|(_, size)| *size), bytes);
+                sizes.into_iter().take(fit).map(|(id, _)| id).collect()
+            } else {
+                lock_fitting(&preview, bytes, |ids: Vec<i64>| {
+                    let select = sized(
+                        due.clone()
+                            .filter(Column::Id.is_in(ids))
+                            .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked),
+                    );
+                    let txn = &txn;
+                    async move { select.all(txn).await }
+                })
+                .await?
+                .into_iter()
+                .map(|(id, _)| id)
+                .collect()
+            };
+            rows_by_id(&txn, chosen).await?
+        }
+    };
+    if !rows.is_empty() {
+        let ids = rows.iter().map(|r| r.id);
+        columns::update(&txn, Column::Id.is_in(ids), claim_sets(store)).await?;
+    }
+    // Locked by this transaction: parked as read.
+    let now = chrono::Utc::now().naive_utc();
+    let parked = batch::park_unreadable_in(&txn, &unreadable, now).await?;
+    txn.commit().await?;
+    batch::parked_unreadable(store, &unreadable, &parked).await;
+    for row in &mut rows {
+        row.version = row.version.wrapping_add(1);
+        row.leased = true;
+    }
+    Ok(rows)
+}
+
+/// [`claim_rows`] on PostgreSQL and SQLite: one `UPDATE … RETURNING`.
+async fn claim_rows_returning(
+    store: &Store,
+    backend: DbBackend,
+    due: Select<notify_msg::Entity>,
+    bytes: Option<u64>,
+) -> Result<Vec<notify_msg::Model>, DbErr> {
+    let ids = match bytes {
+        Some(bytes) => ids_within(backend, due, bytes),
+        None => {
+            let mut ids = due.select_only().column(Column::Id);
+            if backend == DbBackend::Postgres {
+                ids = ids.lock_with_behavior(LockType::Update, LockBehavior::SkipLocked);
+            }
+            sea_orm::QueryTrait::into_query(ids)
+        }
+    };
+    // PostgreSQL: `id = ANY(ARRAY(…))` probes the primary key for
+    // each claimed id; `id IN (…)` may be planned as a hash join
+    // over the whole table. SQLite probes its key either way.
+    let claimed = if backend == DbBackend::Postgres {
+        let ids = Expr::SubQuery(None, Box::new(ids.into()));
+        Expr::cust_with_expr(r#""id" = ANY(ARRAY($1))"#, ids)
+    } else {
+        Expr::col(Column::Id).in_subquery(ids)
+    };
+    let mut update = notify_msg::Entity::update_many().filter(claimed);
+    for (c, value) in claim_sets(store).into_iter().chain([columns::bump()]) {
+        update = update.col_expr(c, value);
+    }
+    if backend == DbBackend::Postgres {
+        let (due_at, value) = claim_due_at(store);
+        update = update.col_expr(due_at, value);
+    }
+    let mut update = sea_orm::QueryTrait::into_query(update);
+    update.returning(columns::returning_all());
+    let rows = store.db.query_all(&update).await?;
+    let (mut rows, unreadable) = columns::claimed_rows(backend, &rows);
+    // Claimed (the statement has committed), never sent.
+    batch::park_unreadable(store, unreadable).await;
+    rows.sort_by_key(|r| r.id);
+    Ok(rows)
+}
+
 /// Claims the rows `due` selects (due rows, oldest first, up to a limit).
 /// With `bytes`, at most that many bytes of params (oldest first, at
 /// least one row).
@@ -881,107 +1029,8 @@ async fn claim_rows(
 ) -> Result<Vec<Lease>, DbErr> {
     let started = Instant::now();
     let mut rows = match store.backend() {
-        DbBackend::MySql => {
-            // MariaDB has no UPDATE … RETURNING: lock, then bump, in one
-            // transaction (the sizes first, when bounded in bytes).
-            let txn = db::begin(&store.db).await?;
-            let locked = due
-                .clone()
-                .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked);
-            let (mut rows, unreadable) = match bytes {
-                None => read_rows(&txn, locked).await?,
-                Some(bytes) => {
-                    // As in claim_due_locked: sizes without locks, then
-                    // lock what fits (a locking read reads params).
-                    let sized = |select: Select<notify_msg::Entity>| {
-                        select
-                            .select_only()
-                            .column(Column::Id)
-                            .expr(param_bytes(DbBackend::MySql))
-                            .into_tuple::<(i64, i64)>()
-                    };
-                    let preview = sized(due.clone()).all(&txn).await?;
-                    let small = preview.iter().map(HasSize::size).sum::<u64>() <= bytes;
-                    let chosen: Vec<i64> = if small {
-                        // One locking read moves on past rows others hold.
-                        let sizes = sized(
-                            due.clone()
-                                .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked),
-                        )
-                        .all(&txn)
-                        .await?;
-                        let fit = fitting(sizes.iter().map(|(_, size)| *size), bytes);
-                        sizes.into_iter().take(fit).map(|(id, _)| id).collect()
-                    } else {
-                        lock_fitting(&preview, bytes, |ids: Vec<i64>| {
-                            let select = sized(
-                                due.clone()
-                                    .filter(Column::Id.is_in(ids))
-                                    .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked),
-                            );
-                            let txn = &txn;
-                            async move { select.all(txn).await }
-                        })
-                        .await?
-                        .into_iter()
-                        .map(|(id, _)| id)
-                        .collect()
-                    };
-                    rows_by_id(&txn, chosen).await?
-                }
-            };
-            if !rows.is_empty() {
-                let ids = rows.iter().map(|r| r.id);
-                columns::update(&txn, Column::Id.is_in(ids), claim_sets(store)).await?;
-            }
-            // Locked by this transaction: parked as read.
-            let now = chrono::Utc::now().naive_utc();
-            let parked = batch::park_unreadable_in(&txn, &unreadable, now).await?;
-            txn.commit().await?;
-            batch::parked_unreadable(store, &unreadable, &parked).await;
-            for row in &mut rows {
-                row.version = row.version.wrapping_add(1);
-                row.leased = true;
-            }
-            rows
-        }
-        backend => {
-            let ids = match bytes {
-                Some(bytes) => ids_within(backend, due, bytes),
-                None => {
-                    let mut ids = due.select_only().column(Column::Id);
-                    if backend == DbBackend::Postgres {
-                        ids = ids.lock_with_behavior(LockType::Update, LockBehavior::SkipLocked);
-                    }
-                    sea_orm::QueryTrait::into_query(ids)
-                }
-            };
-            // PostgreSQL: `id = ANY(ARRAY(…))` probes the primary key for
-            // each claimed id; `id IN (…)` may be planned as a hash join
-            // over the whole table. SQLite probes its key either way.
-            let claimed = if backend == DbBackend::Postgres {
-                let ids = Expr::SubQuery(None, Box::new(ids.into()));
-                Expr::cust_with_expr(r#""id" = ANY(ARRAY($1))"#, ids)
-            } else {
-                Expr::col(Column::Id).in_subquery(ids)
-            };
-            let mut update = notify_msg::Entity::update_many().filter(claimed);
-            for (c, value) in claim_sets(store).into_iter().chain([columns::bump()]) {
-                update = update.col_expr(c, value);
-            }
-            if backend == DbBackend::Postgres {
-                let (due_at, value) = claim_due_at(store);
-                update = update.col_expr(due_at, value);
-            }
-            let mut update = sea_orm::QueryTrait::into_query(update);
-            update.returning(columns::returning_all());
-            let rows = store.db.query_all(&update).await?;
-            let (mut rows, unreadable) = columns::claimed_rows(backend, &rows);
-            // Claimed (the statement has committed), never sent.
-            batch::park_unreadable(store, unreadable).await;
-            rows.sort_by_key(|r| r.id);
-            rows
-        }
+        DbBackend::MySql => claim_rows_mysql(store, due, bytes).await?,
+        backend => claim_rows_returning(store, backend, due, bytes).await?,
     };
     crate::counters::claimed(rows.len() as u64);
     Ok(rows

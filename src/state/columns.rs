@@ -292,44 +292,7 @@ pub(crate) async fn succeed_pairs_pg(
     use std::sync::OnceLock;
     static SQL: [OnceLock<String>; 2] = [OnceLock::new(), OnceLock::new()];
     let claim = next.is_some();
-    let sql = SQL[usize::from(claim)].get_or_init(|| {
-        let names: Vec<&str> = Column::iter().map(|c| c.as_str()).collect();
-        let values: Vec<String> = Column::iter()
-            .map(|c| match c {
-                Column::Status => format!("{} AS status", crate::status::Status::Succeeded as i16),
-                Column::Version => bumped("version"),
-                Column::Leased => "false".to_string(),
-                other => format!("\"{}\"", other.as_str()),
-            })
-            .collect();
-        // The rows claimed in full, then the ids moved (the other columns
-        // NULL), told apart by `next`, after the columns [`model_at_pg`]
-        // reads; then where a claimed row stands in its run.
-        let select = if claim {
-            let nulls: Vec<&str> = names
-                .iter()
-                .map(|n| if *n == "id" { "id" } else { "NULL" })
-                .collect();
-            format!(
-                "SELECT {all}, true AS next, r.head, r.pos, claimed.held_key IS NOT NULL \
-                 FROM claimed LEFT JOIN run r ON r.id = claimed.id \
-                 UNION ALL SELECT {ids}, false, NULL, NULL, NULL FROM kept",
-                all = names.iter().map(|n| format!("claimed.\"{n}\"")).collect::<Vec<_>>().join(", "),
-                ids = nulls.join(", "),
-            )
-        } else {
-            "SELECT id FROM kept".to_string()
-        };
-        format!(
-            "WITH moved AS (DELETE FROM notify_msg m USING UNNEST($1::bigint[], $2::int[]) AS c(id, version) \
-             WHERE m.id = c.id AND m.version = c.version RETURNING m.*), \
-             kept AS (INSERT INTO notify_msg_history ({}) SELECT {} FROM moved RETURNING id), \
-             {} {select}",
-            names.iter().map(|n| format!("\"{n}\"")).collect::<Vec<_>>().join(", "),
-            values.join(", "),
-            super::order::next_of_moved_pg(claim),
-        )
-    });
+    let sql = SQL[usize::from(claim)].get_or_init(|| succeed_pairs_sql(claim));
     let ids: Vec<i64> = pairs.iter().map(|p| p.0).collect();
     let versions: Vec<i32> = pairs.iter().map(|p| p.1).collect();
     let Some((next, lease, continuing)) = next else {
@@ -371,6 +334,57 @@ pub(crate) async fn succeed_pairs_pg(
         }
     }
     Ok((moved, claimed, unreadable))
+}
+
+/// [`succeed_pairs_pg`]'s statement: with `claim`, it claims the next
+/// notice of each key moved (and returns the rows claimed), else it only
+/// moves.
+fn succeed_pairs_sql(claim: bool) -> String {
+    use sea_orm::Iterable as _;
+    let names: Vec<&str> = Column::iter().map(|c| c.as_str()).collect();
+    let values: Vec<String> = Column::iter()
+        .map(|c| match c {
+            Column::Status => format!("{} AS status", crate::status::Status::Succeeded as i16),
+            Column::Version => bumped("version"),
+            Column::Leased => "false".to_string(),
+            other => format!("\"{}\"", other.as_str()),
+        })
+        .collect();
+    // The rows claimed in full, then the ids moved (the other columns
+    // NULL), told apart by `next`, after the columns [`model_at_pg`]
+    // reads; then where a claimed row stands in its run.
+    let select = if claim {
+        let nulls: Vec<&str> = names
+            .iter()
+            .map(|n| if *n == "id" { "id" } else { "NULL" })
+            .collect();
+        format!(
+            "SELECT {all}, true AS next, r.head, r.pos, claimed.held_key IS NOT NULL \
+             FROM claimed LEFT JOIN run r ON r.id = claimed.id \
+             UNION ALL SELECT {ids}, false, NULL, NULL, NULL FROM kept",
+            all = names
+                .iter()
+                .map(|n| format!("claimed.\"{n}\""))
+                .collect::<Vec<_>>()
+                .join(", "),
+            ids = nulls.join(", "),
+        )
+    } else {
+        "SELECT id FROM kept".to_string()
+    };
+    format!(
+        "WITH moved AS (DELETE FROM notify_msg m USING UNNEST($1::bigint[], $2::int[]) AS c(id, version) \
+         WHERE m.id = c.id AND m.version = c.version RETURNING m.*), \
+         kept AS (INSERT INTO notify_msg_history ({}) SELECT {} FROM moved RETURNING id), \
+         {} {select}",
+        names
+            .iter()
+            .map(|n| format!("\"{n}\""))
+            .collect::<Vec<_>>()
+            .join(", "),
+        values.join(", "),
+        super::order::next_of_moved_pg(claim),
+    )
 }
 
 /// PostgreSQL: runs [`succeed_pairs_pg`]'s statement that only moves rows,

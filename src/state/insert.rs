@@ -423,6 +423,43 @@ pub(crate) async fn insert_new<C: ConnectionTrait>(
     Ok(i64::try_from(done.last_insert_id()).map_err(|_| DbErr::UnpackInsertId)?)
 }
 
+/// [`pg_insert_rows`]'s statement.
+#[cfg(feature = "postgres")]
+fn pg_insert_sql() -> String {
+    use sea_orm::IdenStatic;
+    let now = "(statement_timestamp() AT TIME ZONE 'UTC')";
+    // A delayed notice's time (`r.at`), or `r.due` seconds from now.
+    let due = format!("COALESCE(r.at, {now} + make_interval(secs => r.due))");
+    let values = NEW_ROW.map(|(_, init)| match init {
+        Init::DefId => "r.def_id".to_string(),
+        Init::Param => "r.param".into(),
+        Init::Description => "r.description".into(),
+        Init::LoadBalanceNum => "r.lb".into(),
+        Init::IdempotencyKey => "r.key".into(),
+        Init::TargetOverride => "r.over".into(),
+        Init::TraceContext => "r.trace".into(),
+        Init::OrderingKey => "r.ordering".into(),
+        Init::Due => due.clone(),
+        Init::Reserved => "r.reserved".into(),
+        Init::NotBefore => format!("CASE WHEN r.later THEN {due} END"),
+        Init::Now => clock::PG_INSERT_TIME.into(),
+        Init::Empty => "''".into(),
+        Init::Zero => "0".into(),
+        Init::Origin => "r.origin".into(),
+    });
+    // `due_at` (migration 16) as `next_call_time`: no trigger call.
+    format!(
+        "INSERT INTO notify_msg (id, {}, due_at) SELECT r.id, {}, {due} \
+         FROM UNNEST($1::bigint[], $2::bigint[], $3::text[], $4::text[], $5::int[], \
+         $6::text[], $7::text[], $8::float8[], $9::bool[], $10::text[], $11::text[], \
+         $12::timestamp[], $13::bool[], $14::smallint[]) \
+         AS r(id, def_id, param, description, lb, key, over, due, reserved, trace, ordering, \
+         at, later, origin)",
+        NEW_ROW.map(|(c, _)| c.as_str()).join(", "),
+        values.join(", ")
+    )
+}
+
 /// PostgreSQL: writes buffered rows (ids handed out beforehand from
 /// [`IdBlocks`](super::ids::IdBlocks)) in one prepared statement, whatever
 /// their number: `INSERT … SELECT … FROM UNNEST($1::bigint[], …)`. Planned
@@ -433,41 +470,8 @@ pub(crate) async fn pg_insert_rows(
     conn: &mut sea_orm::sqlx::PgConnection,
     rows: &[(i64, NewRow)],
 ) -> Result<(), sea_orm::sqlx::Error> {
-    use sea_orm::IdenStatic;
     static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    let sql = SQL.get_or_init(|| {
-        let now = "(statement_timestamp() AT TIME ZONE 'UTC')";
-        // A delayed notice's time (`r.at`), or `r.due` seconds from now.
-        let due = format!("COALESCE(r.at, {now} + make_interval(secs => r.due))");
-        let values = NEW_ROW.map(|(_, init)| match init {
-            Init::DefId => "r.def_id".to_string(),
-            Init::Param => "r.param".into(),
-            Init::Description => "r.description".into(),
-            Init::LoadBalanceNum => "r.lb".into(),
-            Init::IdempotencyKey => "r.key".into(),
-            Init::TargetOverride => "r.over".into(),
-            Init::TraceContext => "r.trace".into(),
-            Init::OrderingKey => "r.ordering".into(),
-            Init::Due => due.clone(),
-            Init::Reserved => "r.reserved".into(),
-            Init::NotBefore => format!("CASE WHEN r.later THEN {due} END"),
-            Init::Now => clock::PG_INSERT_TIME.into(),
-            Init::Empty => "''".into(),
-            Init::Zero => "0".into(),
-            Init::Origin => "r.origin".into(),
-        });
-        // `due_at` (migration 16) as `next_call_time`: no trigger call.
-        format!(
-            "INSERT INTO notify_msg (id, {}, due_at) SELECT r.id, {}, {due} \
-             FROM UNNEST($1::bigint[], $2::bigint[], $3::text[], $4::text[], $5::int[], \
-             $6::text[], $7::text[], $8::float8[], $9::bool[], $10::text[], $11::text[], \
-             $12::timestamp[], $13::bool[], $14::smallint[]) \
-             AS r(id, def_id, param, description, lb, key, over, due, reserved, trace, ordering, \
-             at, later, origin)",
-            NEW_ROW.map(|(c, _)| c.as_str()).join(", "),
-            values.join(", ")
-        )
-    });
+    let sql = SQL.get_or_init(pg_insert_sql);
     use super::clock::Later;
     let due = |row: &NewRow| match row.due {
         Due::Now | Due::InTurn | Due::Later(Later::At(_)) => 0.0,

@@ -293,6 +293,33 @@ pub(crate) async fn cancel_finished(
     Ok((changed, events))
 }
 
+/// What a requeue writes: in flight, due now (or when a live lease of a
+/// cancelled notice ends), a fresh retry budget, `note` in the log.
+fn requeue_sets(now: Expr, rows: &[Seen], note: &str, at: NaiveDateTime) -> Vec<Set> {
+    let live_lease = || {
+        Condition::all()
+            .add(Expr::col(Column::Leased).eq(true))
+            .add(Expr::col(Column::NextCallTime).gt(now.clone()))
+    };
+    vec![
+        (
+            Column::Leased,
+            Expr::case(live_lease(), true).finally(false).into(),
+        ),
+        (Column::Status, Expr::val(Status::NotSent as i16)),
+        (Column::RetryTimes, Expr::val(0)),
+        (
+            Column::NextCallTime,
+            Expr::case(live_lease(), Expr::col(Column::NextCallTime))
+                .finally(now.clone())
+                .into(),
+        ),
+        (Column::Errors, audited(rows, note, at)),
+        // A requeue makes a delayed notice due at once too.
+        (Column::NotBefore, Expr::val(Option::<NaiveDateTime>::None)),
+    ]
+}
+
 /// Puts `rows`, finished notices as read (final failures, cancelled or
 /// parked), back in flight: due now (or, for a notice cancelled while an
 /// attempt held it, when that attempt's lease ends), a fresh retry budget,
@@ -310,29 +337,7 @@ pub(crate) async fn requeue(
     if rows.is_empty() {
         return Ok((Vec::new(), 0));
     }
-    let now = clock::now(store.backend());
-    let live_lease = || {
-        Condition::all()
-            .add(Expr::col(Column::Leased).eq(true))
-            .add(Expr::col(Column::NextCallTime).gt(now.clone()))
-    };
-    let sets = vec![
-        (
-            Column::Leased,
-            Expr::case(live_lease(), true).finally(false).into(),
-        ),
-        (Column::Status, Expr::val(Status::NotSent as i16)),
-        (Column::RetryTimes, Expr::val(0)),
-        (
-            Column::NextCallTime,
-            Expr::case(live_lease(), Expr::col(Column::NextCallTime))
-                .finally(now.clone())
-                .into(),
-        ),
-        (Column::Errors, audited(rows, note, at)),
-        // A requeue makes a delayed notice due at once too.
-        (Column::NotBefore, Expr::val(Option::<NaiveDateTime>::None)),
-    ];
+    let sets = requeue_sets(clock::now(store.backend()), rows, note, at);
     let requeueable = |rows: &[Seen]| {
         guard(rows).add(
             Expr::col(Column::Status)

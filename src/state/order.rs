@@ -360,7 +360,6 @@ pub(crate) async fn promote<C: ConnectionTrait>(
     keys.sort();
     keys.dedup();
     let backend = db.get_database_backend();
-    let now = clock::now_sql(backend);
     let mut promoted = 0;
     for chunk in keys.chunks(PROMOTE_CHUNK) {
         let (heads, values) = heads(backend, chunk);
@@ -373,34 +372,7 @@ pub(crate) async fn promote<C: ConnectionTrait>(
         if heads.is_empty() {
             continue;
         }
-        // The heads by their ids, as literals: a probe of the primary key
-        // each, never a scan of the rows set aside.
-        let ids: Vec<String> = heads.iter().map(i64::to_string).collect();
-        let waiting = format!(
-            "SELECT id, CASE WHEN {turn} THEN 1 ELSE 0 END FROM notify_msg WHERE id IN ({ids}) \
-             AND status = {not_sent} AND NOT leased AND {later}",
-            ids = ids.join(", "),
-            later = not_indexed_after("next_call_time", now),
-            not_sent = Status::NotSent as i16,
-            turn = in_turn_sql(backend),
-        );
-        let mut in_turn = Vec::new();
-        let mut held = Vec::new();
-        for row in db
-            .query_all_raw(Statement::from_string(backend, waiting))
-            .await?
-        {
-            let id = row.try_get_by_index::<i64>(0)?;
-            let turn = match row.try_get_by_index::<i32>(1) {
-                Ok(n) => n != 0,
-                Err(_) => row.try_get_by_index::<i64>(1)? != 0,
-            };
-            if turn {
-                in_turn.push(id);
-            } else {
-                held.push(id);
-            }
-        }
+        let (in_turn, held) = set_aside(db, &heads).await?;
         for (ids, at, due) in [
             (in_turn, clock::now(backend), true),
             (held, aside_until(backend), false),
@@ -432,6 +404,45 @@ pub(crate) async fn promote<C: ConnectionTrait>(
         }
     }
     Ok(promoted)
+}
+
+/// Which of `heads` (ids) are set aside (status 0, not leased, due
+/// later): those in their turn now, and the others.
+async fn set_aside<C: ConnectionTrait>(
+    db: &C,
+    heads: &[i64],
+) -> Result<(Vec<i64>, Vec<i64>), DbErr> {
+    let backend = db.get_database_backend();
+    let now = clock::now_sql(backend);
+    // The heads by their ids, as literals: a probe of the primary key
+    // each, never a scan of the rows set aside.
+    let ids: Vec<String> = heads.iter().map(i64::to_string).collect();
+    let waiting = format!(
+        "SELECT id, CASE WHEN {turn} THEN 1 ELSE 0 END FROM notify_msg WHERE id IN ({ids}) \
+         AND status = {not_sent} AND NOT leased AND {later}",
+        ids = ids.join(", "),
+        later = not_indexed_after("next_call_time", now),
+        not_sent = Status::NotSent as i16,
+        turn = in_turn_sql(backend),
+    );
+    let mut in_turn = Vec::new();
+    let mut held = Vec::new();
+    for row in db
+        .query_all_raw(Statement::from_string(backend, waiting))
+        .await?
+    {
+        let id = row.try_get_by_index::<i64>(0)?;
+        let turn = match row.try_get_by_index::<i32>(1) {
+            Ok(n) => n != 0,
+            Err(_) => row.try_get_by_index::<i64>(1)? != 0,
+        };
+        if turn {
+            in_turn.push(id);
+        } else {
+            held.push(id);
+        }
+    }
+    Ok((in_turn, held))
 }
 
 /// The query of the oldest notice in flight of each key (one column, the
