@@ -37,7 +37,7 @@ use crate::{
         events::{self, EventRows},
         record,
     },
-    def::DefRef,
+    def::{Circuit, DefRef},
     event::{Event, EventKind},
     state::{
         claim,
@@ -66,7 +66,8 @@ fn reason(n: u32) -> String {
 }
 
 /// Opens the circuit of `def` (if no one paused it meanwhile), then runs
-/// its probes until it closes.
+/// its probes until it closes: [`trip`]s it, then, after each cool-down
+/// ([`stopped_cooling_down`]), probes, and [`close`]s or [`reopen`]s it.
 async fn open(engine: Arc<Engine>, def: DefRef) {
     let Some(circuit) = def.circuit else {
         return;
@@ -78,34 +79,11 @@ async fn open(engine: Arc<Engine>, def: DefRef) {
         return;
     }
     let hold = circuit.cool_down + engine.settings.lease;
-    let opened = open_in_db(&engine, &def, hold).await;
-    engine.defs.invalidate();
-    match opened {
-        Ok(true) => {
-            // Claims sent from now on see the committed pause.
-            engine.delivery.breakers.opened(def.id);
-            tracing::warn!(def = %def.name, failures = circuit.failures, cool_down = ?circuit.cool_down, "circuit opened: definition paused");
-        }
-        Ok(false) => {
-            // Paused already (another process's circuit, or an operator):
-            // whoever paused it decides when it ends.
-            engine.delivery.breakers.closed(def.id);
-            return;
-        }
-        Err(e) => {
-            tracing::warn!(def = %def.name, error = %e, "cannot open the circuit; counting again");
-            engine.delivery.breakers.closed(def.id);
-            return;
-        }
+    if !trip(&engine, &def, &circuit, hold).await {
+        return;
     }
     loop {
-        let stopped = tokio::select! {
-            biased;
-            _ = engine.lifecycle.closing.cancelled() => true,
-            _ = engine.lifecycle.stop.abort.cancelled() => true,
-            _ = tokio::time::sleep(circuit.cool_down) => engine.lifecycle.closing.is_cancelled(),
-        };
-        if stopped {
+        if stopped_cooling_down(&engine, &circuit).await {
             // The pause ends by itself, a lease after the cool-down; until
             // then claims skip the definition. This process counts again.
             engine.delivery.breakers.closed(def.id);
@@ -119,58 +97,128 @@ async fn open(engine: Arc<Engine>, def: DefRef) {
             engine.delivery.breakers.closed(def.id);
             return;
         }
-        let again = match &verdict {
-            Ok(Probe::Delivered) => None,
-            Ok(Probe::Failed) => Some(format!("{CIRCUIT_REASON}: the probe failed")),
-            // Nothing due to probe (the failed notices wait for later
-            // retries), or no verdict (claim lost, released): stay open and
-            // probe again after the next cool-down.
-            Ok(Probe::NoVerdict) | Err(_) => Some(reason(circuit.failures)),
-        };
-        let Some(again) = again else {
+        let Some(again) = reopen_reason(&verdict, circuit.failures) else {
             // Delivered: close.
-            match close_in_db(&engine, &def).await {
-                Ok(true) => engine.wake_everyone().await,
-                Ok(false) => taken_over(&engine, &def).await,
-                Err(e) => {
-                    tracing::warn!(def = %def.name, error = %e, "cannot close the circuit; its pause ends by itself");
-                }
-            }
-            engine.defs.invalidate();
-            engine.delivery.breakers.closed(def.id);
-            tracing::info!(def = %def.name, "circuit closed");
+            close(&engine, &def).await;
             return;
         };
-        // Re-open only a pause that is still the circuit's: an operator who
-        // resumed (or paused it themselves) meanwhile decides.
-        match pause::extend_if(&engine.store.db, def.id, hold, CIRCUIT_REASON, &again).await {
-            Ok(true) => {
-                engine.delivery.breakers.opened(def.id);
-                match verdict {
-                    Err(e) => {
-                        tracing::warn!(def = %def.name, error = %e, "circuit probe could not run; trying again after the cool-down");
-                    }
-                    Ok(Probe::Failed) => {
-                        tracing::warn!(def = %def.name, "circuit probe failed: re-opened");
-                    }
-                    _ => {
-                        tracing::info!(def = %def.name, "circuit: nothing to probe yet; still open")
-                    }
+        if !reopen(&engine, &def, hold, &again, verdict).await {
+            return;
+        }
+    }
+}
+
+/// Opens the circuit of `def` in the database for `hold`, and in this
+/// process's breaker. `false`: it stays closed (paused already, or the
+/// database refused; logged).
+async fn trip(
+    engine: &Arc<Engine>,
+    def: &DefRef,
+    circuit: &Circuit,
+    hold: std::time::Duration,
+) -> bool {
+    let opened = open_in_db(engine, def, hold).await;
+    engine.defs.invalidate();
+    match opened {
+        Ok(true) => {
+            // Claims sent from now on see the committed pause.
+            engine.delivery.breakers.opened(def.id);
+            tracing::warn!(def = %def.name, failures = circuit.failures, cool_down = ?circuit.cool_down, "circuit opened: definition paused");
+            true
+        }
+        Ok(false) => {
+            // Paused already (another process's circuit, or an operator):
+            // whoever paused it decides when it ends.
+            engine.delivery.breakers.closed(def.id);
+            false
+        }
+        Err(e) => {
+            tracing::warn!(def = %def.name, error = %e, "cannot open the circuit; counting again");
+            engine.delivery.breakers.closed(def.id);
+            false
+        }
+    }
+}
+
+/// Waits out one cool-down. `true`: shutdown (or the engine's abort) came
+/// first, or had come by its end.
+async fn stopped_cooling_down(engine: &Arc<Engine>, circuit: &Circuit) -> bool {
+    tokio::select! {
+        biased;
+        _ = engine.lifecycle.closing.cancelled() => true,
+        _ = engine.lifecycle.stop.abort.cancelled() => true,
+        _ = tokio::time::sleep(circuit.cool_down) => engine.lifecycle.closing.is_cancelled(),
+    }
+}
+
+/// The pause reason a probe's `verdict` re-opens the circuit with; `None`:
+/// delivered, the circuit closes.
+fn reopen_reason(verdict: &crate::error::Result<Probe>, failures: u32) -> Option<String> {
+    match verdict {
+        Ok(Probe::Delivered) => None,
+        Ok(Probe::Failed) => Some(format!("{CIRCUIT_REASON}: the probe failed")),
+        // Nothing due to probe (the failed notices wait for later
+        // retries), or no verdict (claim lost, released): stay open and
+        // probe again after the next cool-down.
+        Ok(Probe::NoVerdict) | Err(_) => Some(reason(failures)),
+    }
+}
+
+/// A probe was delivered: the circuit's pause lifted (and the workers
+/// woken), and this process counts again.
+async fn close(engine: &Arc<Engine>, def: &DefRef) {
+    match close_in_db(engine, def).await {
+        Ok(true) => engine.wake_everyone().await,
+        Ok(false) => taken_over(engine, def).await,
+        Err(e) => {
+            tracing::warn!(def = %def.name, error = %e, "cannot close the circuit; its pause ends by itself");
+        }
+    }
+    engine.defs.invalidate();
+    engine.delivery.breakers.closed(def.id);
+    tracing::info!(def = %def.name, "circuit closed");
+}
+
+/// A probe was not delivered (`verdict`): the pause extended by `hold`
+/// with reason `again`. `false`: the circuit is no longer this process's
+/// to probe (an operator changed the pause, or the database refused).
+async fn reopen(
+    engine: &Arc<Engine>,
+    def: &DefRef,
+    hold: std::time::Duration,
+    again: &str,
+    verdict: crate::error::Result<Probe>,
+) -> bool {
+    // Re-open only a pause that is still the circuit's: an operator who
+    // resumed (or paused it themselves) meanwhile decides.
+    match pause::extend_if(&engine.store.db, def.id, hold, CIRCUIT_REASON, again).await {
+        Ok(true) => {
+            engine.delivery.breakers.opened(def.id);
+            match verdict {
+                Err(e) => {
+                    tracing::warn!(def = %def.name, error = %e, "circuit probe could not run; trying again after the cool-down");
+                }
+                Ok(Probe::Failed) => {
+                    tracing::warn!(def = %def.name, "circuit probe failed: re-opened");
+                }
+                _ => {
+                    tracing::info!(def = %def.name, "circuit: nothing to probe yet; still open")
                 }
             }
-            Ok(false) => {
-                tracing::info!(def = %def.name, "circuit: an operator changed the pause meanwhile; counting again");
-                taken_over(&engine, &def).await;
-                engine.defs.invalidate();
-                engine.delivery.breakers.closed(def.id);
-                return;
-            }
-            Err(e) => {
-                // The pause still ends by itself a lease after the cool-down.
-                tracing::warn!(def = %def.name, error = %e, "cannot re-open the circuit; counting again");
-                engine.delivery.breakers.closed(def.id);
-                return;
-            }
+            true
+        }
+        Ok(false) => {
+            tracing::info!(def = %def.name, "circuit: an operator changed the pause meanwhile; counting again");
+            taken_over(engine, def).await;
+            engine.defs.invalidate();
+            engine.delivery.breakers.closed(def.id);
+            false
+        }
+        Err(e) => {
+            // The pause still ends by itself a lease after the cool-down.
+            tracing::warn!(def = %def.name, error = %e, "cannot re-open the circuit; counting again");
+            engine.delivery.breakers.closed(def.id);
+            false
         }
     }
 }

@@ -43,7 +43,9 @@ use tokio_util::sync::CancellationToken;
 
 #[cfg(feature = "metrics")]
 use crate::error::Error;
-use crate::{entity::notify_def, error::Result, notifier::Notifier, status::Status};
+use crate::{
+    entity::notify_def, error::Result, notifier::Notifier, ops::overview::Group, status::Status,
+};
 
 /// How often [`spawn_gauges`] refreshes the database gauges by default:
 /// every 5 seconds (one grouped query over `notify_msg` and one read of
@@ -360,8 +362,35 @@ async fn refresh_gauges(notifier: &Notifier, seen_before: &Seen) -> Result<Seen>
         .limit(METRICS_MAX_DEFS as u64)
         .all(db)
         .await?;
+    let own = own_defs(&paused, &groups);
+    let named = notify_def::Entity::find()
+        .filter(notify_def::Column::Id.is_in(own.iter().copied()))
+        .all(db)
+        .await?;
+    let InFlight {
+        counts,
+        oldest,
+        awaiting,
+    } = in_flight(groups, &named, &own, now, seen_before);
+    set_in_flight_gauges(&counts, oldest, awaiting);
+    let paused_now = paused_gauges(paused, &seen_before.paused);
+    let blocked = blocked_gauges(db, &seen_before.blocked).await?;
+    Ok(Seen {
+        counts: counts
+            .into_iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(k, _)| k)
+            .collect(),
+        paused: paused_now,
+        blocked,
+    })
+}
+
+/// The definitions with series of their own: the `paused` ones, then the
+/// busiest of `groups`, up to [`METRICS_MAX_DEFS`].
+fn own_defs(paused: &[notify_def::Model], groups: &[Group]) -> Vec<i64> {
     let mut busy: HashMap<i64, i64> = HashMap::new();
-    for g in &groups {
+    for g in groups {
         *busy.entry(g.def_id).or_default() += g.n;
     }
     let mut busiest: Vec<(i64, i64)> = busy.into_iter().collect();
@@ -375,10 +404,29 @@ async fn refresh_gauges(notifier: &Notifier, seen_before: &Seen) -> Result<Seen>
             own.push(id);
         }
     }
-    let named = notify_def::Entity::find()
-        .filter(notify_def::Column::Id.is_in(own.iter().copied()))
-        .all(db)
-        .await?;
+    own
+}
+
+/// The in-flight gauges of one refresh, by definition label.
+struct InFlight {
+    /// Notices per definition and status.
+    counts: HashMap<(String, Status), i64>,
+    /// Seconds the oldest due notice of each definition has waited.
+    oldest: HashMap<String, f64>,
+    /// Notices awaiting confirmation per definition.
+    awaiting: HashMap<String, i64>,
+}
+
+/// Tallies `groups` under the labels of the `named` definitions (`own`
+/// but unnamed: unknown; the rest: other), with the series seen before
+/// and absent now at 0.
+fn in_flight(
+    groups: Vec<Group>,
+    named: &[notify_def::Model],
+    own: &[i64],
+    now: chrono::NaiveDateTime,
+    seen_before: &Seen,
+) -> InFlight {
     let names: HashMap<i64, &str> = named.iter().map(|d| (d.id, d.name.as_str())).collect();
     let any_missing = !groups.is_empty();
     let name = |id: i64| match names.get(&id) {
@@ -416,7 +464,21 @@ async fn refresh_gauges(notifier: &Notifier, seen_before: &Seen) -> Result<Seen>
         oldest.entry(key.0.clone()).or_insert(0.0);
         awaiting.entry(key.0.clone()).or_insert(0);
     }
-    for ((def, status), n) in &counts {
+    InFlight {
+        counts,
+        oldest,
+        awaiting,
+    }
+}
+
+/// Sets `solid_notify_notices`, `solid_notify_oldest_due_seconds` and
+/// `solid_notify_awaiting_confirmation`.
+fn set_in_flight_gauges(
+    counts: &HashMap<(String, Status), i64>,
+    oldest: HashMap<String, f64>,
+    awaiting: HashMap<String, i64>,
+) {
+    for ((def, status), n) in counts {
         gauge!("solid_notify_notices", "def" => def.clone(), "status" => status.to_string())
             .set(*n as f64);
     }
@@ -426,6 +488,11 @@ async fn refresh_gauges(notifier: &Notifier, seen_before: &Seen) -> Result<Seen>
     for (def, n) in awaiting {
         gauge!("solid_notify_awaiting_confirmation", "def" => def).set(n as f64);
     }
+}
+
+/// Sets `solid_notify_paused` to 1 for the `paused` definitions and to 0
+/// for those paused `before` and not now. Returns the labels set to 1.
+fn paused_gauges(paused: Vec<notify_def::Model>, before: &[String]) -> Vec<String> {
     // Paused definitions past the cap are not named (they show in the
     // dashboard); `_other` is never "paused".
     let paused_now: Vec<String> = paused
@@ -433,7 +500,7 @@ async fn refresh_gauges(notifier: &Notifier, seen_before: &Seen) -> Result<Seen>
         .map(|d| label(&d.name))
         .filter(|name| name != OTHER_DEFS)
         .collect();
-    for def in &seen_before.paused {
+    for def in before {
         if !paused_now.contains(def) {
             gauge!("solid_notify_paused", "def" => def.clone()).set(0.0);
         }
@@ -441,16 +508,7 @@ async fn refresh_gauges(notifier: &Notifier, seen_before: &Seen) -> Result<Seen>
     for def in &paused_now {
         gauge!("solid_notify_paused", "def" => def.clone()).set(1.0);
     }
-    let blocked = blocked_gauges(db, &seen_before.blocked).await?;
-    Ok(Seen {
-        counts: counts
-            .into_iter()
-            .filter(|(_, n)| *n > 0)
-            .map(|(k, _)| k)
-            .collect(),
-        paused: paused_now,
-        blocked,
-    })
+    paused_now
 }
 
 /// Sets `solid_notify_blocked_keys` per definition (the first

@@ -18,6 +18,7 @@ use std::{
 };
 
 use chrono::Utc;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -358,6 +359,28 @@ struct Listeners<'a> {
     checks: &'a mut tokio::sync::watch::Receiver<u64>,
 }
 
+/// What a worker's sweeping loop carries from one round to the next
+/// ([`Worker::sweep_loop`]).
+struct Rounds {
+    /// Notices due now (this process, and `NOTIFY` on PostgreSQL).
+    wakes: tokio::sync::watch::Receiver<u64>,
+    /// Due times recorded in this process.
+    hints: tokio::sync::watch::Receiver<Option<Instant>>,
+    /// Notices added due later in another process (PostgreSQL).
+    checks: tokio::sync::watch::Receiver<u64>,
+    /// The earliest due time known.
+    next_due: Option<Instant>,
+    /// When the database was last asked what is due next.
+    next_due_asked: Option<Instant>,
+    /// A pending ask of what is due next, without a sweep.
+    recheck: Option<Instant>,
+    /// Whether the first round is still to come.
+    first: bool,
+    /// After a failed sweep: the next one within this, doubling from
+    /// SWEEP_RETRY_FIRST (never later than the schedule's tick).
+    retry: Option<Duration>,
+}
+
 /// What ended a worker's wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Woke {
@@ -530,26 +553,7 @@ impl Worker {
     /// again, never lost.
     pub async fn run(&self, shutdown: CancellationToken) {
         let listening = shutdown.child_token();
-        let confirmations =
-            (self.config.confirm_listener && self.notifier.amqp_enabled()).then(|| {
-                tokio::spawn(crate::confirm::listen(
-                    self.notifier.clone(),
-                    listening.clone(),
-                ))
-            });
-        let wakes = self
-            .config
-            .wake
-            .then(|| tokio::spawn(wake::listen(self.notifier.clone(), listening.clone())));
-        let heartbeat = (!self.config.heartbeat_every.is_zero()).then(|| {
-            tokio::spawn(heartbeat(
-                self.id.clone(),
-                self.notifier.clone(),
-                self.stats.clone(),
-                self.config.heartbeat_every,
-                listening.clone(),
-            ))
-        });
+        let listener_tasks = self.spawn_listeners(&listening);
         // The deadline, once shutdown is asked for: everything is done,
         // or given up, by then.
         // (A timeout too long to add up means no deadline.)
@@ -557,16 +561,7 @@ impl Worker {
             .config
             .shutdown_timeout
             .saturating_add(RELEASE_GRACE + HARD_STOP_MARGIN);
-        let deadline = Arc::new(std::sync::OnceLock::new());
-        let noted = tokio::spawn({
-            let (shutdown, deadline) = (shutdown.clone(), deadline.clone());
-            async move {
-                shutdown.cancelled().await;
-                if let Some(at) = Instant::now().checked_add(total) {
-                    let _ = deadline.set(at);
-                }
-            }
-        });
+        let (deadline, noted) = note_deadline(&shutdown, total);
         let hard_stop = async {
             shutdown.cancelled().await;
             tokio::time::sleep(total).await;
@@ -594,157 +589,235 @@ impl Worker {
                 "shutdown: the database did not take the last outcomes in time; their notices are due again when their leases end (delivered successes are sent again)"
             );
         }
-        // Listeners stop between calls (and out of them); whatever still
-        // runs at the deadline is aborted.
-        let mut tasks: Vec<_> = [confirmations, wakes, heartbeat]
-            .into_iter()
-            .flatten()
-            .collect();
-        let left = deadline
-            .get()
-            .map_or(HARD_STOP_MARGIN, |d| {
-                d.saturating_duration_since(Instant::now())
-            })
-            .min(HARD_STOP_MARGIN);
-        let all = futures::future::join_all(tasks.iter_mut());
-        if tokio::time::timeout(left, all).await.is_err() {
-            for task in &tasks {
-                task.abort();
-            }
+        stop_listeners(listener_tasks, &deadline).await;
+    }
+
+    /// Starts what listens beside the sweeps until `listening` is
+    /// cancelled: the confirmation listener, the wake-up listener and the
+    /// heartbeat, each when configured.
+    fn spawn_listeners(&self, listening: &CancellationToken) -> [Option<JoinHandle<()>>; 3] {
+        let confirmations =
+            (self.config.confirm_listener && self.notifier.amqp_enabled()).then(|| {
+                tokio::spawn(crate::confirm::listen(
+                    self.notifier.clone(),
+                    listening.clone(),
+                ))
+            });
+        let wakes = self
+            .config
+            .wake
+            .then(|| tokio::spawn(wake::listen(self.notifier.clone(), listening.clone())));
+        let heartbeat = (!self.config.heartbeat_every.is_zero()).then(|| {
+            tokio::spawn(heartbeat(
+                self.id.clone(),
+                self.notifier.clone(),
+                self.stats.clone(),
+                self.config.heartbeat_every,
+                listening.clone(),
+            ))
+        });
+        [confirmations, wakes, heartbeat]
+    }
+
+    /// Sweeps on the schedule until shutdown (or until the schedule has no
+    /// more ticks): [`start_sweeping`](Self::start_sweeping), then rounds of
+    /// [`next_tick`](Self::next_tick), [`wait_for_sweep`](Self::wait_for_sweep),
+    /// [`sweep_round`](Self::sweep_round) and [`plan_next_due`](Self::plan_next_due).
+    async fn sweep_loop(&self, shutdown: &CancellationToken) {
+        if !self.start_sweeping(shutdown).await {
+            return;
+        }
+        let mut rounds = self.rounds();
+        loop {
+            let Some(tick) = self.next_tick(&mut rounds) else {
+                return;
+            };
+            let Some(woken) = self.wait_for_sweep(&mut rounds, tick, shutdown).await else {
+                return;
+            };
+            let Some(before) = self.sweep_round(&mut rounds, woken, shutdown).await else {
+                return;
+            };
+            self.plan_next_due(&mut rounds, woken, before).await;
         }
     }
 
-    async fn sweep_loop(&self, shutdown: &CancellationToken) {
+    /// Waits the initial delay, then gets ready ([`prepare`](Self::prepare));
+    /// `false`: shutdown came first.
+    async fn start_sweeping(&self, shutdown: &CancellationToken) -> bool {
         if !sleep_or_stop(self.config.initial_delay, shutdown).await {
-            return;
+            return false;
         }
         // A database that does not answer holds the start, never a shutdown.
         tokio::select! {
             prepared = self.prepare() => if let Err(e) = prepared {
                 tracing::warn!(error = %e, "cannot read the definitions before the first sweep");
             },
-            () = shutdown.cancelled() => return,
+            () = shutdown.cancelled() => return false,
         }
+        true
+    }
+
+    /// The sweeping loop's state before its first round: subscribed to
+    /// wake-ups, due hints and due checks.
+    fn rounds(&self) -> Rounds {
         let mut wakes = self.notifier.store().wakes.subscribe();
         wakes.mark_unchanged();
-        let mut hints = self.notifier.signals().subscribe_due_hint();
+        let hints = self.notifier.signals().subscribe_due_hint();
         let mut checks = self.notifier.signals().subscribe_due_checks();
         checks.mark_unchanged();
-        // With wake-ups on, a starting worker catches up at once.
-        let mut next_due: Option<Instant> = self.config.wake.then(Instant::now);
-        let mut next_due_asked: Option<Instant> = None;
-        // A pending ask of what is due next, without a sweep.
-        let mut recheck: Option<Instant> = None;
-        let mut first = true;
-        // After a failed sweep: the next one within this, doubling from
-        // SWEEP_RETRY_FIRST (never later than the schedule's tick).
-        let mut retry: Option<Duration> = None;
+        Rounds {
+            wakes,
+            hints,
+            checks,
+            // With wake-ups on, a starting worker catches up at once.
+            next_due: self.config.wake.then(Instant::now),
+            next_due_asked: None,
+            recheck: None,
+            first: true,
+            retry: None,
+        }
+    }
+
+    /// When the next sweep is scheduled: the schedule's tick, or sooner
+    /// after a failed sweep. `None`: the cron has no future tick (logged).
+    fn next_tick(&self, rounds: &mut Rounds) -> Option<Instant> {
+        let tick = match self.config.mode {
+            WorkerMode::FixedRate => {
+                let Some(tick) = self.cron.after(&Utc::now()).next() else {
+                    tracing::warn!(cron = %self.config.cron, "cron schedule has no future tick");
+                    return None;
+                };
+                Instant::now() + (tick - Utc::now()).to_std().unwrap_or_default()
+            }
+            WorkerMode::FixedDelay if rounds.first => Instant::now(),
+            WorkerMode::FixedDelay => Instant::now() + self.config.delay,
+        };
+        rounds.first = false;
+        let tick = match rounds.retry {
+            Some(after) => tick.min(Instant::now() + after),
+            None => tick,
+        };
+        Some(tick)
+    }
+
+    /// Waits until it is time to sweep, asking what is due next meanwhile
+    /// when told to. `Some(true)`: woken early; `Some(false)`: the tick;
+    /// `None`: shutdown.
+    async fn wait_for_sweep(
+        &self,
+        rounds: &mut Rounds,
+        tick: Instant,
+        shutdown: &CancellationToken,
+    ) -> Option<bool> {
         loop {
-            let tick = match self.config.mode {
-                WorkerMode::FixedRate => {
-                    let Some(tick) = self.cron.after(&Utc::now()).next() else {
-                        tracing::warn!(cron = %self.config.cron, "cron schedule has no future tick");
-                        return;
-                    };
-                    Instant::now() + (tick - Utc::now()).to_std().unwrap_or_default()
-                }
-                WorkerMode::FixedDelay if first => Instant::now(),
-                WorkerMode::FixedDelay => Instant::now() + self.config.delay,
+            let check_at = self.check_at(rounds, tick);
+            let listeners = Listeners {
+                wakes: &mut rounds.wakes,
+                hints: &mut rounds.hints,
+                checks: &mut rounds.checks,
             };
-            first = false;
-            let tick = match retry {
-                Some(after) => tick.min(Instant::now() + after),
-                None => tick,
-            };
-            let woken = loop {
-                // When to ask what is due next without sweeping: a check
-                // armed after a wake-up (a notice added for later, in
-                // another process), and, where no `NOTIFY` tells of other
-                // processes' notices, every `due_check_every`.
-                let every = (self.config.wake
-                    && !self.config.due_check_every.is_zero()
-                    && self.notifier.store().backend() != sea_orm::DbBackend::Postgres)
-                    .then(|| {
-                        next_due_asked.map_or_else(Instant::now, |t| {
-                            t.checked_add(self.config.due_check_every).unwrap_or(tick)
-                        })
-                    });
-                let check_at = match (recheck, every) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                };
-                let listeners = Listeners {
-                    wakes: &mut wakes,
-                    hints: &mut hints,
-                    checks: &mut checks,
-                };
-                match self
-                    .wait(tick, next_due, check_at, listeners, shutdown)
-                    .await
-                {
-                    None => return,
-                    Some(Woke::Check) => {
-                        recheck = None;
-                        next_due = self.next_due(next_due).await;
-                        next_due_asked = Some(Instant::now());
-                    }
-                    // Asked at most every NEXT_DUE_EVERY, however many
-                    // notices are added due later.
-                    Some(Woke::Told) => {
-                        let at = next_due_asked
-                            .map_or_else(Instant::now, |t| t + NEXT_DUE_EVERY)
-                            .max(Instant::now());
-                        recheck = Some(recheck.map_or(at, |r| r.min(at)));
-                    }
-                    Some(Woke::Early) => break true,
-                    Some(Woke::Tick) => break false,
+            match self
+                .wait(tick, rounds.next_due, check_at, listeners, shutdown)
+                .await
+            {
+                None => return None,
+                Some(Woke::Check) => {
+                    rounds.recheck = None;
+                    rounds.next_due = self.next_due(rounds.next_due).await;
+                    rounds.next_due_asked = Some(Instant::now());
                 }
-            };
-            match woken {
-                true => {
-                    tracing::trace!("woken");
-                    self.stats.add_wakeup();
+                // Asked at most every NEXT_DUE_EVERY, however many
+                // notices are added due later.
+                Some(Woke::Told) => {
+                    let at = rounds
+                        .next_due_asked
+                        .map_or_else(Instant::now, |t| t + NEXT_DUE_EVERY)
+                        .max(Instant::now());
+                    rounds.recheck = Some(rounds.recheck.map_or(at, |r| r.min(at)));
                 }
-                false => tracing::trace!("tick"),
+                Some(Woke::Early) => return Some(true),
+                Some(Woke::Tick) => return Some(false),
             }
-            let before = self.stats.snapshot();
-            let swept_at = Instant::now();
-            let swept = self
-                .sweep_with(shutdown, self.config.wake.then_some(&mut wakes))
-                .await;
-            retry = match (swept, retry) {
-                (true, _) => None,
-                (false, None) => Some(SWEEP_RETRY_FIRST),
-                (false, Some(after)) => Some((after * 2).min(SWEEP_RETRY_MAX)),
-            };
-            self.notifier.signals().clear_due_hint(swept_at);
-            if shutdown.is_cancelled() {
-                return;
+        }
+    }
+
+    /// When to ask what is due next without sweeping: a check armed after
+    /// a wake-up (a notice added for later, in another process), and, where
+    /// no `NOTIFY` tells of other processes' notices, every
+    /// `due_check_every`.
+    fn check_at(&self, rounds: &Rounds, tick: Instant) -> Option<Instant> {
+        let every = (self.config.wake
+            && !self.config.due_check_every.is_zero()
+            && self.notifier.store().backend() != sea_orm::DbBackend::Postgres)
+            .then(|| {
+                rounds.next_due_asked.map_or_else(Instant::now, |t| {
+                    t.checked_add(self.config.due_check_every).unwrap_or(tick)
+                })
+            });
+        match (rounds.recheck, every) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// One sweep, woken or at the tick, and the wait before the next after
+    /// a failure. `None`: shutdown; otherwise the counters from before it.
+    async fn sweep_round(
+        &self,
+        rounds: &mut Rounds,
+        woken: bool,
+        shutdown: &CancellationToken,
+    ) -> Option<StatsSnapshot> {
+        match woken {
+            true => {
+                tracing::trace!("woken");
+                self.stats.add_wakeup();
             }
-            // What is due next: asked after a sweep that scheduled something
-            // for later, and otherwise at most every NEXT_DUE_EVERY.
-            let after = self.stats.snapshot();
-            let scheduled = after.retried
-                + after.awaiting_confirm
-                + after.released
-                + after.lost_claims
-                > before.retried + before.awaiting_confirm + before.released + before.lost_claims;
-            let stale = next_due_asked.is_none_or(|t: Instant| t.elapsed() >= NEXT_DUE_EVERY);
-            if self.config.wake && (scheduled || stale) {
-                let asked = Instant::now();
-                next_due = self.next_due(next_due).await;
-                tracing::trace!(ms = asked.elapsed().as_millis() as u64, due_in_ms = ?next_due.map(|d| d.saturating_duration_since(Instant::now()).as_millis()), "next due");
-                next_due_asked = Some(Instant::now());
-                recheck = None;
-            } else {
-                if next_due.is_some_and(|d| d <= Instant::now()) {
-                    next_due = None;
-                }
-                // Woken (a notice added, perhaps due later) but asked too
-                // recently to ask again: ask once NEXT_DUE_EVERY has passed.
-                if self.config.wake && woken && recheck.is_none() {
-                    recheck = next_due_asked.map(|t| t + NEXT_DUE_EVERY);
-                }
+            false => tracing::trace!("tick"),
+        }
+        let before = self.stats.snapshot();
+        let swept_at = Instant::now();
+        let swept = self
+            .sweep_with(shutdown, self.config.wake.then_some(&mut rounds.wakes))
+            .await;
+        rounds.retry = match (swept, rounds.retry) {
+            (true, _) => None,
+            (false, None) => Some(SWEEP_RETRY_FIRST),
+            (false, Some(after)) => Some((after * 2).min(SWEEP_RETRY_MAX)),
+        };
+        self.notifier.signals().clear_due_hint(swept_at);
+        if shutdown.is_cancelled() {
+            return None;
+        }
+        Some(before)
+    }
+
+    /// After a sweep (its counters `before` it): asks what is due next, or
+    /// arms a check for later.
+    async fn plan_next_due(&self, rounds: &mut Rounds, woken: bool, before: StatsSnapshot) {
+        // What is due next: asked after a sweep that scheduled something
+        // for later, and otherwise at most every NEXT_DUE_EVERY.
+        let after = self.stats.snapshot();
+        let scheduled = after.retried + after.awaiting_confirm + after.released + after.lost_claims
+            > before.retried + before.awaiting_confirm + before.released + before.lost_claims;
+        let stale = rounds
+            .next_due_asked
+            .is_none_or(|t: Instant| t.elapsed() >= NEXT_DUE_EVERY);
+        if self.config.wake && (scheduled || stale) {
+            let asked = Instant::now();
+            rounds.next_due = self.next_due(rounds.next_due).await;
+            tracing::trace!(ms = asked.elapsed().as_millis() as u64, due_in_ms = ?rounds.next_due.map(|d| d.saturating_duration_since(Instant::now()).as_millis()), "next due");
+            rounds.next_due_asked = Some(Instant::now());
+            rounds.recheck = None;
+        } else {
+            if rounds.next_due.is_some_and(|d| d <= Instant::now()) {
+                rounds.next_due = None;
+            }
+            // Woken (a notice added, perhaps due later) but asked too
+            // recently to ask again: ask once NEXT_DUE_EVERY has passed.
+            if self.config.wake && woken && rounds.recheck.is_none() {
+                rounds.recheck = rounds.next_due_asked.map(|t| t + NEXT_DUE_EVERY);
             }
         }
     }
@@ -1071,6 +1144,48 @@ async fn warm_up(db: &sea_orm::DatabaseConnection) {
 /// Nothing to warm: SQLite's connections are files.
 #[cfg(not(any(feature = "postgres", feature = "mysql")))]
 async fn warm_up(_: &sea_orm::DatabaseConnection) {}
+
+/// Notes when everything must be done once `shutdown` is cancelled: `total`
+/// from then (a task; unset while shutdown is not asked for).
+fn note_deadline(
+    shutdown: &CancellationToken,
+    total: Duration,
+) -> (Arc<std::sync::OnceLock<Instant>>, JoinHandle<()>) {
+    let deadline = Arc::new(std::sync::OnceLock::new());
+    let noted = tokio::spawn({
+        let (shutdown, deadline) = (shutdown.clone(), deadline.clone());
+        async move {
+            shutdown.cancelled().await;
+            if let Some(at) = Instant::now().checked_add(total) {
+                let _ = deadline.set(at);
+            }
+        }
+    });
+    (deadline, noted)
+}
+
+/// Waits for the listeners' tasks to end, for at most [`HARD_STOP_MARGIN`]
+/// and never past `deadline`, then aborts those still running.
+async fn stop_listeners(
+    listeners: [Option<JoinHandle<()>>; 3],
+    deadline: &std::sync::OnceLock<Instant>,
+) {
+    // Listeners stop between calls (and out of them); whatever still
+    // runs at the deadline is aborted.
+    let mut tasks: Vec<_> = listeners.into_iter().flatten().collect();
+    let left = deadline
+        .get()
+        .map_or(HARD_STOP_MARGIN, |d| {
+            d.saturating_duration_since(Instant::now())
+        })
+        .min(HARD_STOP_MARGIN);
+    let all = futures::future::join_all(tasks.iter_mut());
+    if tokio::time::timeout(left, all).await.is_err() {
+        for task in &tasks {
+            task.abort();
+        }
+    }
+}
 
 /// After this many sweeps failed in a row a worker logs at `error` and
 /// raises an alert (once per run of failures): 10.

@@ -22,6 +22,8 @@
 //! follows. Polling on the worker's schedule stays as the fallback, so a lost
 //! notification delays a notice by one poll at most.
 
+#[cfg(feature = "postgres")]
+use std::ops::ControlFlow;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -64,27 +66,9 @@ pub(crate) async fn listen(notifier: Notifier, stop: CancellationToken) {
     let options = db.get_postgres_connection_pool().connect_options();
     let bound = notifier.config().db_timeout;
     while !stop.is_cancelled() {
-        // A pool of one connection, of its own, each time: a listener
-        // dropped on a dead connection leaves a task that says `UNLISTEN`
-        // to it, without a bound, holding its connection; not one of the
-        // worker's.
-        let own = sea_orm::sqlx::postgres::PgPoolOptions::new()
-            .max_connections(1)
-            .acquire_timeout(bound)
-            .connect_lazy_with((*options).clone());
-        let connected = async {
-            let mut listener = sea_orm::sqlx::postgres::PgListener::connect_with(&own).await?;
-            listener.listen(WAKE_CHANNEL).await?;
-            Ok::<_, sea_orm::sqlx::Error>(listener)
-        };
-        let connected = async {
-            match tokio::time::timeout(bound, connected).await {
-                Ok(connected) => connected.map_err(|e| e.to_string()),
-                Err(_) => Err(format!("no answer within {bound:?}")),
-            }
-        };
+        let own = own_pool(&options, bound);
         let mut listener = tokio::select! {
-            connected = connected => match connected {
+            connected = connect(&own, bound) => match connected {
                 Ok(listener) => listener,
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot listen for wake-ups; polling meanwhile");
@@ -98,47 +82,100 @@ pub(crate) async fn listen(notifier: Notifier, stop: CancellationToken) {
         };
         // Anything that became due while we were not listening.
         notifier.wake_workers();
-        loop {
-            let next = tokio::select! {
-                next = listener.try_recv() => next,
-                _ = tokio::time::sleep(LISTEN_CHECK_EVERY) => {
-                    // Quiet for a while: does the connection still answer?
-                    let check = sea_orm::sqlx::query("SELECT 1").execute(&mut listener);
-                    let checked = tokio::select! {
-                        checked = tokio::time::timeout(bound, check) => checked,
-                        _ = stop.cancelled() => return,
-                    };
-                    match checked {
-                        Ok(Ok(_)) => continue,
-                        Ok(Err(e)) => tracing::warn!(error = %e, "wake-up listener failed its check; listening again"),
-                        Err(_) => tracing::warn!("wake-up listener's connection did not answer within {bound:?}; listening again"),
-                    }
-                    // Notifications may have been missed meanwhile.
-                    notifier.wake_workers();
-                    break;
+        if hear(&notifier, &mut listener, bound, &stop)
+            .await
+            .is_break()
+        {
+            return;
+        }
+    }
+}
+
+/// The listener's pool, made anew for each connection (none is opened
+/// until it is used).
+#[cfg(feature = "postgres")]
+fn own_pool(
+    options: &sea_orm::sqlx::postgres::PgConnectOptions,
+    bound: Duration,
+) -> sea_orm::sqlx::PgPool {
+    // A pool of one connection, of its own, each time: a listener
+    // dropped on a dead connection leaves a task that says `UNLISTEN`
+    // to it, without a bound, holding its connection; not one of the
+    // worker's.
+    sea_orm::sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(bound)
+        .connect_lazy_with(options.clone())
+}
+
+/// Connects a listener on `own` and listens on [`WAKE_CHANNEL`], within
+/// `bound`; the error as text.
+#[cfg(feature = "postgres")]
+async fn connect(
+    own: &sea_orm::sqlx::PgPool,
+    bound: Duration,
+) -> Result<sea_orm::sqlx::postgres::PgListener, String> {
+    let connected = async {
+        let mut listener = sea_orm::sqlx::postgres::PgListener::connect_with(own).await?;
+        listener.listen(WAKE_CHANNEL).await?;
+        Ok::<_, sea_orm::sqlx::Error>(listener)
+    };
+    match tokio::time::timeout(bound, connected).await {
+        Ok(connected) => connected.map_err(|e| e.to_string()),
+        Err(_) => Err(format!("no answer within {bound:?}")),
+    }
+}
+
+/// Hears `listener`'s notifications and wakes the workers (or has them ask
+/// what is due) until it fails or stops answering: `Continue`, listen
+/// again; `Break`: `stop`.
+#[cfg(feature = "postgres")]
+async fn hear(
+    notifier: &Notifier,
+    listener: &mut sea_orm::sqlx::postgres::PgListener,
+    bound: Duration,
+    stop: &CancellationToken,
+) -> ControlFlow<()> {
+    loop {
+        let next = tokio::select! {
+            next = listener.try_recv() => next,
+            _ = tokio::time::sleep(LISTEN_CHECK_EVERY) => {
+                // Quiet for a while: does the connection still answer?
+                let check = sea_orm::sqlx::query("SELECT 1").execute(&mut *listener);
+                let checked = tokio::select! {
+                    checked = tokio::time::timeout(bound, check) => checked,
+                    _ = stop.cancelled() => return ControlFlow::Break(()),
+                };
+                match checked {
+                    Ok(Ok(_)) => continue,
+                    Ok(Err(e)) => tracing::warn!(error = %e, "wake-up listener failed its check; listening again"),
+                    Err(_) => tracing::warn!("wake-up listener's connection did not answer within {bound:?}; listening again"),
                 }
-                _ = stop.cancelled() => return,
-            };
-            match next {
-                // A notice added due later: when is it due?
-                Ok(Some(n)) if n.payload() == LATER_PAYLOAD => {
-                    tracing::trace!("notified of a notice due later");
-                    notifier.signals().ask_due();
-                }
-                Ok(Some(_)) => {
-                    tracing::trace!("notified");
-                    notifier.wake_workers();
-                }
-                Ok(None) => {
-                    // The connection was lost and is back: notifications may
-                    // have been missed.
-                    tracing::debug!("wake-up listener reconnected");
-                    notifier.wake_workers();
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "wake-up listener failed; reconnecting");
-                    break;
-                }
+                // Notifications may have been missed meanwhile.
+                notifier.wake_workers();
+                return ControlFlow::Continue(());
+            }
+            _ = stop.cancelled() => return ControlFlow::Break(()),
+        };
+        match next {
+            // A notice added due later: when is it due?
+            Ok(Some(n)) if n.payload() == LATER_PAYLOAD => {
+                tracing::trace!("notified of a notice due later");
+                notifier.signals().ask_due();
+            }
+            Ok(Some(_)) => {
+                tracing::trace!("notified");
+                notifier.wake_workers();
+            }
+            Ok(None) => {
+                // The connection was lost and is back: notifications may
+                // have been missed.
+                tracing::debug!("wake-up listener reconnected");
+                notifier.wake_workers();
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "wake-up listener failed; reconnecting");
+                return ControlFlow::Continue(());
             }
         }
     }
