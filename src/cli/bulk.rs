@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use solid_notify::{
     Notifier,
-    ops::{Audit, BulkAction, NoticeFilter, Place},
+    ops::{Audit, BulkAction, BulkReport, NoticeFilter, Place},
 };
 
 use super::common::{FilterArgs, RangeArgs, default_actor, print_json};
@@ -56,6 +56,47 @@ pub(crate) async fn run(
         return bulk_pinned(&db, &args, path, requeue).await;
     }
     let mut filter = args.filter.filter(Some(&args.range));
+    let ids = listed_ids(&args)?;
+    let one = refuse_unsafe(&args, &filter)?;
+    if args.id.is_some() || args.ids.is_some() {
+        filter.ids = Some(ids);
+    }
+    if let Some(path) = &args.pin {
+        return pin_to_file(&db, path, requeue, &filter).await;
+    }
+    let audit = Audit::new(
+        args.actor.unwrap_or_else(default_actor),
+        args.reason.unwrap_or_default(),
+    );
+    let notifier = Notifier::builder(db.clone()).build()?;
+    if !one && args.ids.is_none() {
+        narrowing(&notifier, requeue, &filter).await?;
+    }
+    if one && !args.dry_run && !args.json {
+        return act_on_one(&notifier, args.id.unwrap_or_default(), requeue, &audit).await;
+    }
+    let action = BulkAction {
+        filter,
+        audit,
+        dry_run: args.dry_run,
+        batch_size: args.batch_size,
+    };
+    let report = if requeue {
+        notifier.requeue_where(&action).await
+    } else {
+        notifier.cancel_where(&action).await
+    }
+    .map_err(|e| {
+        eprintln!("{}", e.done);
+        e.error
+    })?;
+    print_bulk_report(&report, args.json);
+    Ok(())
+}
+
+/// The notice ids given: the one id, then those of the `--ids` file
+/// (blank lines and `#` comments skipped).
+fn listed_ids(args: &BulkArgs) -> solid_notify::Result<Vec<i64>> {
     let mut ids = Vec::new();
     if let Some(id) = args.id {
         ids.push(id);
@@ -77,6 +118,12 @@ pub(crate) async fn run(
             })?);
         }
     }
+    Ok(ids)
+}
+
+/// Refuses filters that match every notice, and a bulk action with no
+/// narrowing or no reason; answers whether exactly one notice id is meant.
+fn refuse_unsafe(args: &BulkArgs, filter: &NoticeFilter) -> solid_notify::Result<bool> {
     if filter.param_contains.as_deref() == Some("") {
         return Err(solid_notify::Error::Config(
             "--param-contains is empty: it would match every notice".into(),
@@ -87,7 +134,7 @@ pub(crate) async fn run(
             "--older-than 0 would match every notice".into(),
         ));
     }
-    let one = args.id.is_some() && args.ids.is_none() && filter == NoticeFilter::default();
+    let one = args.id.is_some() && args.ids.is_none() && *filter == NoticeFilter::default();
     if !one {
         if !filter.narrows() && args.ids.is_none() && args.id.is_none() {
             return Err(solid_notify::Error::Config(
@@ -106,65 +153,58 @@ pub(crate) async fn run(
             ));
         }
     }
-    if args.id.is_some() || args.ids.is_some() {
-        filter.ids = Some(ids);
-    }
-    if let Some(path) = &args.pin {
-        let place = if requeue {
-            Place::History
-        } else {
-            Place::InFlight
-        };
-        let notifier = Notifier::builder(db.clone()).build()?;
-        let pinned = notifier.pin(place, &filter, CLI_MAX_PINNED).await?;
-        let text = serde_json::to_string(&pinned)
-            .map_err(|e| solid_notify::Error::Config(format!("{}: {e}", path.display())))?;
-        std::fs::write(path, text)
-            .map_err(|e| solid_notify::Error::Config(format!("{}: {e}", path.display())))?;
-        println!(
-            "{} matched (dry run: nothing changed); pinned in {}: act on exactly them with --pinned {}",
-            pinned.len(),
-            path.display(),
-            path.display()
-        );
-        return Ok(());
-    }
-    let audit = Audit::new(
-        args.actor.unwrap_or_else(default_actor),
-        args.reason.unwrap_or_default(),
-    );
-    let notifier = Notifier::builder(db.clone()).build()?;
-    if !one && args.ids.is_none() {
-        narrowing(&notifier, requeue, &filter).await?;
-    }
-    if one && !args.dry_run && !args.json {
-        let id = args.id.unwrap_or_default();
-        if requeue {
-            notifier.requeue(id, &audit).await?;
-            println!("notice {id} requeued: due now");
-        } else {
-            notifier.cancel(id, &audit).await?;
-            println!("notice {id} cancelled");
-        }
-        return Ok(());
-    }
-    let action = BulkAction {
-        filter,
-        audit,
-        dry_run: args.dry_run,
-        batch_size: args.batch_size,
-    };
-    let report = if requeue {
-        notifier.requeue_where(&action).await
+    Ok(one)
+}
+
+/// `--dry-run --pin FILE`: pins what `filter` matches and writes it to
+/// `path` (JSON), changing nothing.
+async fn pin_to_file(
+    db: &sea_orm::DatabaseConnection,
+    path: &std::path::Path,
+    requeue: bool,
+    filter: &NoticeFilter,
+) -> solid_notify::Result<()> {
+    let place = if requeue {
+        Place::History
     } else {
-        notifier.cancel_where(&action).await
+        Place::InFlight
+    };
+    let notifier = Notifier::builder(db.clone()).build()?;
+    let pinned = notifier.pin(place, filter, CLI_MAX_PINNED).await?;
+    let text = serde_json::to_string(&pinned)
+        .map_err(|e| solid_notify::Error::Config(format!("{}: {e}", path.display())))?;
+    std::fs::write(path, text)
+        .map_err(|e| solid_notify::Error::Config(format!("{}: {e}", path.display())))?;
+    println!(
+        "{} matched (dry run: nothing changed); pinned in {}: act on exactly them with --pinned {}",
+        pinned.len(),
+        path.display(),
+        path.display()
+    );
+    Ok(())
+}
+
+/// Requeues (or cancels) the one notice `id` and says so.
+async fn act_on_one(
+    notifier: &Notifier,
+    id: i64,
+    requeue: bool,
+    audit: &Audit,
+) -> solid_notify::Result<()> {
+    if requeue {
+        notifier.requeue(id, audit).await?;
+        println!("notice {id} requeued: due now");
+    } else {
+        notifier.cancel(id, audit).await?;
+        println!("notice {id} cancelled");
     }
-    .map_err(|e| {
-        eprintln!("{}", e.done);
-        e.error
-    })?;
-    if args.json {
-        print_json(&serde_json::to_value(&report));
+    Ok(())
+}
+
+/// Prints a bulk action's report: as JSON, or its line and first ids.
+fn print_bulk_report(report: &BulkReport, json: bool) {
+    if json {
+        print_json(&serde_json::to_value(report));
     } else {
         println!("{report}");
         if !report.first_ids.is_empty() {
@@ -172,7 +212,6 @@ pub(crate) async fn run(
             println!("first ids: {}", ids.join(", "));
         }
     }
-    Ok(())
 }
 
 /// Most notices `--dry-run --pin` pins: 10,000,000 (160 MB).

@@ -286,92 +286,72 @@ pub(super) async fn bulk(
         Ok(body) => body,
         Err(f) => return f.json(),
     };
-    let audit = || {
-        ActionBody {
-            reason: body.reason.clone(),
-        }
-        .audit(actor.clone())
+    let done = match &body.pin {
+        Some(pin) => bulk_on_pin(&state, &actor, &body, pin).await,
+        None => bulk_on_filters(&state, &actor, &body).await,
     };
-    if let Some(pin) = &body.pin {
-        if body.query.narrows() || body.all || body.dry_run {
-            return Failure::BadRequest(
-                "a `pin` acts on what its dry run counted: give no filter, `all` or `dry_run` with it"
-                    .into(),
-            )
-            .json();
-        }
-        let audit = match audit() {
-            Ok(audit) => audit,
-            Err(f) => return f.json(),
-        };
-        let Some(pinned) = state.pins.take(pin, &actor.0) else {
-            return Failure::Conflict(super::pages::PIN_GONE.into()).json();
-        };
-        return report(
-            state
-                .notifier
-                .apply_pinned(&pinned, &audit, DEFAULT_BATCH_SIZE, false)
-                .await,
-            None,
-        );
+    done.unwrap_or_else(Failure::json)
+}
+
+/// The audit of a bulk action: `body`'s reason (required), by `actor`.
+fn bulk_audit(body: &BulkBody, actor: &Actor) -> Result<Audit, Failure> {
+    ActionBody {
+        reason: body.reason.clone(),
     }
-    if body
-        .query
-        .place
-        .as_deref()
-        .is_none_or(|p| p.trim().is_empty())
-    {
-        return Failure::BadRequest(
-            "`place` is required: history (requeue) or in_flight (cancel)".into(),
-        )
-        .json();
+    .audit(actor.clone())
+}
+
+/// A bulk call with the `pin` a dry run answered: changes exactly the
+/// notices it pinned, each only if it has not changed since.
+async fn bulk_on_pin(
+    state: &AppState,
+    actor: &Actor,
+    body: &BulkBody,
+    pin: &str,
+) -> Result<Response, Failure> {
+    if body.query.narrows() || body.all || body.dry_run {
+        return Err(Failure::BadRequest(
+            "a `pin` acts on what its dry run counted: give no filter, `all` or `dry_run` with it"
+                .into(),
+        ));
     }
-    if !body.all && !body.query.narrows() {
-        return Failure::BadRequest(
-            "a bulk action needs at least one filter, or \"all\": true".into(),
-        )
-        .json();
-    }
+    let audit = bulk_audit(body, actor)?;
+    let Some(pinned) = state.pins.take(pin, &actor.0) else {
+        return Err(Failure::Conflict(super::pages::PIN_GONE.into()));
+    };
+    Ok(report(
+        state
+            .notifier
+            .apply_pinned(&pinned, &audit, DEFAULT_BATCH_SIZE, false)
+            .await,
+        None,
+    ))
+}
+
+/// A bulk call with the listing's filters: acts at once, or for a dry
+/// run counts and pins what it would change.
+async fn bulk_on_filters(
+    state: &AppState,
+    actor: &Actor,
+    body: &BulkBody,
+) -> Result<Response, Failure> {
+    require_place_and_filter(body)?;
     // A dry run needs no reason; an action does, before anything is read.
-    let audit = match (body.dry_run, audit()) {
+    let audit = match (body.dry_run, bulk_audit(body, actor)) {
         (true, _) => Audit::new(actor.0.clone(), ""),
         (false, Ok(audit)) => audit,
-        (false, Err(f)) => return f.json(),
+        (false, Err(f)) => return Err(f),
     };
     let query = NoticeQuery {
         before_id: None,
         limit: None,
         ..body.query.clone()
     };
-    let place = match query.place() {
-        Ok(place) => place,
-        Err(e) => return Failure::BadRequest(e).json(),
-    };
-    let filter = match view::resolved_filter(state.notifier.db(), &query).await {
-        Ok(filter) => filter,
-        Err(failure) => return failure.json(),
-    };
-    // A search text that found no notice id or key would act at once on
-    // every notice whose param contains it: that needs `param`, said
-    // outright (a dry run shows what it would count).
-    if query.search() != view::Search::None {
-        if query.key.as_deref().is_some_and(|k| !k.trim().is_empty())
-            || query.param.as_deref().is_some_and(|p| !p.trim().is_empty())
-        {
-            return Failure::BadRequest("give `q` alone, or `key` / `param` without `q`".into())
-                .json();
-        }
-        if !body.dry_run && filter.ids.is_none() && filter.key.is_none() {
-            return Failure::BadRequest(
-                "`q` matched no notice id or idempotency key here; give `param` to act on the notices whose param contains it".into(),
-            )
-            .json();
-        }
-    }
-    if !body.all
-        && let Err(f) = narrowing(&state, place, &filter).await
-    {
-        return f.json();
+    let place = query.place().map_err(Failure::BadRequest)?;
+    let filter = view::resolved_filter(state.notifier.db(), &query).await?;
+    refuse_search_as_param(&query, body.dry_run, &filter)?;
+    if !body.all {
+        narrowing(state, place, &filter).await?;
     }
     if !body.dry_run {
         // Counted as it goes: each batch is changed as it was read.
@@ -380,20 +360,83 @@ pub(super) async fn bulk(
             Place::History => state.notifier.requeue_where(&action).await,
             Place::InFlight => state.notifier.cancel_where(&action).await,
         };
-        return report(done, None);
+        return Ok(report(done, None));
     }
-    let pinned = match state.notifier.pin(place, &filter, DEFAULT_MAX_PINNED).await {
-        Ok(pinned) => pinned,
-        Err(e) => return Failure::from(e).json(),
-    };
+    bulk_dry_run(state, actor, place, &filter, &audit).await
+}
+
+/// Refuses a bulk body without a `place`, or with neither a filter nor
+/// `"all": true`.
+fn require_place_and_filter(body: &BulkBody) -> Result<(), Failure> {
+    if body
+        .query
+        .place
+        .as_deref()
+        .is_none_or(|p| p.trim().is_empty())
+    {
+        return Err(Failure::BadRequest(
+            "`place` is required: history (requeue) or in_flight (cancel)".into(),
+        ));
+    }
+    if !body.all && !body.query.narrows() {
+        return Err(Failure::BadRequest(
+            "a bulk action needs at least one filter, or \"all\": true".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses a search text given with `key` or `param`, and one an action
+/// would read as param text.
+fn refuse_search_as_param(
+    query: &NoticeQuery,
+    dry_run: bool,
+    filter: &NoticeFilter,
+) -> Result<(), Failure> {
+    // A search text that found no notice id or key would act at once on
+    // every notice whose param contains it: that needs `param`, said
+    // outright (a dry run shows what it would count).
+    if query.search() != view::Search::None {
+        if query.key.as_deref().is_some_and(|k| !k.trim().is_empty())
+            || query.param.as_deref().is_some_and(|p| !p.trim().is_empty())
+        {
+            return Err(Failure::BadRequest(
+                "give `q` alone, or `key` / `param` without `q`".into(),
+            ));
+        }
+        if !dry_run && filter.ids.is_none() && filter.key.is_none() {
+            return Err(Failure::BadRequest(
+                "`q` matched no notice id or idempotency key here; give `param` to act on the notices whose param contains it".into(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A bulk dry run: pins what `filter` matches on `place`, counts it, and
+/// answers the report with the pin that confirms it.
+async fn bulk_dry_run(
+    state: &AppState,
+    actor: &Actor,
+    place: Place,
+    filter: &NoticeFilter,
+    audit: &Audit,
+) -> Result<Response, Failure> {
+    let pinned = state
+        .notifier
+        .pin(place, filter, DEFAULT_MAX_PINNED)
+        .await
+        .map_err(Failure::from)?;
     let done = state
         .notifier
-        .apply_pinned(&pinned, &audit, DEFAULT_BATCH_SIZE, true)
+        .apply_pinned(&pinned, audit, DEFAULT_BATCH_SIZE, true)
         .await;
     let Some(pin) = state.pins.put(pinned, &actor.0) else {
-        return Failure::Internal("no randomness for a confirmation token".into()).json();
+        return Err(Failure::Internal(
+            "no randomness for a confirmation token".into(),
+        ));
     };
-    report(done, Some(pin))
+    Ok(report(done, Some(pin)))
 }
 
 /// A bulk action's answer: its report (with a dry run's `pin`), or its

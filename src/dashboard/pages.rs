@@ -23,7 +23,7 @@ use crate::{
     ops::{
         Audit, NoticeView, PauseEnd, Place, When,
         bulk::{DEFAULT_BATCH_SIZE, DEFAULT_MAX_PINNED, Pinned, PinnedAction},
-        overview::{Overview, OverviewQuery},
+        overview::{DefSummary, Overview, OverviewQuery},
     },
     status::Status,
 };
@@ -225,18 +225,16 @@ pub(super) async fn overview(
 }
 
 fn overview_body(state: &AppState, o: &Overview, query: &DefQuery) -> Markup {
-    let link = |def: &str, place: &str, status: Option<Status>, failing: bool| {
-        notices_link(
-            state,
-            &NoticeQuery {
-                place: Some(place.into()),
-                def: Some(def.into()),
-                status: status.map(|s| s.to_string()),
-                failing: failing.then(|| "1".into()),
-                ..NoticeQuery::default()
-            },
-        )
-    };
+    html! {
+        (overview_defs(state, o, query))
+        (overview_workers(o))
+        p.muted { "Read at " (o.at.format("%Y-%m-%d %H:%M:%S")) " UTC." }
+    }
+}
+
+/// The overview's section of definitions: the search, the table, the
+/// others summed and the orphans.
+fn overview_defs(state: &AppState, o: &Overview, query: &DefQuery) -> Markup {
     html! {
         section {
             h2 { "Definitions" }
@@ -261,27 +259,7 @@ fn overview_body(state: &AppState, o: &Overview, query: &DefQuery) -> Markup {
                 } }
                 tbody {
                     @for d in &o.defs {
-                        @let ok: i64 = d.last_24h.iter().map(|h| h.succeeded).sum();
-                        @let failed: i64 = d.last_24h.iter().map(|h| h.failed).sum();
-                        tr data-def=(d.name) {
-                            td { a href=(link(&d.name, "in_flight", None, false)) { (d.name) } span.muted { " " (d.channel) } }
-                            td {
-                                @if d.circuit_open { span.state.open title=[d.pause_reason.as_deref()] { "circuit open" } }
-                                @else if d.paused_until.is_some() { span.state.paused title=[d.pause_reason.as_deref()] { "paused" } }
-                                @else { span.state.active { "active" } }
-                            }
-                            td.num data-count="in_flight" { a href=(link(&d.name, "in_flight", None, false)) { (d.total) } }
-                            td.num.warn[d.failing > 0] data-count="failing" {
-                                a href=(link(&d.name, "in_flight", Some(Status::Failed), false)) { (d.failing) }
-                            }
-                            td.num data-count="awaiting" { a href=(link(&d.name, "in_flight", Some(Status::AwaitingConfirm), false)) { (d.awaiting) } }
-                            td.num.warn[d.oldest_due_secs > 60.0] { (age(d.oldest_due_secs)) }
-                            td { (chart::hours(&d.last_24h)) }
-                            td.num data-count="succeeded_24h" { a href=(link(&d.name, "history", Some(Status::Succeeded), false)) { (ok) } }
-                            td.num.bad[failed > 0] data-count="failed_24h" {
-                                a href=(link(&d.name, "history", Some(Status::FinalFailure), false)) { (failed) }
-                            }
-                        }
+                        (overview_def_row(state, d))
                     }
                 }
             }
@@ -296,6 +274,52 @@ fn overview_body(state: &AppState, o: &Overview, query: &DefQuery) -> Markup {
                 p.error { (o.orphans) " notices in flight belong to a definition that no longer exists." }
             }
         }
+    }
+}
+
+/// One definition's row of the overview: its state, counts linked to
+/// their listings, and its last 24 hours.
+fn overview_def_row(state: &AppState, d: &DefSummary) -> Markup {
+    let link = |def: &str, place: &str, status: Option<Status>, failing: bool| {
+        notices_link(
+            state,
+            &NoticeQuery {
+                place: Some(place.into()),
+                def: Some(def.into()),
+                status: status.map(|s| s.to_string()),
+                failing: failing.then(|| "1".into()),
+                ..NoticeQuery::default()
+            },
+        )
+    };
+    let ok: i64 = d.last_24h.iter().map(|h| h.succeeded).sum();
+    let failed: i64 = d.last_24h.iter().map(|h| h.failed).sum();
+    html! {
+        tr data-def=(d.name) {
+            td { a href=(link(&d.name, "in_flight", None, false)) { (d.name) } span.muted { " " (d.channel) } }
+            td {
+                @if d.circuit_open { span.state.open title=[d.pause_reason.as_deref()] { "circuit open" } }
+                @else if d.paused_until.is_some() { span.state.paused title=[d.pause_reason.as_deref()] { "paused" } }
+                @else { span.state.active { "active" } }
+            }
+            td.num data-count="in_flight" { a href=(link(&d.name, "in_flight", None, false)) { (d.total) } }
+            td.num.warn[d.failing > 0] data-count="failing" {
+                a href=(link(&d.name, "in_flight", Some(Status::Failed), false)) { (d.failing) }
+            }
+            td.num data-count="awaiting" { a href=(link(&d.name, "in_flight", Some(Status::AwaitingConfirm), false)) { (d.awaiting) } }
+            td.num.warn[d.oldest_due_secs > 60.0] { (age(d.oldest_due_secs)) }
+            td { (chart::hours(&d.last_24h)) }
+            td.num data-count="succeeded_24h" { a href=(link(&d.name, "history", Some(Status::Succeeded), false)) { (ok) } }
+            td.num.bad[failed > 0] data-count="failed_24h" {
+                a href=(link(&d.name, "history", Some(Status::FinalFailure), false)) { (failed) }
+            }
+        }
+    }
+}
+
+/// The overview's section of workers: each with its heartbeat's counts.
+fn overview_workers(o: &Overview) -> Markup {
+    html! {
         section {
             h2 { "Workers" }
             @if o.workers.is_empty() {
@@ -321,7 +345,6 @@ fn overview_body(state: &AppState, o: &Overview, query: &DefQuery) -> Markup {
                 }
             }
         }
-        p.muted { "Read at " (o.at.format("%Y-%m-%d %H:%M:%S")) " UTC." }
     }
 }
 
@@ -741,23 +764,8 @@ pub(super) async fn defs(
     Query(query): Query<DefQuery>,
 ) -> Response {
     let now = chrono::Utc::now().naive_utc();
-    let defs = match crate::def::store::page(
-        state.notifier.db(),
-        query.q.as_deref(),
-        query.after.as_deref(),
-        DEFS_PAGE,
-    )
-    .await
-    {
-        // Header values and URL keys are secrets: never shown. A row that
-        // is invalid or unreadable says why.
-        Ok(defs) => defs
-            .into_iter()
-            .map(|stored| {
-                let problem = stored.validate().err().map(|e| e.to_string());
-                (problem, crate::redact::def_row(stored.row))
-            })
-            .collect::<Vec<_>>(),
+    let defs = match defs_page(&state, &query).await {
+        Ok(defs) => defs,
         Err(e) => return failure_page(&state, e.into()),
     };
     let q = query.q.clone().unwrap_or_default();
@@ -770,68 +778,7 @@ pub(super) async fn defs(
             button type="submit" { "Find" }
         }
         @for (problem, d) in &defs {
-            @let paused = d.paused_until.filter(|u| *u > now);
-            @let circuit = paused.is_some() && d.pause_reason.as_deref().is_some_and(|r| r.starts_with(crate::circuit::CIRCUIT_REASON));
-            section.def data-def=(d.name) {
-                h2 {
-                    (d.name) " "
-                    @if circuit { span.state.open { "circuit open" } }
-                    @else if paused.is_some() { span.state.paused { "paused" } }
-                    @else { span.state.active { "active" } }
-                }
-                @if let Some(problem) = problem { p.error { "Invalid: its notices are parked. " (problem) } }
-                @if !d.description.is_empty() { p { (d.description) } }
-                dl.detail {
-                    dt { "Channel" } dd { (d.channel) }
-                    dt { "Target" } dd { code { (d.target) } }
-                    dt { "Retry intervals" } dd { (d.retry_interval) }
-                    dt { "Max retries" } dd { @if d.max_retry_times < 0 { "unlimited" } @else { (d.max_retry_times) } }
-                    dt { "Longest wait" } dd { @if d.max_retry_interval <= 0 { "no cap" } @else { (d.max_retry_interval) " min" } }
-                    @if d.retry_jitter > 0 { dt { "Jitter" } dd { "±" (d.retry_jitter) "% of each wait" } }
-                    @if !d.rate_limit.is_empty() { dt { "Rate limit" } dd { (d.rate_limit) ", across all workers" } }
-                    @if !d.steps.is_empty() { dt { "Steps" } dd { code { (d.steps) } " (run in order; a failure resumes at its step)" } }
-                    @if d.ordering == "per_key" { dt { "Ordering" } dd { "one at a time per ordering key, oldest first; " @if d.stop_on_failure { "a final failure holds its key until requeued or cancelled" } @else { "a final failure does not hold its key" } } }
-                    @if d.immediate_retries > 0 { dt { "Immediate retries" } dd { (d.immediate_retries) ", " (d.immediate_retry_delay) " ms apart, within the claim" } }
-                    dt { "Alert" } dd {
-                        (match d.alert_trigger_type {
-                            0 => "on final failure".to_string(),
-                            1 => "on every failure".to_string(),
-                            2 => "never".to_string(),
-                            _ => format!("after {} failures", d.alert_trigger_fail_times),
-                        })
-                        ", to " (if d.email.is_empty() { "nobody" } else { d.email.as_str() })
-                    }
-                    @if !d.events_to.is_empty() { dt { "Events to" } dd { (d.events_to) " (operational events, see docs/events.md)" } }
-                    dt { "Confirmation" } dd { @if !d.need_confirm { "not required" } @else if d.max_confirm_delay <= 0 { "required, no deadline" } @else { "required, within " (d.max_confirm_delay) " s" } }
-                    @if d.channel == "handler" {
-                        dt { "Handler errors" } dd { @if d.on_error == "fail" { "fail for good" } @else { "retried" } }
-                    }
-                    dt { "Circuit" } dd {
-                        @if d.circuit_failures > 0 { "opens after " (d.circuit_failures) " failures within " (d.circuit_window) " s, cool-down " (d.circuit_cool_down) " s" }
-                        @else { "off" }
-                    }
-                    @if let Some(until) = paused {
-                        dt { "Paused until" } dd { (time(Some(until))) " UTC" @if until >= crate::state::clock::far_future() { " (until resumed)" } }
-                        dt { "Reason" } dd { (d.pause_reason.as_deref().unwrap_or("")) }
-                    }
-                    dt { "Updated" } dd { (time(Some(d.update_time))) }
-                }
-                @if state.config.allow_actions {
-                    @if paused.is_some() {
-                        form.action method="post" action=(state.def_link(&d.name, "resume")) {
-                            (csrf_field(&token))
-                            button type="submit" { "Resume" }
-                        }
-                    } @else {
-                        form.action method="post" action=(state.def_link(&d.name, "pause")) {
-                            (csrf_field(&token))
-                            label { "Reason " input type="text" name="reason" required size="30"; }
-                            label { "Until " input type="text" name="until" placeholder="1h or 2026-11-24 08:00 (empty: until resumed)" size="30"; }
-                            button type="submit" { "Pause" }
-                        }
-                    }
-                }
-            }
+            (def_section(&state, &token, now, problem.as_deref(), d))
         }
     };
     let body = html! {
@@ -844,6 +791,116 @@ pub(super) async fn defs(
         }
     };
     page(&state, "Definitions", "defs", body).into_response()
+}
+
+/// One page of `/defs`: the stored definitions `query` asks for, each
+/// redacted, with why it is invalid when it is.
+async fn defs_page(
+    state: &AppState,
+    query: &DefQuery,
+) -> crate::error::Result<Vec<(Option<String>, notify_def::Model)>> {
+    let defs = crate::def::store::page(
+        state.notifier.db(),
+        query.q.as_deref(),
+        query.after.as_deref(),
+        DEFS_PAGE,
+    )
+    .await?;
+    // Header values and URL keys are secrets: never shown. A row that
+    // is invalid or unreadable says why.
+    Ok(defs
+        .into_iter()
+        .map(|stored| {
+            let problem = stored.validate().err().map(|e| e.to_string());
+            (problem, crate::redact::def_row(stored.row))
+        })
+        .collect::<Vec<_>>())
+}
+
+/// One definition's section of `/defs`: its state, its policy, and its
+/// pause or resume form.
+fn def_section(
+    state: &AppState,
+    token: &Token,
+    now: NaiveDateTime,
+    problem: Option<&str>,
+    d: &notify_def::Model,
+) -> Markup {
+    let paused = d.paused_until.filter(|u| *u > now);
+    let circuit = paused.is_some()
+        && d.pause_reason
+            .as_deref()
+            .is_some_and(|r| r.starts_with(crate::circuit::CIRCUIT_REASON));
+    html! {
+        section.def data-def=(d.name) {
+            h2 {
+                (d.name) " "
+                @if circuit { span.state.open { "circuit open" } }
+                @else if paused.is_some() { span.state.paused { "paused" } }
+                @else { span.state.active { "active" } }
+            }
+            @if let Some(problem) = problem { p.error { "Invalid: its notices are parked. " (problem) } }
+            @if !d.description.is_empty() { p { (d.description) } }
+            (def_policy(d, paused))
+            @if state.config.allow_actions {
+                @if paused.is_some() {
+                    form.action method="post" action=(state.def_link(&d.name, "resume")) {
+                        (csrf_field(token))
+                        button type="submit" { "Resume" }
+                    }
+                } @else {
+                    form.action method="post" action=(state.def_link(&d.name, "pause")) {
+                        (csrf_field(token))
+                        label { "Reason " input type="text" name="reason" required size="30"; }
+                        label { "Until " input type="text" name="until" placeholder="1h or 2026-11-24 08:00 (empty: until resumed)" size="30"; }
+                        button type="submit" { "Pause" }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A definition's policy as a list of details, with its pause (`paused`:
+/// until then, when paused now).
+fn def_policy(d: &notify_def::Model, paused: Option<NaiveDateTime>) -> Markup {
+    html! {
+        dl.detail {
+            dt { "Channel" } dd { (d.channel) }
+            dt { "Target" } dd { code { (d.target) } }
+            dt { "Retry intervals" } dd { (d.retry_interval) }
+            dt { "Max retries" } dd { @if d.max_retry_times < 0 { "unlimited" } @else { (d.max_retry_times) } }
+            dt { "Longest wait" } dd { @if d.max_retry_interval <= 0 { "no cap" } @else { (d.max_retry_interval) " min" } }
+            @if d.retry_jitter > 0 { dt { "Jitter" } dd { "±" (d.retry_jitter) "% of each wait" } }
+            @if !d.rate_limit.is_empty() { dt { "Rate limit" } dd { (d.rate_limit) ", across all workers" } }
+            @if !d.steps.is_empty() { dt { "Steps" } dd { code { (d.steps) } " (run in order; a failure resumes at its step)" } }
+            @if d.ordering == "per_key" { dt { "Ordering" } dd { "one at a time per ordering key, oldest first; " @if d.stop_on_failure { "a final failure holds its key until requeued or cancelled" } @else { "a final failure does not hold its key" } } }
+            @if d.immediate_retries > 0 { dt { "Immediate retries" } dd { (d.immediate_retries) ", " (d.immediate_retry_delay) " ms apart, within the claim" } }
+            dt { "Alert" } dd {
+                (match d.alert_trigger_type {
+                    0 => "on final failure".to_string(),
+                    1 => "on every failure".to_string(),
+                    2 => "never".to_string(),
+                    _ => format!("after {} failures", d.alert_trigger_fail_times),
+                })
+                ", to " (if d.email.is_empty() { "nobody" } else { d.email.as_str() })
+            }
+            @if !d.events_to.is_empty() { dt { "Events to" } dd { (d.events_to) " (operational events, see docs/events.md)" } }
+            dt { "Confirmation" } dd { @if !d.need_confirm { "not required" } @else if d.max_confirm_delay <= 0 { "required, no deadline" } @else { "required, within " (d.max_confirm_delay) " s" } }
+            @if d.channel == "handler" {
+                dt { "Handler errors" } dd { @if d.on_error == "fail" { "fail for good" } @else { "retried" } }
+            }
+            dt { "Circuit" } dd {
+                @if d.circuit_failures > 0 { "opens after " (d.circuit_failures) " failures within " (d.circuit_window) " s, cool-down " (d.circuit_cool_down) " s" }
+                @else { "off" }
+            }
+            @if let Some(until) = paused {
+                dt { "Paused until" } dd { (time(Some(until))) " UTC" @if until >= crate::state::clock::far_future() { " (until resumed)" } }
+                dt { "Reason" } dd { (d.pause_reason.as_deref().unwrap_or("")) }
+            }
+            dt { "Updated" } dd { (time(Some(d.update_time))) }
+        }
+    }
 }
 
 /// `text` for a query string.

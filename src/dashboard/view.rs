@@ -325,6 +325,10 @@ async fn find<C: sea_orm::ConnectionTrait>(
     ))
 }
 
+/// What a listing that found no place among [`MAX_SEARCHES`], or whose
+/// server stopped answering, is answered (503).
+const BUSY: &str = "too many searches at once; try again in a moment";
+
 /// [`find`], bounded: at most [`MAX_SEARCHES`] at once (503 past that),
 /// answered within [`SEARCH_TIMEOUT`] (503), and on PostgreSQL cancelled
 /// by the server then.
@@ -332,8 +336,6 @@ pub(super) async fn find_bounded(
     state: &super::AppState,
     query: &NoticeQuery,
 ) -> Result<(Place, Page, Vec<crate::ops::NoticeView>), Failure> {
-    use sea_orm::ConnectionTrait;
-    const BUSY: &str = "too many searches at once; try again in a moment";
     let Ok(permit) = state.searches.clone().try_acquire_owned() else {
         return Err(Failure::Unavailable(BUSY.into()));
     };
@@ -346,55 +348,7 @@ pub(super) async fn find_bounded(
     // SEARCH_TIMEOUT by the database; at most twice that if it stops
     // answering), even after the answer gave up waiting: never more than
     // MAX_SEARCHES statements.
-    let search = async move {
-        match (db.get_database_backend(), search_pool) {
-            (sea_orm::DbBackend::MySql, _) => {
-                // Asked once, remembered once known; while it cannot be
-                // told, MariaDB's form (this project's server).
-                let known = mariadb
-                    .get_or_try_init(|| async { super::search::is_mariadb(&db).await.ok_or(()) })
-                    .await;
-                let mariadb = known.copied().unwrap_or(true);
-                let limited = super::search::Limited {
-                    inner: &db,
-                    mariadb,
-                    timeout,
-                };
-                return find(&limited, &query).await;
-            }
-            (sea_orm::DbBackend::Sqlite, Some(pool)) => {
-                // One connection for the whole search: its time is set
-                // when it is taken.
-                let txn = sea_orm::TransactionTrait::begin(&pool)
-                    .await
-                    .map_err(|e| Failure::from(Error::from(e)))?;
-                let found = find(&txn, &query).await;
-                txn.rollback().await.ok();
-                return found;
-            }
-            (sea_orm::DbBackend::Sqlite, None) => return find(&db, &query).await,
-            _ => {}
-        }
-        // Never a BEGIN dropped half-way (see `db::begin_bounded`).
-        let txn = crate::db::begin_bounded(&db, Default::default(), timeout)
-            .await
-            .map_err(|e| Failure::from(Error::from(e)))?;
-        let limit = format!("SET LOCAL statement_timeout = {}", timeout.as_millis());
-        // Once begun, a statement dropped mid-way is safe: its transaction
-        // is rolled back on the way back to the pool. A server that stops
-        // answering gives the place back after twice the answer's time.
-        let found = tokio::time::timeout(timeout * 2, async {
-            txn.execute_unprepared(&limit)
-                .await
-                .map_err(|e| Failure::from(Error::from(e)))?;
-            find(&txn, &query).await
-        })
-        .await
-        .unwrap_or_else(|_| Err(Failure::Unavailable(BUSY.into())));
-        // Read only: nothing to keep.
-        txn.rollback().await.ok();
-        found
-    };
+    let search = find_limited(db, query, search_pool, mariadb, timeout);
     let task = tokio::spawn(async move {
         let _permit = permit;
         search.await
@@ -411,6 +365,89 @@ pub(super) async fn find_bounded(
         Ok(Err(_)) => Err(Failure::Internal("the search stopped".into())),
         Err(_) => Err(slow()),
     }
+}
+
+/// [`find`] with the database told to stop it after `timeout`, as each
+/// backend can be told.
+async fn find_limited(
+    db: sea_orm::DatabaseConnection,
+    query: NoticeQuery,
+    search_pool: Option<sea_orm::DatabaseConnection>,
+    mariadb: std::sync::Arc<tokio::sync::OnceCell<bool>>,
+    timeout: std::time::Duration,
+) -> Result<(Place, Page, Vec<crate::ops::NoticeView>), Failure> {
+    match (db.get_database_backend(), search_pool) {
+        (sea_orm::DbBackend::MySql, _) => find_on_mysql(&db, &query, &mariadb, timeout).await,
+        (sea_orm::DbBackend::Sqlite, Some(pool)) => find_on_sqlite_pool(&pool, &query).await,
+        (sea_orm::DbBackend::Sqlite, None) => find(&db, &query).await,
+        _ => find_with_statement_timeout(&db, &query, timeout).await,
+    }
+}
+
+/// [`find`] on MySQL or MariaDB, each statement limited to `timeout` in
+/// the server's own form.
+async fn find_on_mysql(
+    db: &sea_orm::DatabaseConnection,
+    query: &NoticeQuery,
+    mariadb: &tokio::sync::OnceCell<bool>,
+    timeout: std::time::Duration,
+) -> Result<(Place, Page, Vec<crate::ops::NoticeView>), Failure> {
+    // Asked once, remembered once known; while it cannot be
+    // told, MariaDB's form (this project's server).
+    let known = mariadb
+        .get_or_try_init(|| async { super::search::is_mariadb(db).await.ok_or(()) })
+        .await;
+    let mariadb = known.copied().unwrap_or(true);
+    let limited = super::search::Limited {
+        inner: db,
+        mariadb,
+        timeout,
+    };
+    find(&limited, query).await
+}
+
+/// [`find`] on SQLite's search pool, in one read-only transaction.
+async fn find_on_sqlite_pool(
+    pool: &sea_orm::DatabaseConnection,
+    query: &NoticeQuery,
+) -> Result<(Place, Page, Vec<crate::ops::NoticeView>), Failure> {
+    // One connection for the whole search: its time is set
+    // when it is taken.
+    let txn = sea_orm::TransactionTrait::begin(pool)
+        .await
+        .map_err(|e| Failure::from(Error::from(e)))?;
+    let found = find(&txn, query).await;
+    txn.rollback().await.ok();
+    found
+}
+
+/// [`find`] on PostgreSQL, in a transaction whose `statement_timeout` is
+/// `timeout`; 503 if the server does not answer within twice that.
+async fn find_with_statement_timeout(
+    db: &sea_orm::DatabaseConnection,
+    query: &NoticeQuery,
+    timeout: std::time::Duration,
+) -> Result<(Place, Page, Vec<crate::ops::NoticeView>), Failure> {
+    use sea_orm::ConnectionTrait;
+    // Never a BEGIN dropped half-way (see `db::begin_bounded`).
+    let txn = crate::db::begin_bounded(db, Default::default(), timeout)
+        .await
+        .map_err(|e| Failure::from(Error::from(e)))?;
+    let limit = format!("SET LOCAL statement_timeout = {}", timeout.as_millis());
+    // Once begun, a statement dropped mid-way is safe: its transaction
+    // is rolled back on the way back to the pool. A server that stops
+    // answering gives the place back after twice the answer's time.
+    let found = tokio::time::timeout(timeout * 2, async {
+        txn.execute_unprepared(&limit)
+            .await
+            .map_err(|e| Failure::from(Error::from(e)))?;
+        find(&txn, query).await
+    })
+    .await
+    .unwrap_or_else(|_| Err(Failure::Unavailable(BUSY.into())));
+    // Read only: nothing to keep.
+    txn.rollback().await.ok();
+    found
 }
 
 /// A filter of blocked keys: `?def=` one definition's, `?limit=` at most

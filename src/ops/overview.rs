@@ -380,31 +380,7 @@ fn assemble(
 ) -> Overview {
     let mut summaries: Vec<DefSummary> = defs
         .into_iter()
-        .map(|d| {
-            let paused = d.paused_until.filter(|until| *until > now);
-            DefSummary {
-                id: d.id,
-                name: d.name,
-                channel: d.channel,
-                in_flight: BTreeMap::new(),
-                total: 0,
-                failing: 0,
-                awaiting: 0,
-                circuit_open: paused.is_some()
-                    && d.pause_reason
-                        .as_deref()
-                        .is_some_and(|r| r.starts_with(crate::state::pause::CIRCUIT_REASON)),
-                pause_reason: paused.and(d.pause_reason),
-                paused_until: paused,
-                oldest_due_secs: 0.0,
-                last_24h: (0..24)
-                    .map(|h| Hour {
-                        hour: first_hour + chrono::Duration::hours(h),
-                        ..Hour::default()
-                    })
-                    .collect(),
-            }
-        })
+        .map(|d| empty_summary(d, now, first_hour))
         .collect();
     let index: HashMap<i64, usize> = summaries
         .iter()
@@ -416,61 +392,20 @@ fn assemble(
     for g in groups {
         let Some(&i) = index.get(&g.def_id) else {
             if !gone.contains(&g.def_id) {
-                others.total += g.n;
-                if g.status == Status::Failed as i16 {
-                    others.failing += g.n;
-                } else if g.status == Status::AwaitingConfirm as i16 {
-                    others.awaiting += g.n;
-                }
+                count_other_in_flight(&mut others, &g);
             } else {
                 orphans += g.n;
             }
             continue;
         };
-        let Some(status) = Status::parse(&g.status.to_string()) else {
-            continue;
-        };
-        let d = &mut summaries[i];
-        *d.in_flight.entry(status.to_string()).or_default() += g.n;
-        d.total += g.n;
-        match status {
-            Status::Failed => d.failing += g.n,
-            Status::AwaitingConfirm => d.awaiting += g.n,
-            _ => {}
-        }
-        // Leased rows carry their lease's end: a due row never waits past it.
-        if let Some(at) = g.oldest.filter(|at| *at <= now) {
-            let waited = (now - at).to_std().unwrap_or_default().as_secs_f64();
-            d.oldest_due_secs = d.oldest_due_secs.max(waited);
-        }
+        add_in_flight(&mut summaries[i], &g, now);
     }
     for h in hours {
-        if !index.contains_key(&h.def_id) {
-            if h.status == Status::Succeeded as i16 {
-                others.succeeded_24h += h.n;
-            } else if h.status == Status::FinalFailure as i16 {
-                others.failed_24h += h.n;
-            }
-            continue;
-        }
-        let (Some(&i), Ok(at)) = (
-            index.get(&h.def_id),
-            NaiveDateTime::parse_from_str(&format!("{}:00:00", h.hour), "%Y-%m-%d %H:%M:%S"),
-        ) else {
+        let Some(&i) = index.get(&h.def_id) else {
+            count_other_finished(&mut others, &h);
             continue;
         };
-        let slot = (at - first_hour).num_hours();
-        let Some(hour) = usize::try_from(slot)
-            .ok()
-            .and_then(|s| summaries[i].last_24h.get_mut(s))
-        else {
-            continue;
-        };
-        if h.status == Status::Succeeded as i16 {
-            hour.succeeded += h.n;
-        } else if h.status == Status::FinalFailure as i16 {
-            hour.failed += h.n;
-        }
+        add_finished(&mut summaries[i], &h, first_hour);
     }
     Overview {
         at: now,
@@ -479,5 +414,98 @@ fn assemble(
         others,
         orphans,
         workers,
+    }
+}
+
+/// A definition's summary before its notices are counted: its pause (if
+/// paused now) and 24 empty hours from `first_hour`.
+fn empty_summary(
+    d: notify_def::Model,
+    now: NaiveDateTime,
+    first_hour: NaiveDateTime,
+) -> DefSummary {
+    let paused = d.paused_until.filter(|until| *until > now);
+    DefSummary {
+        id: d.id,
+        name: d.name,
+        channel: d.channel,
+        in_flight: BTreeMap::new(),
+        total: 0,
+        failing: 0,
+        awaiting: 0,
+        circuit_open: paused.is_some()
+            && d.pause_reason
+                .as_deref()
+                .is_some_and(|r| r.starts_with(crate::state::pause::CIRCUIT_REASON)),
+        pause_reason: paused.and(d.pause_reason),
+        paused_until: paused,
+        oldest_due_secs: 0.0,
+        last_24h: (0..24)
+            .map(|h| Hour {
+                hour: first_hour + chrono::Duration::hours(h),
+                ..Hour::default()
+            })
+            .collect(),
+    }
+}
+
+/// Counts a group in flight of a definition not shown into `others`.
+fn count_other_in_flight(others: &mut Others, g: &Group) {
+    others.total += g.n;
+    if g.status == Status::Failed as i16 {
+        others.failing += g.n;
+    } else if g.status == Status::AwaitingConfirm as i16 {
+        others.awaiting += g.n;
+    }
+}
+
+/// Counts a group in flight into its definition's summary (a status that
+/// cannot be read is left out), and how long its oldest due notice waited.
+fn add_in_flight(d: &mut DefSummary, g: &Group, now: NaiveDateTime) {
+    let Some(status) = Status::parse(&g.status.to_string()) else {
+        return;
+    };
+    *d.in_flight.entry(status.to_string()).or_default() += g.n;
+    d.total += g.n;
+    match status {
+        Status::Failed => d.failing += g.n,
+        Status::AwaitingConfirm => d.awaiting += g.n,
+        _ => {}
+    }
+    // Leased rows carry their lease's end: a due row never waits past it.
+    if let Some(at) = g.oldest.filter(|at| *at <= now) {
+        let waited = (now - at).to_std().unwrap_or_default().as_secs_f64();
+        d.oldest_due_secs = d.oldest_due_secs.max(waited);
+    }
+}
+
+/// Counts an hour's finished notices of a definition not shown into
+/// `others`.
+fn count_other_finished(others: &mut Others, h: &HourGroup) {
+    if h.status == Status::Succeeded as i16 {
+        others.succeeded_24h += h.n;
+    } else if h.status == Status::FinalFailure as i16 {
+        others.failed_24h += h.n;
+    }
+}
+
+/// Counts an hour's finished notices into its slot of the definition's
+/// last 24 hours (an hour that cannot be read or is out of range: left out).
+fn add_finished(d: &mut DefSummary, h: &HourGroup, first_hour: NaiveDateTime) {
+    let Ok(at) = NaiveDateTime::parse_from_str(&format!("{}:00:00", h.hour), "%Y-%m-%d %H:%M:%S")
+    else {
+        return;
+    };
+    let slot = (at - first_hour).num_hours();
+    let Some(hour) = usize::try_from(slot)
+        .ok()
+        .and_then(|s| d.last_24h.get_mut(s))
+    else {
+        return;
+    };
+    if h.status == Status::Succeeded as i16 {
+        hour.succeeded += h.n;
+    } else if h.status == Status::FinalFailure as i16 {
+        hour.failed += h.n;
     }
 }
