@@ -113,6 +113,17 @@ pub(crate) fn merged_target(
     for (k, v) in over {
         base.insert(k.clone(), v.clone());
     }
+    refused_override(over)?;
+    let mut merged = Target::parse(def.target.channel(), &target)?;
+    if let (Target::Http(merged), Target::Http(own)) = (&mut merged, &def.target) {
+        kept_to_own_origin(def, over, merged, own)?;
+    }
+    Ok(merged)
+}
+
+/// `Err` when an override sets what no definition lets it: a header that
+/// routes the request, a header value or URL that names a secret.
+fn refused_override(over: &serde_json::Map<String, serde_json::Value>) -> Result<(), String> {
     // Headers that route the request elsewhere without moving its URL.
     if let Some(name) = over
         .get("headers")
@@ -140,42 +151,52 @@ pub(crate) fn merged_target(
     if over.get("url").is_some_and(|url| !url.is_string()) {
         return Err("`url`: an override's URL must be text (it may not name a secret)".into());
     }
-    let mut merged = Target::parse(def.target.channel(), &target)?;
-    if let (Target::Http(merged), Target::Http(own)) = (&mut merged, &def.target) {
-        // A URL kept as a secret is the credential itself: no notice
-        // changes it (nor learns its origin).
-        if own.url.text().is_none() && over.contains_key("url") {
-            return Err(format!(
-                "`url` may not be overridden: definition `{}` keeps its URL as a secret",
-                def.name
-            ));
-        }
-        let moved = match (merged.url.text(), own.url.text()) {
-            (Some(to), Some(from)) => crate::def::overrides::origin(to)
-                .is_none_or(|to| Some(to) != crate::def::overrides::origin(from)),
-            (None, None) => false,
-            _ => true,
-        };
-        // The definition's leave to reach private addresses is for its own
-        // URL's origin only.
-        if moved {
-            merged.allow_private_network = false;
-        }
-        // A secret reference stays with its own origin, whatever the
-        // definition lets follow: its value never goes where a notice says.
-        if moved {
-            merged
-                .headers
-                .retain(|_, value| !matches!(value, crate::def::HeaderValue::Secret(_)));
-        }
-        if moved && !def.overrides.credentials_follow {
-            if !over.contains_key("headers") {
-                merged.headers.clear();
-            }
-            merged.signing_secret = None;
-        }
+    Ok(())
+}
+
+/// Keeps the definition's credentials with its own origin in the `merged`
+/// HTTP target: `Err` when `over` moves a URL kept as a secret; a URL moved
+/// elsewhere loses the private-network leave, secret headers and (unless
+/// they follow) the definition's headers and signature.
+fn kept_to_own_origin(
+    def: &DefRef,
+    over: &serde_json::Map<String, serde_json::Value>,
+    merged: &mut crate::def::HttpTarget,
+    own: &crate::def::HttpTarget,
+) -> Result<(), String> {
+    // A URL kept as a secret is the credential itself: no notice
+    // changes it (nor learns its origin).
+    if own.url.text().is_none() && over.contains_key("url") {
+        return Err(format!(
+            "`url` may not be overridden: definition `{}` keeps its URL as a secret",
+            def.name
+        ));
     }
-    Ok(merged)
+    let moved = match (merged.url.text(), own.url.text()) {
+        (Some(to), Some(from)) => crate::def::overrides::origin(to)
+            .is_none_or(|to| Some(to) != crate::def::overrides::origin(from)),
+        (None, None) => false,
+        _ => true,
+    };
+    // The definition's leave to reach private addresses is for its own
+    // URL's origin only.
+    if moved {
+        merged.allow_private_network = false;
+    }
+    // A secret reference stays with its own origin, whatever the
+    // definition lets follow: its value never goes where a notice says.
+    if moved {
+        merged
+            .headers
+            .retain(|_, value| !matches!(value, crate::def::HeaderValue::Secret(_)));
+    }
+    if moved && !def.overrides.credentials_follow {
+        if !over.contains_key("headers") {
+            merged.headers.clear();
+        }
+        merged.signing_secret = None;
+    }
+    Ok(())
 }
 
 /// Runs the attempt held by `lease`, for at most `timeout`. A row still

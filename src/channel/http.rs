@@ -141,102 +141,28 @@ impl HttpChannel {
         attempt_timeout: Duration,
     ) -> Outcome {
         let method = Method::from_bytes(target.method.as_bytes()).unwrap_or(Method::POST);
-        let timeout = target
-            .timeout
-            .as_deref()
-            .and_then(|t| crate::schedule::parse_interval(t).ok())
-            .unwrap_or(DEFAULT_TIMEOUT)
-            .min(attempt_timeout);
+        let timeout = request_timeout(target, attempt_timeout);
         let url = match self.url(target) {
             Ok(url) => url,
             Err(outcome) => return outcome,
         };
-        let client = match (&self.open, target.allow_private_network) {
-            (Some(open), true) => open,
-            (None, _) => &self.client,
-            (Some(_), false) => {
-                if let Some(refused) = reqwest::Url::parse(&url)
-                    .ok()
-                    .and_then(|url| refused_literal(&url))
-                {
-                    return Outcome::retry(format!("HTTP request refused: {refused}"));
-                }
-                &self.client
-            }
+        let client = match self.client_for(target, &url) {
+            Ok(client) => client,
+            Err(outcome) => return outcome,
         };
-        let mut request = client
-            .request(method, url.as_ref())
-            .timeout(timeout)
-            .header("content-type", "application/json")
-            .header("x-notice-id", notice.id)
-            .header("x-notice-def", &notice.def)
-            .header("x-notice-attempt", notice.attempt)
-            .header(
-                "idempotency-key",
-                header_safe(&notice.idempotency_key).as_ref(),
-            );
-        if notice.steps > 1 {
-            request = request.header("x-notice-step", notice.step.saturating_add(1));
-        }
-        // The target's own headers win over the trace's (no duplicates).
-        let trace = notice
-            .trace_headers
-            .iter()
-            .filter(|(name, _)| !target.headers.keys().any(|k| k.eq_ignore_ascii_case(name)));
-        for (name, value) in trace {
-            request = request.header(name, value);
-        }
-        for (name, value) in &target.headers {
-            let value = match value {
-                HeaderValue::Text(text) => text.clone(),
-                HeaderValue::Secret(r) => match self.secret(&r.secret) {
-                    Some(secret) => secret,
-                    None => {
-                        return Outcome::retry(format!(
-                            "header `{name}`: secret `{}` is not configured",
-                            r.secret
-                        ));
-                    }
-                },
-            };
-            request = request.header(name, value);
-        }
-        if let Some(name) = &target.signing_secret {
-            let Some(secret) = self.secret(name) else {
-                return Outcome::retry(format!("signing secret `{name}` is not configured"));
-            };
-            let timestamp = chrono::Utc::now().timestamp().to_string();
-            request = request
-                .header("x-notice-timestamp", &timestamp)
-                .header("x-notice-signature", sign(&secret, &timestamp, body));
-        }
+        let request = client.request(method, url.as_ref()).timeout(timeout);
+        let request = with_notice_headers(request, target, notice);
+        let request = match self.with_target_headers(request, target) {
+            Ok(request) => request,
+            Err(outcome) => return outcome,
+        };
+        let request = match self.signed(request, target, body) {
+            Ok(request) => request,
+            Err(outcome) => return outcome,
+        };
         let response = match request.body(body.to_string()).send().await {
             Ok(response) => response,
-            Err(e) if e.is_timeout() => {
-                return Outcome::retry(format!("HTTP timeout after {timeout:?}"));
-            }
-            // A request that cannot be built (a header of a hand-edited row
-            // or a secret that is no header value) or an address the guard
-            // refused: said as such. Without the URL: its query may hold a
-            // key; without the header's value: it may be a secret.
-            Err(e) if e.is_builder() => {
-                return Outcome::retry(format!(
-                    "HTTP request could not be built: {}",
-                    error_chain(&e.without_url())
-                ));
-            }
-            Err(e) if refused_by_guard(&e) => {
-                return Outcome::retry(format!(
-                    "HTTP request refused: {}",
-                    error_chain(&e.without_url())
-                ));
-            }
-            Err(e) => {
-                return Outcome::retry(format!(
-                    "HTTP request failed: {}",
-                    error_chain(&e.without_url())
-                ));
-            }
+            Err(e) => return send_failure(e, timeout),
         };
         let status = response.status();
         let text = match response.text().await {
@@ -249,6 +175,136 @@ impl HttpChannel {
             }
         };
         classify(target, status, &text)
+    }
+
+    /// The client for `target`: the unguarded one when the target may reach
+    /// private addresses, else the guarded one, refusing a non-public IP literal.
+    fn client_for(&self, target: &HttpTarget, url: &str) -> Result<&reqwest::Client, Outcome> {
+        match (&self.open, target.allow_private_network) {
+            (Some(open), true) => Ok(open),
+            (None, _) => Ok(&self.client),
+            (Some(_), false) => {
+                if let Some(refused) = reqwest::Url::parse(url)
+                    .ok()
+                    .and_then(|url| refused_literal(&url))
+                {
+                    return Err(Outcome::retry(format!("HTTP request refused: {refused}")));
+                }
+                Ok(&self.client)
+            }
+        }
+    }
+
+    /// `request` with the target's own headers, a secret's value read now;
+    /// a retry naming the header and the secret when one is not configured.
+    fn with_target_headers(
+        &self,
+        mut request: reqwest::RequestBuilder,
+        target: &HttpTarget,
+    ) -> Result<reqwest::RequestBuilder, Outcome> {
+        for (name, value) in &target.headers {
+            let value = match value {
+                HeaderValue::Text(text) => text.clone(),
+                HeaderValue::Secret(r) => match self.secret(&r.secret) {
+                    Some(secret) => secret,
+                    None => {
+                        return Err(Outcome::retry(format!(
+                            "header `{name}`: secret `{}` is not configured",
+                            r.secret
+                        )));
+                    }
+                },
+            };
+            request = request.header(name, value);
+        }
+        Ok(request)
+    }
+
+    /// `request` with the timestamp and signature headers when the target
+    /// names a signing secret; a retry when that secret is not configured.
+    fn signed(
+        &self,
+        mut request: reqwest::RequestBuilder,
+        target: &HttpTarget,
+        body: &str,
+    ) -> Result<reqwest::RequestBuilder, Outcome> {
+        if let Some(name) = &target.signing_secret {
+            let Some(secret) = self.secret(name) else {
+                return Err(Outcome::retry(format!(
+                    "signing secret `{name}` is not configured"
+                )));
+            };
+            let timestamp = chrono::Utc::now().timestamp().to_string();
+            request = request
+                .header("x-notice-timestamp", &timestamp)
+                .header("x-notice-signature", sign(&secret, &timestamp, body));
+        }
+        Ok(request)
+    }
+}
+
+/// The request's timeout: the target's (the default when it sets none or
+/// one that does not parse), at most the attempt's.
+fn request_timeout(target: &HttpTarget, attempt_timeout: Duration) -> Duration {
+    target
+        .timeout
+        .as_deref()
+        .and_then(|t| crate::schedule::parse_interval(t).ok())
+        .unwrap_or(DEFAULT_TIMEOUT)
+        .min(attempt_timeout)
+}
+
+/// `request` with the headers that tell the receiver what it got: the
+/// content type, the notice's id, definition, attempt, key and step, and
+/// the trace's headers the target does not set itself.
+fn with_notice_headers(
+    request: reqwest::RequestBuilder,
+    target: &HttpTarget,
+    notice: &Notice,
+) -> reqwest::RequestBuilder {
+    let mut request = request
+        .header("content-type", "application/json")
+        .header("x-notice-id", notice.id)
+        .header("x-notice-def", &notice.def)
+        .header("x-notice-attempt", notice.attempt)
+        .header(
+            "idempotency-key",
+            header_safe(&notice.idempotency_key).as_ref(),
+        );
+    if notice.steps > 1 {
+        request = request.header("x-notice-step", notice.step.saturating_add(1));
+    }
+    // The target's own headers win over the trace's (no duplicates).
+    let trace = notice
+        .trace_headers
+        .iter()
+        .filter(|(name, _)| !target.headers.keys().any(|k| k.eq_ignore_ascii_case(name)));
+    for (name, value) in trace {
+        request = request.header(name, value);
+    }
+    request
+}
+
+/// The retry for a request that got no response, `timeout` being its bound.
+fn send_failure(e: reqwest::Error, timeout: Duration) -> Outcome {
+    match e {
+        e if e.is_timeout() => Outcome::retry(format!("HTTP timeout after {timeout:?}")),
+        // A request that cannot be built (a header of a hand-edited row
+        // or a secret that is no header value) or an address the guard
+        // refused: said as such. Without the URL: its query may hold a
+        // key; without the header's value: it may be a secret.
+        e if e.is_builder() => Outcome::retry(format!(
+            "HTTP request could not be built: {}",
+            error_chain(&e.without_url())
+        )),
+        e if refused_by_guard(&e) => Outcome::retry(format!(
+            "HTTP request refused: {}",
+            error_chain(&e.without_url())
+        )),
+        e => Outcome::retry(format!(
+            "HTTP request failed: {}",
+            error_chain(&e.without_url())
+        )),
     }
 }
 

@@ -210,6 +210,8 @@ pub(crate) const KNOWN: [&str; 23] = [
 
 type FieldResult<T> = std::result::Result<T, (String, String)>;
 
+/// The spec of definition `name` from its table: `Err` names the first
+/// field that is unknown or invalid, in the order checked.
 fn spec_from_table(name: &str, mut t: Table) -> FieldResult<DefSpec> {
     if let Some(unknown) = t.keys().find(|k| !KNOWN.contains(&k.as_str())) {
         return Err((unknown.clone(), "unknown field".into()));
@@ -223,6 +225,21 @@ fn spec_from_table(name: &str, mut t: Table) -> FieldResult<DefSpec> {
         ));
     }
     let mut spec = Spec::new(name, super::Channel::Handler, Value::Null);
+    channel_and_target_from_toml(&mut spec, &mut t)?;
+    if let Some(v) = take_str(&mut t, "retry_interval")? {
+        spec.retry_interval = v;
+    }
+    numbers_and_flags_from_toml(&mut spec, &mut t)?;
+    texts_from_toml(&mut spec, &mut t)?;
+    if let Some(v) = t.remove("circuit") {
+        circuit_from_toml(&mut spec, v)?;
+    }
+    Ok(spec)
+}
+
+/// `steps`, or else `channel` and `target` (both required), taken from `t`
+/// into `spec`; the row's channel and target are the first step's.
+fn channel_and_target_from_toml(spec: &mut DefSpec, t: &mut Table) -> FieldResult<()> {
     if let Some(steps) = t.remove("steps") {
         if t.contains_key("channel") || t.contains_key("target") {
             return Err((
@@ -245,7 +262,7 @@ fn spec_from_table(name: &str, mut t: Table) -> FieldResult<DefSpec> {
             .unwrap_or(Value::Null);
         spec.steps = steps;
     } else {
-        let channel = take_str(&mut t, "channel")?.ok_or(("channel".into(), "missing".into()))?;
+        let channel = take_str(t, "channel")?.ok_or(("channel".into(), "missing".into()))?;
         let target = t
             .remove("target")
             .ok_or(("target".to_string(), "missing".to_string()))?;
@@ -253,9 +270,11 @@ fn spec_from_table(name: &str, mut t: Table) -> FieldResult<DefSpec> {
         spec.target =
             serde_json::to_value(target).map_err(|e| ("target".to_string(), e.to_string()))?;
     }
-    if let Some(v) = take_str(&mut t, "retry_interval")? {
-        spec.retry_interval = v;
-    }
+    Ok(())
+}
+
+/// The integer and boolean fields, taken from `t` into `spec`.
+fn numbers_and_flags_from_toml(spec: &mut DefSpec, t: &mut Table) -> FieldResult<()> {
     for (key, slot) in [
         ("max_retry_times", &mut spec.max_retry_times),
         ("max_retry_interval", &mut spec.max_retry_interval),
@@ -284,30 +303,36 @@ fn spec_from_table(name: &str, mut t: Table) -> FieldResult<DefSpec> {
                 .ok_or((key.to_string(), format!("must be true or false, got {v}")))?;
         }
     }
-    if let Some(v) = take_str(&mut t, "email")? {
+    Ok(())
+}
+
+/// The text fields, taken from `t` into `spec`: the plain ones, then the
+/// immediate retries' delay (a duration) and the jitter (a percentage).
+fn texts_from_toml(spec: &mut DefSpec, t: &mut Table) -> FieldResult<()> {
+    if let Some(v) = take_str(t, "email")? {
         spec.email = v;
     }
-    if let Some(v) = take_str(&mut t, "description")? {
+    if let Some(v) = take_str(t, "description")? {
         spec.description = v;
     }
-    if let Some(v) = take_str(&mut t, "rate_limit")? {
+    if let Some(v) = take_str(t, "rate_limit")? {
         spec.rate_limit = v;
     }
-    if let Some(v) = take_str(&mut t, "ordering")? {
+    if let Some(v) = take_str(t, "ordering")? {
         spec.ordering = v;
     }
-    if let Some(v) = take_str(&mut t, "events_to")? {
+    if let Some(v) = take_str(t, "events_to")? {
         spec.events_to = v;
     }
-    if let Some(v) = take_str(&mut t, "on_error")? {
+    if let Some(v) = take_str(t, "on_error")? {
         spec.on_error = v;
     }
-    if let Some(v) = take_str(&mut t, "immediate_retry_delay")? {
+    if let Some(v) = take_str(t, "immediate_retry_delay")? {
         let d = humantime::parse_duration(&v)
             .map_err(|e| ("immediate_retry_delay".to_string(), format!("`{v}`: {e}")))?;
         spec.immediate_retry_delay = i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
     }
-    if let Some(v) = take_str(&mut t, "retry_jitter")? {
+    if let Some(v) = take_str(t, "retry_jitter")? {
         spec.retry_jitter = v
             .trim()
             .strip_suffix('%')
@@ -317,10 +342,7 @@ fn spec_from_table(name: &str, mut t: Table) -> FieldResult<DefSpec> {
                 format!("`{v}` is not a percentage like \"20%\""),
             ))?;
     }
-    if let Some(v) = t.remove("circuit") {
-        circuit_from_toml(&mut spec, v)?;
-    }
-    Ok(spec)
+    Ok(())
 }
 
 /// `circuit = { failures = 20, window = "1m", cool_down = "5m" }`.

@@ -237,6 +237,8 @@ impl Notifier {
         self.one(id, audit, false).await
     }
 
+    /// Requeues (`requeue`) or cancels notice `id`, each try guarded by the
+    /// version read; a conflict once `crate::db::CONFLICT_TRIES` tries lost.
     async fn one(&self, id: i64, audit: &Audit, requeue: bool) -> Result<()> {
         for _ in 0..crate::db::CONFLICT_TRIES {
             let view = find::show(&self.store().db, id).await?;
@@ -249,26 +251,7 @@ impl Notifier {
                         crate::status::Status::FinalFailure | crate::status::Status::Parked
                     ) =>
                 {
-                    let seen = crate::state::operator::Seen {
-                        id,
-                        version: view.version,
-                        errors: view.errors.join("\n"),
-                    };
-                    let note = format!("cancelled by {audit}");
-                    let keys = self.key_events(&note).await?;
-                    let on_release = keys
-                        .as_ref()
-                        .map(|k| move |d: i64, key: &str| k.row(d, key));
-                    let (done, events) = crate::state::operator::cancel_finished(
-                        self.store(),
-                        std::slice::from_ref(&seen),
-                        &note,
-                        crate::state::clock::app_now(),
-                        on_release.as_ref().map(|f| f as _),
-                    )
-                    .await?;
-                    self.events_written(events).await;
-                    if done.len() == 1 {
+                    if self.cancel_finished_one(id, &view, audit).await? {
                         return Ok(());
                     }
                     continue;
@@ -281,21 +264,7 @@ impl Notifier {
                         && view.retry_times == 0
                         && !view.claim_live =>
                 {
-                    let seen = crate::state::operator::Seen {
-                        id,
-                        version: view.version,
-                        errors: view.errors.join("\n"),
-                    };
-                    let note = format!("sent now (was scheduled) by {audit}");
-                    let changed = crate::state::operator::send_now(
-                        self.store(),
-                        &seen,
-                        &note,
-                        crate::state::clock::app_now(),
-                    )
-                    .await?;
-                    if changed {
-                        self.wake_everyone().await;
+                    if self.send_scheduled_now(id, &view, audit).await? {
                         return Ok(());
                     }
                     continue;
@@ -315,23 +284,78 @@ impl Notifier {
                     });
                 }
             }
-            let action = BulkAction::new(
-                NoticeFilter {
-                    ids: Some(vec![id]),
-                    ..NoticeFilter::default()
-                },
-                audit.clone(),
-            );
-            let report = if requeue {
-                self.requeue_where(&action).await
-            } else {
-                self.cancel_where(&action).await
-            }
-            .map_err(|e| e.error)?;
-            if report.changed == 1 {
+            if self.one_by_id(id, audit, requeue).await? {
                 return Ok(());
             }
         }
         Err(Error::Conflict(id))
+    }
+
+    /// Cancels the finished notice `id` (a final failure or parked) in
+    /// place, as `view` read it: whether it changed (else its version moved).
+    async fn cancel_finished_one(&self, id: i64, view: &NoticeView, audit: &Audit) -> Result<bool> {
+        let seen = as_seen(id, view);
+        let note = format!("cancelled by {audit}");
+        let keys = self.key_events(&note).await?;
+        let on_release = keys
+            .as_ref()
+            .map(|k| move |d: i64, key: &str| k.row(d, key));
+        let (done, events) = crate::state::operator::cancel_finished(
+            self.store(),
+            std::slice::from_ref(&seen),
+            &note,
+            crate::state::clock::app_now(),
+            on_release.as_ref().map(|f| f as _),
+        )
+        .await?;
+        self.events_written(events).await;
+        Ok(done.len() == 1)
+    }
+
+    /// Makes the scheduled notice `id` due at once, as `view` read it:
+    /// whether it changed (then every worker is woken).
+    async fn send_scheduled_now(&self, id: i64, view: &NoticeView, audit: &Audit) -> Result<bool> {
+        let seen = as_seen(id, view);
+        let note = format!("sent now (was scheduled) by {audit}");
+        let changed = crate::state::operator::send_now(
+            self.store(),
+            &seen,
+            &note,
+            crate::state::clock::app_now(),
+        )
+        .await?;
+        if changed {
+            self.wake_everyone().await;
+        }
+        Ok(changed)
+    }
+
+    /// Requeues (`requeue`) or cancels notice `id` as a bulk action on its
+    /// id alone: whether it changed.
+    async fn one_by_id(&self, id: i64, audit: &Audit, requeue: bool) -> Result<bool> {
+        let action = BulkAction::new(
+            NoticeFilter {
+                ids: Some(vec![id]),
+                ..NoticeFilter::default()
+            },
+            audit.clone(),
+        );
+        let report = if requeue {
+            self.requeue_where(&action).await
+        } else {
+            self.cancel_where(&action).await
+        }
+        .map_err(|e| e.error)?;
+        Ok(report.changed == 1)
+    }
+}
+
+/// What an operator's write saw of notice `id`: its version and errors, as
+/// `view` read them.
+fn as_seen(id: i64, view: &NoticeView) -> crate::state::operator::Seen {
+    crate::state::operator::Seen {
+        id,
+        version: view.version,
+        errors: view.errors.join("\n"),
     }
 }

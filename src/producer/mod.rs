@@ -314,47 +314,15 @@ impl Notifier {
                     .or(notice.ordering_key.as_deref()),
             ),
         };
-        let target_override = match &notice.target_override {
-            Some(_) if def.multi_step() => {
-                return Err(invalid(format!(
-                    "target override: `{}` has {} steps; an override applies to one target",
-                    def.name,
-                    def.steps.len()
-                )));
-            }
-            Some(over) => {
-                merged_target(&def, over).map_err(|p| invalid(format!("target override: {p}")))?;
-                Some(over.to_string())
-            }
-            None => None,
-        };
+        let target_override =
+            override_text(&def, notice.target_override.as_ref()).map_err(invalid)?;
         if notice.ordering_key.is_some() && def.ordering == crate::def::Ordering::Unordered {
             return Err(invalid(
                 "ordering_key is set, but the definition is not ordered (ordering = \"per_key\")"
                     .into(),
             ));
         }
-        let later = match notice.later {
-            None => None,
-            Some(When::By(d)) if d > MAX_DELAY => {
-                return Err(invalid(format!(
-                    "delay of {d:?} is over the limit of {MAX_DELAY:?} (MAX_DELAY)"
-                )));
-            }
-            Some(When::By(d)) if d.is_zero() => None,
-            Some(When::By(d)) => Some(Later::By(d)),
-            Some(When::At(t)) => {
-                let apart = (t - chrono::Utc::now()).abs().to_std().unwrap_or(MAX_DELAY);
-                if apart >= MAX_DELAY {
-                    return Err(invalid(format!(
-                        "not_before {t} is {MAX_DELAY:?} (MAX_DELAY) or more away from now"
-                    )));
-                }
-                // Even a time this host sees as past: the database's clock
-                // decides, and it may be behind this host's.
-                Some(Later::At(ceil_micros(t.naive_utc())))
-            }
-        };
+        let later = later_due(notice.later).map_err(invalid)?;
         let row = NewRow {
             def_id: def.id,
             param,
@@ -371,7 +339,13 @@ impl Notifier {
             origin: notice.origin,
         };
         insert::check(&row, self.config().max_param_bytes).map_err(invalid)?;
-        let row = match def.encrypt {
+        let row = self.sealed(row, &def)?;
+        Ok((row, def))
+    }
+
+    /// `row` as stored: its param sealed when the definition encrypts.
+    fn sealed(&self, row: NewRow, def: &crate::def::DefRef) -> Result<NewRow> {
+        Ok(match def.encrypt {
             false => row,
             // Sealed once checked: the size limit is the plaintext's.
             true => NewRow {
@@ -385,8 +359,7 @@ impl Notifier {
                     })?,
                 ..row
             },
-        };
-        Ok((row, def))
+        })
     }
 
     /// Attempts committed notices now: in the background, or awaited when
@@ -455,6 +428,52 @@ impl Notifier {
     pub fn wrap(&self, txn: DatabaseTransaction) -> NoticeTx {
         NoticeTx::wrapped(self.clone(), txn)
     }
+}
+
+/// The text of a notice's target override, checked against `def`; `Err`
+/// with the problem (a definition of several steps takes none).
+fn override_text(
+    def: &crate::def::DefRef,
+    over: Option<&Value>,
+) -> std::result::Result<Option<String>, String> {
+    match over {
+        Some(_) if def.multi_step() => Err(format!(
+            "target override: `{}` has {} steps; an override applies to one target",
+            def.name,
+            def.steps.len()
+        )),
+        Some(over) => {
+            merged_target(def, over).map_err(|p| format!("target override: {p}"))?;
+            Ok(Some(over.to_string()))
+        }
+        None => Ok(None),
+    }
+}
+
+/// When a delayed notice is due, as the producer gave it; `Err` with the
+/// problem when that is past the limit of [`MAX_DELAY`].
+fn later_due(later: Option<When>) -> std::result::Result<Option<Later>, String> {
+    Ok(match later {
+        None => None,
+        Some(When::By(d)) if d > MAX_DELAY => {
+            return Err(format!(
+                "delay of {d:?} is over the limit of {MAX_DELAY:?} (MAX_DELAY)"
+            ));
+        }
+        Some(When::By(d)) if d.is_zero() => None,
+        Some(When::By(d)) => Some(Later::By(d)),
+        Some(When::At(t)) => {
+            let apart = (t - chrono::Utc::now()).abs().to_std().unwrap_or(MAX_DELAY);
+            if apart >= MAX_DELAY {
+                return Err(format!(
+                    "not_before {t} is {MAX_DELAY:?} (MAX_DELAY) or more away from now"
+                ));
+            }
+            // Even a time this host sees as past: the database's clock
+            // decides, and it may be behind this host's.
+            Some(Later::At(ceil_micros(t.naive_utc())))
+        }
+    })
 }
 
 /// `t` rounded up to a whole microsecond, the finest time every backend

@@ -214,6 +214,17 @@ enum Stage {
     Either,
 }
 
+impl Stage {
+    /// What failed, as a commit's error says it.
+    fn failed(&self) -> &'static str {
+        match self {
+            Stage::Insert => "writing its notices at the commit failed",
+            Stage::Commit => "COMMIT failed",
+            Stage::Either => "writing its notices or the COMMIT failed",
+        }
+    }
+}
+
 impl PgTx {
     /// Takes a connection from `pool` (waiting at most `bound`, the bound of
     /// its own statements); nothing is sent yet.
@@ -528,33 +539,7 @@ impl PgTx {
             .ready(false)
             .await
             .map_err(|e| Error::TransactionAborted(e.to_string()))?;
-        let literal = begun.then(|| insert::pg_insert_literal(rows)).flatten();
-        let outcome = if let Some(insert) = literal {
-            // One round trip: the notices and the COMMIT in one
-            // simple-protocol message (the server skips the COMMIT when the
-            // insert fails).
-            within(
-                bound,
-                conn.execute(sqlx::AssertSqlSafe(format!("{insert}; COMMIT"))),
-            )
-            .await
-            .map(drop)
-            .map_err(|e| (e, Stage::Either))
-        } else {
-            let inserted = if rows.is_empty() {
-                Ok(())
-            } else {
-                within(bound, insert::pg_insert_rows(conn, rows)).await
-            };
-            match inserted {
-                Err(e) => Err((e, Stage::Insert)),
-                Ok(()) if begun => within(bound, conn.execute("COMMIT"))
-                    .await
-                    .map(drop)
-                    .map_err(|e| (e, Stage::Commit)),
-                Ok(()) => Ok(()),
-            }
-        };
+        let outcome = insert_and_commit(conn, rows, begun, bound).await;
         let (e, stage) = match outcome {
             Ok(()) => {
                 link.in_flight = false;
@@ -581,12 +566,10 @@ impl PgTx {
             link.begun = false;
             link.conn = None;
         }
-        let what = match stage {
-            Stage::Insert => "writing its notices at the commit failed",
-            Stage::Commit => "COMMIT failed",
-            Stage::Either => "writing its notices or the COMMIT failed",
-        };
-        Err(Error::TransactionAborted(format!("{what}: {e}")))
+        Err(Error::TransactionAborted(format!(
+            "{}: {e}",
+            stage.failed()
+        )))
     }
 
     /// Rolls back (nothing to do when nothing was sent). A connection that
@@ -610,6 +593,44 @@ impl PgTx {
             link.conn = None;
         }
         done
+    }
+}
+
+/// Sends `rows` and, in a begun transaction, the `COMMIT` on `conn`, each
+/// bounded by `bound`: in one message when they fit a literal insert, else a
+/// prepared insert (if any rows) then the `COMMIT`. `Err` says where it failed.
+async fn insert_and_commit(
+    conn: &mut PoolConnection<Postgres>,
+    rows: &[(i64, NewRow)],
+    begun: bool,
+    bound: std::time::Duration,
+) -> std::result::Result<(), (DbErr, Stage)> {
+    let literal = begun.then(|| insert::pg_insert_literal(rows)).flatten();
+    if let Some(insert) = literal {
+        // One round trip: the notices and the COMMIT in one
+        // simple-protocol message (the server skips the COMMIT when the
+        // insert fails).
+        within(
+            bound,
+            conn.execute(sqlx::AssertSqlSafe(format!("{insert}; COMMIT"))),
+        )
+        .await
+        .map(drop)
+        .map_err(|e| (e, Stage::Either))
+    } else {
+        let inserted = if rows.is_empty() {
+            Ok(())
+        } else {
+            within(bound, insert::pg_insert_rows(conn, rows)).await
+        };
+        match inserted {
+            Err(e) => Err((e, Stage::Insert)),
+            Ok(()) if begun => within(bound, conn.execute("COMMIT"))
+                .await
+                .map(drop)
+                .map_err(|e| (e, Stage::Commit)),
+            Ok(()) => Ok(()),
+        }
     }
 }
 

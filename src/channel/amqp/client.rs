@@ -191,37 +191,12 @@ impl AmqpChannel {
 
     /// Publishes one attempt and waits for the broker's verdict.
     pub async fn publish(&self, target: &AmqpTarget, notice: &Notice, body: &str) -> Outcome {
-        let mut headers = FieldTable::default();
-        for (name, value) in notice.trace_headers.iter().chain(&target.headers) {
-            headers.insert(
-                name.as_str().into(),
-                AMQPValue::LongString(value.as_str().into()),
-            );
-        }
-        headers.insert(
-            "x-notice-attempt".into(),
-            AMQPValue::LongLongInt(notice.attempt.into()),
-        );
-        headers.insert(
-            "x-notice-def".into(),
-            AMQPValue::LongString(notice.def.as_str().into()),
-        );
-        headers.insert(
-            "x-idempotency-key".into(),
-            AMQPValue::LongString(notice.idempotency_key.as_str().into()),
-        );
-        if notice.steps > 1 {
-            headers.insert(
-                "x-notice-step".into(),
-                AMQPValue::LongLongInt(i64::from(notice.step) + 1),
-            );
-        }
         let properties = BasicProperties::default()
             .with_message_id(notice.id.to_string().into())
             .with_content_type(target.content_type.as_str().into())
             .with_delivery_mode(if target.persistent { 2 } else { 1 })
             .with_reply_to(self.config.confirm_queue.as_str().into())
-            .with_headers(headers);
+            .with_headers(message_headers(target, notice));
         let options = BasicPublishOptions {
             mandatory: target.mandatory,
             ..BasicPublishOptions::default()
@@ -275,4 +250,35 @@ impl AmqpChannel {
         }
         Outcome::retry(format!("AMQP publish failed: {lost}"))
     }
+}
+
+/// The message's headers: the trace's and the target's, then the notice's
+/// attempt, definition, idempotency key and (of several) 1-based step.
+fn message_headers(target: &AmqpTarget, notice: &Notice) -> FieldTable {
+    let mut headers = FieldTable::default();
+    for (name, value) in notice.trace_headers.iter().chain(&target.headers) {
+        headers.insert(
+            name.as_str().into(),
+            AMQPValue::LongString(value.as_str().into()),
+        );
+    }
+    headers.insert(
+        "x-notice-attempt".into(),
+        AMQPValue::LongLongInt(notice.attempt.into()),
+    );
+    headers.insert(
+        "x-notice-def".into(),
+        AMQPValue::LongString(notice.def.as_str().into()),
+    );
+    headers.insert(
+        "x-idempotency-key".into(),
+        AMQPValue::LongString(notice.idempotency_key.as_str().into()),
+    );
+    if notice.steps > 1 {
+        headers.insert(
+            "x-notice-step".into(),
+            AMQPValue::LongLongInt(i64::from(notice.step) + 1),
+        );
+    }
+    headers
 }
