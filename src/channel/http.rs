@@ -64,6 +64,11 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 pub const SECRET_ENV_PREFIX: &str = "SOLID_NOTIFY_SECRET_";
 /// Bytes of the response body quoted in a failure reason.
 pub const BODY_EXCERPT: usize = 200;
+/// Most bytes of a response body read: 64 KiB. The rest is not read (the
+/// connection is closed), so a receiver's endless or huge answer costs
+/// neither memory nor the attempt's time; such a body never equals a
+/// target's `expected_body`.
+const RESPONSE_BODY_LIMIT: usize = 64 * 1024;
 
 /// The shared HTTP clients (one connection pool for every notice).
 pub(crate) struct HttpChannel {
@@ -146,7 +151,12 @@ impl HttpChannel {
             Ok(url) => url,
             Err(outcome) => return outcome,
         };
-        let client = match self.client_for(target, &url) {
+        // A URL kept as a secret is never said, its host included.
+        let secret = match &target.url {
+            TargetUrl::Secret(r) => Some(r.secret.as_str()),
+            TargetUrl::Text(_) => None,
+        };
+        let client = match self.client_for(target, &url, secret) {
             Ok(client) => client,
             Err(outcome) => return outcome,
         };
@@ -162,10 +172,18 @@ impl HttpChannel {
         };
         let response = match request.body(body.to_string()).send().await {
             Ok(response) => response,
-            Err(e) => return send_failure(e, timeout),
+            Err(e) => {
+                let failure = send_failure(e, timeout, secret);
+                // Nor in what the network said (a name a certificate does
+                // not match, say).
+                return match (secret, reqwest::Url::parse(&url)) {
+                    (Some(name), Ok(parsed)) => hide_host(failure, name, parsed.host_str()),
+                    _ => failure,
+                };
+            }
         };
         let status = response.status();
-        let text = match response.text().await {
+        let text = match read_body(response).await {
             Ok(text) => text,
             Err(e) => {
                 return Outcome::retry(format!(
@@ -178,8 +196,14 @@ impl HttpChannel {
     }
 
     /// The client for `target`: the unguarded one when the target may reach
-    /// private addresses, else the guarded one, refusing a non-public IP literal.
-    fn client_for(&self, target: &HttpTarget, url: &str) -> Result<&reqwest::Client, Outcome> {
+    /// private addresses, else the guarded one, refusing a non-public IP
+    /// literal (not named when the URL is the `secret`'s).
+    fn client_for(
+        &self,
+        target: &HttpTarget,
+        url: &str,
+        secret: Option<&str>,
+    ) -> Result<&reqwest::Client, Outcome> {
         match (&self.open, target.allow_private_network) {
             (Some(open), true) => Ok(open),
             (None, _) => Ok(&self.client),
@@ -188,7 +212,10 @@ impl HttpChannel {
                     .ok()
                     .and_then(|url| refused_literal(&url))
                 {
-                    return Err(Outcome::retry(format!("HTTP request refused: {refused}")));
+                    return Err(Outcome::retry(match secret {
+                        Some(name) => secret_refused(name),
+                        None => format!("HTTP request refused: {refused}"),
+                    }));
                 }
                 Ok(&self.client)
             }
@@ -285,8 +312,43 @@ fn with_notice_headers(
     request
 }
 
-/// The retry for a request that got no response, `timeout` being its bound.
-fn send_failure(e: reqwest::Error, timeout: Duration) -> Outcome {
+/// The refusal of a URL kept as secret `name`: neither its host nor its
+/// address is said.
+fn secret_refused(name: &str) -> String {
+    format!(
+        "HTTP request refused: the URL of secret `{name}` is not a public address (allow it with the target's allow_private_network or Config::allow_private_network)"
+    )
+}
+
+/// `failure` with the host of the URL kept as secret `name` replaced by
+/// the secret's name.
+fn hide_host(failure: Outcome, name: &str, host: Option<&str>) -> Outcome {
+    match (failure, host) {
+        (Outcome::Retry { reason }, Some(host)) if !host.is_empty() => Outcome::Retry {
+            reason: reason.replace(host, &format!("<the host of secret `{name}`>")),
+        },
+        (failure, _) => failure,
+    }
+}
+
+/// At most [`RESPONSE_BODY_LIMIT`] bytes of `response`'s body, as text
+/// (invalid UTF-8 replaced); the rest is left unread.
+async fn read_body(mut response: reqwest::Response) -> Result<String, reqwest::Error> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await? {
+        let room = RESPONSE_BODY_LIMIT - body.len();
+        if chunk.len() >= room {
+            body.extend_from_slice(&chunk[..room]);
+            break;
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(String::from_utf8_lossy(&body).into_owned())
+}
+
+/// The retry for a request that got no response, `timeout` being its
+/// bound; a refusal of the URL of `secret` does not say its host.
+fn send_failure(e: reqwest::Error, timeout: Duration, secret: Option<&str>) -> Outcome {
     match e {
         e if e.is_timeout() => Outcome::retry(format!("HTTP timeout after {timeout:?}")),
         // A request that cannot be built (a header of a hand-edited row
@@ -297,10 +359,10 @@ fn send_failure(e: reqwest::Error, timeout: Duration) -> Outcome {
             "HTTP request could not be built: {}",
             error_chain(&e.without_url())
         )),
-        e if refused_by_guard(&e) => Outcome::retry(format!(
-            "HTTP request refused: {}",
-            error_chain(&e.without_url())
-        )),
+        e if refused_by_guard(&e) => Outcome::retry(match secret {
+            Some(name) => secret_refused(name),
+            None => format!("HTTP request refused: {}", error_chain(&e.without_url())),
+        }),
         e => Outcome::retry(format!(
             "HTTP request failed: {}",
             error_chain(&e.without_url())

@@ -432,6 +432,71 @@ fn failed_for_good(result: &AttemptResult, text: &str) {
     );
 }
 
+db_test!(
+    a_secret_urls_host_is_never_said,
+    |db: Arc<TestDb>| async move {
+        let inside = receiver(200).await;
+        let port = inside.address().port();
+        // A name the guard resolves to a private address, and a private IP
+        // literal, each kept as a secret.
+        let urls = [
+            ("by_name", format!("http://localhost:{port}/T0ken")),
+            ("by_ip", format!("http://127.0.0.1:{port}/T0ken")),
+        ];
+        for (name, _) in &urls {
+            def(
+                &db,
+                name,
+                Channel::Http,
+                json!({"url": {"secret": format!("{name}_url")}}),
+            )
+            .await;
+        }
+        let guarded = db
+            .notifier()
+            .config(Config {
+                allow_private_network: false,
+                secrets: urls
+                    .iter()
+                    .map(|(name, url)| (format!("{name}_url"), url.clone()))
+                    .collect(),
+                ..test_config()
+            })
+            .build()
+            .unwrap();
+        for (name, _) in &urls {
+            let result = send(&guarded, NewNotice::new(*name, &json!({}))).await;
+            failed_for_good(&result, "not a public address");
+            failed_for_good(&result, &format!("secret `{name}_url`"));
+            let reason = format!("{result:?}");
+            for said in ["localhost", "127.0.0.1", &port.to_string(), "T0ken"] {
+                assert!(!reason.contains(said), "{name}: `{said}` said in {reason}");
+            }
+            let errors: String = db
+                .db
+                .query_one_raw(sea_orm::Statement::from_string(
+                    db.db.get_database_backend(),
+                    format!(
+                        "SELECT h.errors FROM notify_msg_history h JOIN notify_def d \
+                     ON d.id = h.def_id WHERE d.name = '{name}'"
+                    ),
+                ))
+                .await
+                .unwrap()
+                .expect("moved to history")
+                .try_get_by_index(0)
+                .unwrap();
+            for said in ["localhost", "127.0.0.1", "T0ken"] {
+                assert!(
+                    !errors.contains(said),
+                    "{name}: `{said}` in its log: {errors}"
+                );
+            }
+        }
+        assert!(inside.received_requests().await.unwrap().is_empty());
+    }
+);
+
 db_test!(private_addresses_are_refused_unless_allowed, |db: Arc<
     TestDb,
 >| async move {

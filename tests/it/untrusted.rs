@@ -326,3 +326,68 @@ db_test!(
         stop.cancel();
     }
 );
+
+/// A receiver on 127.0.0.1 that answers every request `200 OK` with a body
+/// that never ends (16 KiB chunks, until the client hangs up); the bytes
+/// it managed to write.
+async fn endless_receiver() -> (String, Arc<std::sync::atomic::AtomicU64>) {
+    use std::sync::atomic::Ordering::Relaxed;
+    use tokio::io::AsyncReadExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/endless", listener.local_addr().unwrap());
+    let written = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counted = written.clone();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let counted = counted.clone();
+            tokio::spawn(async move {
+                // The request (headers and a small body) in one read is
+                // enough: the answer does not depend on it.
+                let mut request = vec![0; 64 * 1024];
+                if socket.read(&mut request).await.is_err() {
+                    return;
+                }
+                let head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n";
+                if socket.write_all(head).await.is_err() {
+                    return;
+                }
+                let chunk = format!("4000\r\n{}\r\n", "x".repeat(0x4000));
+                while socket.write_all(chunk.as_bytes()).await.is_ok() {
+                    counted.fetch_add(0x4000, Relaxed);
+                }
+            });
+        }
+    });
+    (url, written)
+}
+
+db_test!(
+    an_endless_answer_is_read_no_further_than_its_limit,
+    |db: Arc<TestDb>| async move {
+        let (url, written) = endless_receiver().await;
+        let mut spec = solid_notify::def::DefSpec::new(
+            "endless",
+            solid_notify::def::Channel::Http,
+            json!({"url": url, "timeout": "5s"}),
+        );
+        spec.max_retry_times = 0;
+        store::sync(&db.db, &[spec]).await.unwrap();
+        let notifier = db.notifier().build().unwrap();
+        let tx = notifier.begin().await.unwrap();
+        tx.add(NewNotice::new("endless", &json!({}))).await.unwrap();
+        let started = Instant::now();
+        let report = tx.commit_and_wait().await.unwrap().pop().unwrap();
+        // Read up to its limit, then left: a success, long before the
+        // request's 5 s (reading on would end in a timeout).
+        assert_eq!(report.result, solid_notify::AttemptResult::Succeeded);
+        assert!(
+            started.elapsed() < Duration::from_secs(4),
+            "took {:?}",
+            started.elapsed()
+        );
+        // The receiver could write no more than what the connection buffers
+        // hold beyond the limit.
+        let sent = written.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(sent < 64 * 1024 * 1024, "{sent} bytes written");
+    }
+);
