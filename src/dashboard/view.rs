@@ -385,7 +385,9 @@ async fn find_limited(
 }
 
 /// [`find`] on MySQL or MariaDB, each statement limited to `timeout` in
-/// the server's own form.
+/// the server's own form; a server that stops answering gives the place
+/// back after twice that (a statement dropped mid-way takes its
+/// connection with it: nothing is written).
 async fn find_on_mysql(
     db: &sea_orm::DatabaseConnection,
     query: &NoticeQuery,
@@ -403,7 +405,9 @@ async fn find_on_mysql(
         mariadb,
         timeout,
     };
-    find(&limited, query).await
+    tokio::time::timeout(timeout * 2, find(&limited, query))
+        .await
+        .unwrap_or_else(|_| Err(Failure::Unavailable(BUSY.into())))
 }
 
 /// [`find`] on SQLite's search pool, in one read-only transaction.
