@@ -172,15 +172,7 @@ impl HttpChannel {
         };
         let response = match request.body(body.to_string()).send().await {
             Ok(response) => response,
-            Err(e) => {
-                let failure = send_failure(e, timeout, secret);
-                // Nor in what the network said (a name a certificate does
-                // not match, say).
-                return match (secret, reqwest::Url::parse(&url)) {
-                    (Some(name), Ok(parsed)) => hide_host(failure, name, parsed.host_str()),
-                    _ => failure,
-                };
-            }
+            Err(e) => return send_failure(e, timeout, secret),
         };
         let status = response.status();
         let text = match read_body(response).await {
@@ -320,17 +312,6 @@ fn secret_refused(name: &str) -> String {
     )
 }
 
-/// `failure` with the host of the URL kept as secret `name` replaced by
-/// the secret's name.
-fn hide_host(failure: Outcome, name: &str, host: Option<&str>) -> Outcome {
-    match (failure, host) {
-        (Outcome::Retry { reason }, Some(host)) if !host.is_empty() => Outcome::Retry {
-            reason: reason.replace(host, &format!("<the host of secret `{name}`>")),
-        },
-        (failure, _) => failure,
-    }
-}
-
 /// At most [`RESPONSE_BODY_LIMIT`] bytes of `response`'s body, as text
 /// (invalid UTF-8 replaced); the rest is left unread.
 async fn read_body(mut response: reqwest::Response) -> Result<String, reqwest::Error> {
@@ -347,10 +328,28 @@ async fn read_body(mut response: reqwest::Response) -> Result<String, reqwest::E
 }
 
 /// The retry for a request that got no response, `timeout` being its
-/// bound; a refusal of the URL of `secret` does not say its host.
+/// bound. For a URL kept as `secret`, only the kind of failure is said:
+/// what the network says (a refused address, a name a certificate does not
+/// match, the names it does) may name its host.
 fn send_failure(e: reqwest::Error, timeout: Duration, secret: Option<&str>) -> Outcome {
+    match (e, secret) {
+        (e, _) if e.is_timeout() => Outcome::retry(format!("HTTP timeout after {timeout:?}")),
+        (e, Some(name)) if refused_by_guard(&e) => Outcome::retry(secret_refused(name)),
+        (e, Some(name)) => Outcome::retry(format!(
+            "HTTP request to the URL of secret `{name}` failed ({}); the details are not said, as they may name its host",
+            match () {
+                () if e.is_builder() => "it could not be built",
+                () if e.is_connect() => "no connection",
+                _ => "no answer",
+            }
+        )),
+        (e, None) => other_failure(e),
+    }
+}
+
+/// [`send_failure`] of a URL said in its definition.
+fn other_failure(e: reqwest::Error) -> Outcome {
     match e {
-        e if e.is_timeout() => Outcome::retry(format!("HTTP timeout after {timeout:?}")),
         // A request that cannot be built (a header of a hand-edited row
         // or a secret that is no header value) or an address the guard
         // refused: said as such. Without the URL: its query may hold a
@@ -359,10 +358,10 @@ fn send_failure(e: reqwest::Error, timeout: Duration, secret: Option<&str>) -> O
             "HTTP request could not be built: {}",
             error_chain(&e.without_url())
         )),
-        e if refused_by_guard(&e) => Outcome::retry(match secret {
-            Some(name) => secret_refused(name),
-            None => format!("HTTP request refused: {}", error_chain(&e.without_url())),
-        }),
+        e if refused_by_guard(&e) => Outcome::retry(format!(
+            "HTTP request refused: {}",
+            error_chain(&e.without_url())
+        )),
         e => Outcome::retry(format!(
             "HTTP request failed: {}",
             error_chain(&e.without_url())

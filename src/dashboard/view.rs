@@ -385,27 +385,30 @@ async fn find_limited(
 }
 
 /// [`find`] on MySQL or MariaDB, each statement limited to `timeout` in
-/// the server's own form; a server that stops answering gives the place
-/// back after twice that (a statement dropped mid-way takes its
-/// connection with it: nothing is written).
+/// the server's own form; a server that stops answering (to the version
+/// probe too) gives the place back after twice that (a search only reads:
+/// a statement dropped mid-way writes nothing).
 async fn find_on_mysql(
     db: &sea_orm::DatabaseConnection,
     query: &NoticeQuery,
     mariadb: &tokio::sync::OnceCell<bool>,
     timeout: std::time::Duration,
 ) -> Result<(Place, Page, Vec<crate::ops::NoticeView>), Failure> {
-    // Asked once, remembered once known; while it cannot be
-    // told, MariaDB's form (this project's server).
-    let known = mariadb
-        .get_or_try_init(|| async { super::search::is_mariadb(db).await.ok_or(()) })
-        .await;
-    let mariadb = known.copied().unwrap_or(true);
-    let limited = super::search::Limited {
-        inner: db,
-        mariadb,
-        timeout,
+    let search = async {
+        // Asked once, remembered once known; while it cannot be
+        // told, MariaDB's form (this project's server).
+        let known = mariadb
+            .get_or_try_init(|| async { super::search::is_mariadb(db).await.ok_or(()) })
+            .await;
+        let mariadb = known.copied().unwrap_or(true);
+        let limited = super::search::Limited {
+            inner: db,
+            mariadb,
+            timeout,
+        };
+        find(&limited, query).await
     };
-    tokio::time::timeout(timeout * 2, find(&limited, query))
+    tokio::time::timeout(timeout.saturating_mul(2), search)
         .await
         .unwrap_or_else(|_| Err(Failure::Unavailable(BUSY.into())))
 }
@@ -441,7 +444,7 @@ async fn find_with_statement_timeout(
     // Once begun, a statement dropped mid-way is safe: its transaction
     // is rolled back on the way back to the pool. A server that stops
     // answering gives the place back after twice the answer's time.
-    let found = tokio::time::timeout(timeout * 2, async {
+    let found = tokio::time::timeout(timeout.saturating_mul(2), async {
         txn.execute_unprepared(&limit)
             .await
             .map_err(|e| Failure::from(Error::from(e)))?;
