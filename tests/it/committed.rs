@@ -269,10 +269,15 @@ where
     // The victim waits for order 2 (held by `other`); now `other` waits for
     // order 1 (held by the victim): a deadlock.
     // 30 s: under a full test run the server may be busy with others.
+    // Seen in the process list (`other` is idle: an `UPDATE` running in
+    // this database is the victim's, which only a lock holds), not in
+    // `innodb_trx`: InnoDB refreshes that only once no one has read it for
+    // 100 ms, so polling it (here, or any other test) can keep it stale.
     eventually(30, "the victim waiting for its lock", || async {
         let n = db
             .scalar(
-                "SELECT COUNT(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'",
+                "SELECT COUNT(*) FROM information_schema.processlist \
+                 WHERE db = DATABASE() AND command = 'Query' AND info LIKE 'UPDATE orders%'",
             )
             .await;
         (n > 0).then_some(())

@@ -140,7 +140,18 @@ impl TestDb {
 
     /// Drops the database (best effort; `.ci/run` sweeps leftovers of failed runs).
     pub async fn cleanup(self) {
-        self.db.close().await.ok();
+        // A pool closes once every connection is back: one a test left
+        // checked out (a task still running, a leak) would hold the run.
+        // Said, then the database is dropped all the same.
+        if tokio::time::timeout(Duration::from_secs(20), self.db.close())
+            .await
+            .is_err()
+        {
+            eprintln!(
+                "{}: the pool did not close within 20 s: a connection was still checked out",
+                self.name
+            );
+        }
         match (self.backend, self.admin) {
             (Backend::Sqlite, _) => {
                 let path = std::env::temp_dir().join(format!("{}.db", self.name));
@@ -446,11 +457,19 @@ where
         return;
     }
     let db = Arc::new(TestDb::new(backend).await);
-    body(db.clone()).await;
+    // A test that hangs fails, naming itself, instead of holding the run
+    // until CI's own limit.
+    tokio::time::timeout(TEST_LIMIT, body(db.clone()))
+        .await
+        .unwrap_or_else(|_| panic!("the test did not end within {TEST_LIMIT:?}: it hangs"));
     if let Ok(db) = Arc::try_unwrap(db) {
         db.cleanup().await;
     }
 }
+
+/// Longest a database test may run: 10 minutes (the longest take about
+/// two on a loaded machine).
+const TEST_LIMIT: Duration = Duration::from_secs(600);
 
 /// One test function per backend.
 #[macro_export]
