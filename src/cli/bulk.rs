@@ -61,6 +61,11 @@ pub(crate) async fn run(
     if args.id.is_some() || args.ids.is_some() {
         filter.ids = Some(ids);
     }
+    let notifier = Notifier::builder(db.clone()).build()?;
+    // Before a pin too: a pinned file is acted on as it is.
+    if !one && args.ids.is_none() {
+        narrowing(&notifier, requeue, &filter).await?;
+    }
     if let Some(path) = &args.pin {
         return pin_to_file(&db, path, requeue, &filter).await;
     }
@@ -68,10 +73,6 @@ pub(crate) async fn run(
         args.actor.unwrap_or_else(default_actor),
         args.reason.unwrap_or_default(),
     );
-    let notifier = Notifier::builder(db.clone()).build()?;
-    if !one && args.ids.is_none() {
-        narrowing(&notifier, requeue, &filter).await?;
-    }
     if one && !args.dry_run && !args.json {
         return act_on_one(&notifier, args.id.unwrap_or_default(), requeue, &audit).await;
     }

@@ -319,5 +319,21 @@ db_test!(
         let (ok, _, err) = cli(&db, &["requeue", "--pinned", file, "--reason", "x"]);
         assert!(!ok && err.contains("not a Requeue"), "{err}");
         std::fs::remove_file(file).ok();
+
+        // A dry run pins only what an action would take: a text filter
+        // that matches every notice is refused before a file is written.
+        let (ok, _, err) = cli(
+            &db,
+            &[
+                "cancel",
+                "--param-contains",
+                "{",
+                "--dry-run",
+                "--pin",
+                file,
+            ],
+        );
+        assert!(!ok && err.contains("match every notice"), "{err}");
+        assert!(!std::path::Path::new(file).exists(), "pinned all the same");
     }
 );
