@@ -178,13 +178,18 @@ impl HttpChannel {
         let text = match read_body(response).await {
             Ok(text) => text,
             Err(e) => {
-                return Outcome::retry(format!(
-                    "HTTP {status}: reading body failed: {}",
-                    error_chain(&e.without_url())
-                ));
+                return Outcome::retry(match secret {
+                    Some(_) => format!("HTTP {status}: reading body failed"),
+                    None => format!(
+                        "HTTP {status}: reading body failed: {}",
+                        error_chain(&e.without_url())
+                    ),
+                });
             }
         };
-        classify(target, status, &text)
+        // A receiver's body may echo the URL (a redirect's, an error
+        // page's path): not quoted for a URL kept as a secret.
+        classify(target, status, &text, secret)
     }
 
     /// The client for `target`: the unguarded one when the target may reach
@@ -522,8 +527,13 @@ pub fn sign(secret: &str, timestamp: &str, body: &str) -> String {
     format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
 }
 
-fn classify(target: &HttpTarget, status: StatusCode, body: &str) -> Outcome {
+/// The outcome of an answer with `status` and `body`; reasons quote the
+/// body's start, except for a URL kept as `secret`.
+fn classify(target: &HttpTarget, status: StatusCode, body: &str, secret: Option<&str>) -> Outcome {
     let excerpt = || {
+        if let Some(name) = secret {
+            return format!("(body not said: the URL is secret `{name}`'s)");
+        }
         let body = body.trim();
         let cut = body
             .char_indices()
@@ -579,7 +589,8 @@ mod tests {
     #[test]
     fn statuses_map_to_outcomes() {
         let t = target();
-        let kind = |code: u16| match classify(&t, StatusCode::from_u16(code).unwrap(), "nope") {
+        let kind = |code: u16| match classify(&t, StatusCode::from_u16(code).unwrap(), "nope", None)
+        {
             Outcome::Success { .. } => "ok",
             Outcome::Retry { .. } => "retry",
             Outcome::Permanent { .. } => "permanent",
@@ -603,7 +614,7 @@ mod tests {
             ..target()
         };
         assert!(matches!(
-            classify(&lenient, StatusCode::BAD_REQUEST, ""),
+            classify(&lenient, StatusCode::BAD_REQUEST, "", None),
             Outcome::Retry { .. }
         ));
     }
@@ -615,15 +626,16 @@ mod tests {
             ..target()
         };
         assert_eq!(
-            classify(&t, StatusCode::OK, " success\n"),
+            classify(&t, StatusCode::OK, " success\n", None),
             Outcome::success()
         );
-        let Outcome::Retry { reason } = classify(&t, StatusCode::OK, "fail") else {
+        let Outcome::Retry { reason } = classify(&t, StatusCode::OK, "fail", None) else {
             panic!()
         };
         assert!(reason.contains("`fail`"), "{reason}");
         let long = "x".repeat(1000);
-        let Outcome::Retry { reason } = classify(&target(), StatusCode::BAD_GATEWAY, &long) else {
+        let Outcome::Retry { reason } = classify(&target(), StatusCode::BAD_GATEWAY, &long, None)
+        else {
             panic!()
         };
         assert!(

@@ -68,14 +68,18 @@ pub struct DashboardConfig {
     /// Default: empty (the root).
     pub base_path: String,
     /// Longest a listing may take: answered 503 then, its statements
-    /// stopped by the database. Default: `None`, [`SEARCH_TIMEOUT`] (10 s).
+    /// stopped by the database. Default: `None`, [`SEARCH_TIMEOUT`] (10 s);
+    /// at most 24 days (longer is taken as 24 days).
     pub search_timeout: Option<std::time::Duration>,
 }
 
 impl DashboardConfig {
     /// [`search_timeout`](Self::search_timeout), or its default.
+    /// At most 24 days: PostgreSQL's `statement_timeout` takes no more,
+    /// and a deadline that far is "no limit" all the same.
     fn listing_timeout(&self) -> std::time::Duration {
-        self.search_timeout.unwrap_or(SEARCH_TIMEOUT)
+        const LONGEST: std::time::Duration = std::time::Duration::from_secs(24 * 24 * 3600);
+        self.search_timeout.unwrap_or(SEARCH_TIMEOUT).min(LONGEST)
     }
 }
 

@@ -3,7 +3,8 @@
 //! their types, defaults and generation, constraints, indexes, triggers,
 //! functions, sequences and table options, and the built-in alert
 //! definition. A database the old chain migrated is adopted; one it left
-//! part way is refused.
+//! part way is refused. An application's own role, no superuser, migrates
+//! and runs.
 
 use std::collections::BTreeSet;
 
@@ -196,6 +197,100 @@ async fn a_pre_release_database_is_adopted_and_a_partial_one_refused(backend: Ba
     partial.cleanup().await;
 }
 
+/// The server-side setup of a role that is no superuser, as a DBA gives
+/// an application: it owns its database (PostgreSQL; since 15 the `public`
+/// schema's owner is the database's), or has every privilege on it and
+/// nothing else (MariaDB). Returns the role's URL of the database.
+async fn application_role(db: &TestDb, role: &str) -> String {
+    let admin = db.admin().expect("a server database");
+    let name = db.name();
+    let statements = match db.backend {
+        Backend::Postgres => vec![
+            format!("CREATE ROLE {role} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE"),
+            format!("ALTER DATABASE {name} OWNER TO {role}"),
+        ],
+        _ => ["%", "localhost", "127.0.0.1"]
+            .iter()
+            .flat_map(|host| {
+                [
+                    format!("CREATE USER '{role}'@'{host}'"),
+                    format!("GRANT ALL PRIVILEGES ON `{name}`.* TO '{role}'@'{host}'"),
+                ]
+            })
+            .collect(),
+    };
+    for sql in statements {
+        admin.execute_unprepared(&sql).await.unwrap();
+    }
+    let at = db.url.find("://").expect("a URL") + 3;
+    let rest = &db.url[at..];
+    let host = rest.split_once('@').map_or(rest, |(_, host)| host);
+    format!("{}{role}@{host}", &db.url[..at])
+}
+
+/// Drops the role [`application_role`] made.
+async fn drop_role(db: &TestDb, role: &str) {
+    let admin = db.admin().expect("a server database");
+    let statements = match db.backend {
+        Backend::Postgres => vec![format!("DROP ROLE IF EXISTS {role}")],
+        _ => ["%", "localhost", "127.0.0.1"]
+            .iter()
+            .map(|host| format!("DROP USER IF EXISTS '{role}'@'{host}'"))
+            .collect(),
+    };
+    for sql in statements {
+        admin.execute_unprepared(&sql).await.ok();
+    }
+}
+
+async fn a_role_that_is_no_superuser_migrates_and_runs(backend: Backend) {
+    if !backend.selected() || backend == Backend::Sqlite {
+        return;
+    }
+    let db = TestDb::blank(backend).await;
+    let role = format!("app_{}", db.name());
+    let url = application_role(&db, &role).await;
+    let app = sea_orm::Database::connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("{url}: {e}"));
+    solid_notify::migrate(&app)
+        .await
+        .expect("migrate as the application");
+    assert_eq!(recorded(&db).await, ["m20261215_000001_baseline"]);
+    solid_notify::telemetry::readiness(&app).await.unwrap();
+    // And runs: a notice added, attempted and recorded, as that role.
+    let spec = solid_notify::def::DefSpec::new(
+        "ship",
+        solid_notify::def::Channel::Handler,
+        serde_json::json!({"handler": "ship"}),
+    );
+    solid_notify::def::store::sync(&app, &[spec]).await.unwrap();
+    let notifier = solid_notify::Notifier::builder(app.clone())
+        .config(crate::support::test_config())
+        .handler("ship", |_: solid_notify::Notice| async {
+            Ok(solid_notify::Outcome::success())
+        })
+        .build()
+        .unwrap();
+    let tx = notifier.begin().await.unwrap();
+    tx.add(solid_notify::NewNotice::new("ship", &serde_json::json!({})))
+        .await
+        .unwrap();
+    let reports = tx.commit_and_wait().await.unwrap();
+    assert_eq!(reports.len(), 1);
+    assert_eq!(reports[0].result, solid_notify::AttemptResult::Succeeded);
+    notifier
+        .shutdown(std::time::Duration::from_secs(5))
+        .await
+        .unwrap();
+    app.close().await.ok();
+    db.cleanup().await;
+    // (The database is gone: nothing of the role's is left to own.)
+    let admin = TestDb::blank(backend).await;
+    drop_role(&admin, &role).await;
+    admin.cleanup().await;
+}
+
 macro_rules! each_backend {
     ($name:ident) => {
         mod $name {
@@ -221,3 +316,4 @@ macro_rules! each_backend {
 
 each_backend!(the_baseline_builds_what_the_old_chain_built);
 each_backend!(a_pre_release_database_is_adopted_and_a_partial_one_refused);
+each_backend!(a_role_that_is_no_superuser_migrates_and_runs);

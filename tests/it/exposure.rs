@@ -494,6 +494,39 @@ db_test!(
             }
         }
         assert!(inside.received_requests().await.unwrap().is_empty());
+
+        // Nor in a receiver's answer: a redirect's body echoes the URL.
+        let echoing = MockServer::start().await;
+        let secret_url = format!("http://127.0.0.1:{}/T0ken", echoing.address().port());
+        Mock::given(method("POST"))
+            .respond_with(
+                ResponseTemplate::new(302)
+                    .set_body_string(format!("Found. Redirecting to {secret_url}")),
+            )
+            .mount(&echoing)
+            .await;
+        def(
+            &db,
+            "echoed",
+            Channel::Http,
+            json!({"url": {"secret": "echoed_url"}}),
+        )
+        .await;
+        let open = db
+            .notifier()
+            .config(Config {
+                secrets: [("echoed_url".to_string(), secret_url.clone())].into(),
+                ..test_config()
+            })
+            .build()
+            .unwrap();
+        let result = send(&open, NewNotice::new("echoed", &json!({}))).await;
+        failed_for_good(&result, "302");
+        failed_for_good(&result, "secret `echoed_url`");
+        let reason = format!("{result:?}");
+        assert!(!reason.contains("T0ken"), "{reason}");
+        assert!(!reason.contains("127.0.0.1"), "{reason}");
+        assert_eq!(echoing.received_requests().await.unwrap().len(), 1);
     }
 );
 

@@ -333,7 +333,10 @@ db_test!(
                 file,
             ],
         );
-        assert!(!ok && err.contains("match every notice"), "{err}");
+        assert!(
+            !ok && err.contains("the filters given match every notice"),
+            "{err}"
+        );
         assert!(!std::path::Path::new(file).exists(), "pinned all the same");
     }
 );
