@@ -388,9 +388,11 @@ db_test!(odd_rows_are_parked_and_stop_no_one, |db| async move {
 });
 
 /// A time in one of the forms SQLite writes, as SQL, and whether it is in
-/// the future (a delayed notice) or the past (due at once).
+/// the future (a delayed notice) or the past (due at once). A date alone
+/// is its midnight: two days ahead, so that it is still more than an hour
+/// ahead late in the day (`+1 day` was 30 minutes ahead at 23:30 UTC).
 const TIMES: [(&str, bool); 9] = [
-    ("date('now', '+1 day')", true),
+    ("date('now', '+2 days')", true),
     ("date('now', '-1 day')", false),
     ("strftime('%Y-%m-%dT%H:%M:%SZ', 'now', '+1 day')", true),
     (
