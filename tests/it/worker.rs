@@ -446,12 +446,12 @@ db_test!(
                 "{start} is not on a tick"
             );
         }
+        // Never two sweeps in one tick (a tick missed during the slow
+        // sweep is skipped, not run at once after it); every start on a
+        // tick (above), so a gap is whole ticks: one, or more after the
+        // slow sweep (two or three on a loaded machine).
         for gap in gaps(&starts) {
-            let ms = gap.as_millis();
-            assert!(
-                ms >= 700 && (ms < 1400 || (1700..2400).contains(&ms)),
-                "{gap:?}"
-            );
+            assert!(gap >= Duration::from_millis(700), "{gap:?}");
         }
     }
 );
