@@ -113,7 +113,7 @@ def use_paths(body):
 # the longest prefix that matches a file decides its floor.
 FLOORS = [
     (1, ["status.rs", "error.rs", "handler.rs", "schedule.rs", "trace.rs", "db.rs",
-         "entity/", "counters.rs", "report.rs", "redact.rs", "load_balance.rs",
+         "entity/", "counters.rs", "report.rs", "redact.rs", "load_balance.rs", "schema.rs",
          "stats.rs", "crypto.rs", "listener.rs"]),
     (2, ["def/"]),
     (3, ["state/"]),

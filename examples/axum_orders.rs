@@ -153,7 +153,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
         .await?;
     // 2. Stop the worker: running deliveries finish, or are released.
     worker_stop.cancel();
-    worker_task.await?;
+    worker_task.await??;
     // 3. Let the after-commit attempts finish, or release their rows.
     let released = notifier.shutdown(SHUTDOWN_TIMEOUT).await?;
     println!("stopped ({released} notices released for the next start)");

@@ -244,7 +244,7 @@ async fn worker(url: &str, config: WorkerConfig, pool: u32, latency: bool) -> Bo
         signal_stop.cancel();
     });
     println!("READY");
-    worker.run(stop).await;
+    worker.run(stop).await?;
     Ok(())
 }
 

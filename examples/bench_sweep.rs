@@ -549,7 +549,7 @@ async fn drain(
     let drained = draining.elapsed();
     stop.cancel();
     for task in tasks {
-        task.await?;
+        task.await??;
     }
     let stopped = draining.elapsed();
     eprintln!(

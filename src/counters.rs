@@ -56,6 +56,13 @@ pub(crate) fn sweep_failed(in_a_row: u64) {
     gauge!("solid_notify_sweeps_failing_in_a_row").set(in_a_row as f64);
 }
 
+/// Whether the wake-up listener hears `NOTIFY` (1) or cannot, behind a
+/// pooler in transaction mode, so the worker polls (0).
+#[cfg(feature = "postgres")]
+pub(crate) fn wake_listening(on: bool) {
+    gauge!("solid_notify_wake_listening").set(if on { 1.0 } else { 0.0 });
+}
+
 /// Records `n` operational events written (`solid_notify_events_total`).
 pub(crate) fn events_written(n: u64) {
     if n > 0 {

@@ -116,6 +116,24 @@ pub enum Error {
         problem: String,
     },
 
+    /// The database's schema is older than this build: a migration it
+    /// knows has not run. Workers refuse to start on it, and
+    /// [`Notifier::begin`](crate::Notifier::begin) to add notices.
+    #[error(
+        "the schema is older than this build: {count} migration(s) to run, the first {first} (run `solid-notify migrate`)"
+    )]
+    SchemaBehind {
+        /// The first migration not run.
+        first: String,
+        /// How many are not run.
+        count: usize,
+    },
+
+    /// PostgreSQL behind a pooler that cannot serve this process (transaction
+    /// mode without prepared statements): the reason, and what to change.
+    #[error("{0}")]
+    Pooler(String),
+
     /// The notifier configuration is inconsistent.
     #[error("invalid configuration: {0}")]
     Config(String),

@@ -75,7 +75,7 @@
 // Layers: each floor imports only its own floor and those below (checked
 // by `.ci/import_circles.py`, with no circle and no import through this
 // root): 1 leaves (status, error, handler, schedule, trace, db, entity,
-// report, counters); 2 def; 3 state, the only writer; 4 alert, event and
+// report, counters, schema); 2 def; 3 state, the only writer; 4 alert, event and
 // the definition cache; 5 channel; 6 config; 7 attempt, whose engine holds
 // what every attempt needs; 8 circuit's controller; 9 Notifier, the
 // facade; 10 producer, sweep, confirm, ops; 11 telemetry, worker; 12 the
@@ -125,6 +125,7 @@ pub mod redact;
 mod report;
 #[doc(hidden)]
 pub mod schedule;
+mod schema;
 #[doc(hidden)]
 pub mod state;
 #[doc(hidden)]
@@ -152,8 +153,11 @@ pub use notifier::{Notifier, NotifierBuilder};
 pub use producer::MAX_DELAY;
 pub use producer::{NewNotice, NoticeTx};
 pub use report::{AttemptReport, AttemptResult};
+pub use schema::DatabaseCheck;
 pub use status::{Origin, Status};
-pub use worker::{Worker, WorkerConfig, WorkerMode, connect, connect_with, pool_options};
+pub use worker::{
+    ListenUrl, Worker, WorkerConfig, WorkerMode, connect, connect_with, pool_options,
+};
 
 // The README's example, compiled and run by `cargo test --doc` (on SQLite).
 #[cfg(all(doctest, feature = "sqlite"))]

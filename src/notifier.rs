@@ -13,6 +13,7 @@ use crate::{
     error::Result,
     handler::{Handler, Handlers},
     load_balance::Balancer,
+    schema::DatabaseCheck,
     state::{Store, ids::IdBlocks},
 };
 
@@ -38,6 +39,8 @@ pub struct Notifier {
     pub(crate) producing: Arc<Producing>,
     /// The settings in force (the engine keeps what attempts read).
     config: Arc<Config>,
+    /// What [`Notifier::check_database`] found, once it succeeded.
+    checked: Arc<tokio::sync::OnceCell<DatabaseCheck>>,
 }
 
 /// What only producers need, beside the engine.
@@ -51,6 +54,28 @@ pub(crate) struct Producing {
 }
 
 impl Notifier {
+    /// Checks the database before this process uses it, once per notifier
+    /// (a success is kept; a failure is checked again at the next call):
+    /// - the schema: [`Error::SchemaBehind`](crate::Error::SchemaBehind)
+    ///   when a migration this build knows has not run; migrations this
+    ///   build does not know (a newer release ran them) are logged once at
+    ///   `WARN` and listed in [`DatabaseCheck::newer`];
+    /// - PostgreSQL: whether a pooler in transaction mode stands between
+    ///   (two new connections, closed after): refused with
+    ///   [`Error::Pooler`](crate::Error::Pooler), which says what to
+    ///   change, when it does not keep prepared statements.
+    ///
+    /// Each check is bounded by [`Config::db_timeout`]. Workers call it
+    /// before their first sweep, and [`begin`](Self::begin) before its
+    /// first transaction; an application that only calls
+    /// [`add`](Self::add) in its own transactions calls it at start.
+    pub async fn check_database(&self) -> Result<DatabaseCheck> {
+        self.checked
+            .get_or_try_init(|| crate::schema::check(self.db(), self.config.db_timeout))
+            .await
+            .cloned()
+    }
+
     /// Starts building a notifier on `db`.
     ///
     /// ```no_run
@@ -289,6 +314,7 @@ impl NotifierBuilder {
             engine: Arc::new(engine),
             producing: Arc::new(producing),
             config: Arc::new(self.config),
+            checked: Arc::default(),
         })
     }
 }

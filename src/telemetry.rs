@@ -92,6 +92,10 @@ fn describe() {
         "Notices sent and waiting for confirmation"
     );
     describe_gauge!("solid_notify_paused", "1 while the definition is paused");
+    describe_gauge!(
+        "solid_notify_wake_listening",
+        "1 while the wake-up listener hears NOTIFY; 0 when it cannot (a pooler in transaction mode) and workers poll"
+    );
     describe_counter!("solid_notify_attempts_total", "Attempts by outcome");
     describe_histogram!(
         "solid_notify_attempt_duration_seconds",
@@ -273,32 +277,8 @@ async fn ready(
 /// ready: migrations only add what older builds ignore. The error says
 /// what is missing, never a connection string.
 pub async fn readiness(db: &sea_orm::DatabaseConnection) -> Result<()> {
-    use migration::MigratorTrait;
-    use sea_orm::{ConnectionTrait, sea_query::Query};
     db.ping().await?;
-    let table = migration::Migrator::migration_table_name();
-    let select = Query::select()
-        .column(migration::Alias::new("version"))
-        .from(table)
-        .to_owned();
-    let applied: std::collections::HashSet<String> = db
-        .query_all(&select)
-        .await?
-        .iter()
-        .filter_map(|row| row.try_get_by_index::<String>(0).ok())
-        .collect();
-    let pending: Vec<String> = migration::Migrator::migrations()
-        .iter()
-        .map(|m| m.name().to_string())
-        .filter(|name| !applied.contains(name))
-        .collect();
-    match pending.first() {
-        None => Ok(()),
-        Some(first) => Err(crate::error::Error::Config(format!(
-            "the schema is older than this build: {} migration(s) to run, the first {first} (run `solid-notify migrate`)",
-            pending.len()
-        ))),
-    }
+    crate::schema::check_schema(db).await.map(drop)
 }
 
 #[cfg(feature = "metrics")]

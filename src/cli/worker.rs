@@ -54,6 +54,11 @@ pub(crate) struct WorkerArgs {
     /// (default 500ms; 0s: never).
     #[arg(long, env = "SOLID_NOTIFY_DUE_CHECK_EVERY", value_parser = humantime::parse_duration)]
     due_check_every: Option<Duration>,
+    /// PostgreSQL: where to `LISTEN` for wake-ups when `--url` goes through
+    /// a pooler in transaction mode (PostgreSQL itself, or the pooler in
+    /// session mode). Default: `--url`.
+    #[arg(long, env = "SOLID_NOTIFY_LISTEN_URL", hide_env_values = true)]
+    listen_url: Option<String>,
     /// Claim lease (default 60s): a killed worker's rows are due again after it.
     #[arg(long, env = "SOLID_NOTIFY_LEASE", value_parser = humantime::parse_duration)]
     lease: Option<Duration>,
@@ -160,6 +165,9 @@ impl WorkerArgs {
         set!(w.shutdown_timeout, self.shutdown_timeout);
         set!(w.max_in_flight_bytes, self.max_in_flight_bytes);
         set!(w.due_check_every, self.due_check_every);
+        if let Some(url) = &self.listen_url {
+            w.listen_url = Some(solid_notify::ListenUrl(url.clone()));
+        }
         Ok((n, w, file.retention))
     }
 }
@@ -206,7 +214,16 @@ pub(crate) async fn run(
             notifier.shutdown(worker_timeout).await
         }
     };
-    let ((), stopped) = tokio::join!(worker.run(shutdown), notifier_stopped);
+    let running = async {
+        let ran = worker.run(shutdown.clone()).await;
+        if ran.is_err() {
+            // Refused before it started: nothing to wait for.
+            shutdown.cancel();
+        }
+        ran
+    };
+    let (ran, stopped) = tokio::join!(running, notifier_stopped);
+    ran?;
     stopped?;
     // Tasks the last sweeps started meanwhile (alert hooks, releases):
     // what is left of the deadline.

@@ -392,7 +392,9 @@ impl Notifier {
     /// notices (the database's default isolation). On PostgreSQL nothing is
     /// sent until the first statement, and notices travel with the `COMMIT`
     /// (until a savepoint is opened); on SQLite it is `BEGIN IMMEDIATE` (the
-    /// write lock up front).
+    /// write lock up front). The first call checks the database
+    /// ([`check_database`](Self::check_database)): no transaction begins on
+    /// a schema older than this build, or behind a pooler it cannot use.
     ///
     /// ```no_run
     /// # async fn run(notifier: solid_notify::Notifier) -> Result<(), solid_notify::Error> {
@@ -405,6 +407,7 @@ impl Notifier {
     /// # Ok(()) }
     /// ```
     pub async fn begin(&self) -> Result<NoticeTx> {
+        self.check_database().await?;
         let db = &self.store().db;
         #[cfg(feature = "postgres")]
         if db.get_database_backend() == DbBackend::Postgres {

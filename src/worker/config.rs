@@ -105,6 +105,26 @@ pub struct WorkerConfig {
     /// as fit, always at least one, so a notice larger than this still
     /// goes, alone. Default [`DEFAULT_MAX_IN_FLIGHT_BYTES`].
     pub max_in_flight_bytes: u64,
+    /// PostgreSQL: where the wake-up listener connects for `LISTEN`, when
+    /// the pool's connections go through a pooler in transaction mode,
+    /// which keeps no session (the server itself, or the pooler in session
+    /// mode). Default: none, the pool's own connection options. A listener
+    /// that finds a pooler in transaction mode logs one warning, sets the
+    /// gauge `solid_notify_wake_listening` to 0 and leaves the worker to
+    /// poll (each tick, and every `due_check_every`).
+    pub listen_url: Option<ListenUrl>,
+}
+
+/// A PostgreSQL connection URL (`postgres://user:password@host/db`), shown
+/// by `Debug` without its credentials.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ListenUrl(pub String);
+
+impl std::fmt::Debug for ListenUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&crate::redact::url(&self.0))
+    }
 }
 
 impl Default for WorkerConfig {
@@ -125,6 +145,7 @@ impl Default for WorkerConfig {
             heartbeat_every: DEFAULT_HEARTBEAT_EVERY,
             due_check_every: DEFAULT_DUE_CHECK_EVERY,
             max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
+            listen_url: None,
         }
     }
 }

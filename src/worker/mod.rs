@@ -28,14 +28,16 @@ pub use crate::stats::{RECENT_SWEEPS, StatsSnapshot, WorkerStats};
 pub use config::WorkerMode as Mode;
 pub use config::{
     DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, DEFAULT_CRON, DEFAULT_DELAY, DEFAULT_DUE_CHECK_EVERY,
-    DEFAULT_HEARTBEAT_EVERY, DEFAULT_MAX_IN_FLIGHT_BYTES, DEFAULT_SHUTDOWN_TIMEOUT, MAX_BATCH_SIZE,
-    MAX_CONCURRENCY, MAX_DUE_CHECK_EVERY, MIN_DUE_CHECK_EVERY, WorkerConfig, WorkerMode,
+    DEFAULT_HEARTBEAT_EVERY, DEFAULT_MAX_IN_FLIGHT_BYTES, DEFAULT_SHUTDOWN_TIMEOUT, ListenUrl,
+    MAX_BATCH_SIZE, MAX_CONCURRENCY, MAX_DUE_CHECK_EVERY, MIN_DUE_CHECK_EVERY, WorkerConfig,
+    WorkerMode,
 };
 
 use crate::{
     error::{Error, Result},
     notifier::Notifier,
     notifier::{HARD_STOP_MARGIN, RELEASE_GRACE},
+    schema::DatabaseCheck,
     state::{DefSelect, DueFilter},
     sweep::SweepLimits,
 };
@@ -430,6 +432,10 @@ pub struct Worker {
     selection: Mutex<Option<(KnownDefs, Selection)>>,
     /// Whether the pool's connections were warmed up (once per worker).
     warmed: std::sync::atomic::AtomicBool,
+    /// PostgreSQL: whether `NOTIFY` reaches this worker; `false` once its
+    /// listener found a pooler in transaction mode (it then asks what is
+    /// due every `due_check_every`, as on the other backends).
+    hears_notify: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The definition cache's rows, as shared by its snapshot.
@@ -487,6 +493,7 @@ impl Worker {
         if config.partitions.iter().any(|p| *p < 0) {
             return Err(Error::Config("partitions must not be negative".into()));
         }
+        wake::check_listen_url(&notifier, config.listen_url.as_ref())?;
         let check = config.due_check_every;
         if !check.is_zero()
             && !(config::MIN_DUE_CHECK_EVERY..=config::MAX_DUE_CHECK_EVERY).contains(&check)
@@ -507,6 +514,7 @@ impl Worker {
             alerted: std::sync::atomic::AtomicBool::new(false),
             selection: Mutex::new(None),
             warmed: std::sync::atomic::AtomicBool::new(false),
+            hears_notify: Arc::new(std::sync::atomic::AtomicBool::new(true)),
         })
     }
 
@@ -551,9 +559,18 @@ impl Worker {
     /// given up (a count at `warn`, and `solid_notify_outcomes_given_up_total`)
     /// and left to its lease: a success delivered but not recorded is sent
     /// again, never lost.
-    pub async fn run(&self, shutdown: CancellationToken) {
+    ///
+    /// Before anything starts it checks the database
+    /// ([`Notifier::check_database`]): on a schema older than this build,
+    /// or behind a pooler it cannot use, it returns that error at once,
+    /// having claimed nothing. A database that does not answer is asked
+    /// again until it does, or until `shutdown`.
+    pub async fn run(&self, shutdown: CancellationToken) -> Result<()> {
+        let Some(check) = self.checked(&shutdown).await? else {
+            return Ok(());
+        };
         let listening = shutdown.child_token();
-        let listener_tasks = self.spawn_listeners(&listening);
+        let listener_tasks = self.spawn_listeners(&listening, &check);
         // The deadline, once shutdown is asked for: everything is done,
         // or given up, by then.
         // (A timeout too long to add up means no deadline.)
@@ -590,12 +607,45 @@ impl Worker {
             );
         }
         stop_listeners(listener_tasks, &deadline).await;
+        Ok(())
+    }
+
+    /// [`Notifier::check_database`], asked again after
+    /// [`SWEEP_RETRY_FIRST`], doubling up to [`SWEEP_RETRY_MAX`], while the
+    /// database does not answer: the check, `None` at shutdown, or the
+    /// refusal ([`Error::SchemaBehind`], [`Error::Pooler`]).
+    async fn checked(&self, shutdown: &CancellationToken) -> Result<Option<DatabaseCheck>> {
+        let mut pause = SWEEP_RETRY_FIRST;
+        loop {
+            let check = tokio::select! {
+                check = self.notifier.check_database() => check,
+                () = shutdown.cancelled() => return Ok(None),
+            };
+            match check {
+                Ok(check) => return Ok(Some(check)),
+                Err(e @ (Error::SchemaBehind { .. } | Error::Pooler(_))) => {
+                    tracing::error!(error = %e, "refusing to start");
+                    return Err(e);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot check the database before the first sweep; asking again");
+                }
+            }
+            if !sleep_or_stop(pause, shutdown).await {
+                return Ok(None);
+            }
+            pause = pause.saturating_mul(2).min(SWEEP_RETRY_MAX);
+        }
     }
 
     /// Starts what listens beside the sweeps until `listening` is
     /// cancelled: the confirmation listener, the wake-up listener and the
     /// heartbeat, each when configured.
-    fn spawn_listeners(&self, listening: &CancellationToken) -> [Option<JoinHandle<()>>; 3] {
+    fn spawn_listeners(
+        &self,
+        listening: &CancellationToken,
+        check: &DatabaseCheck,
+    ) -> [Option<JoinHandle<()>>; 3] {
         let confirmations =
             (self.config.confirm_listener && self.notifier.amqp_enabled()).then(|| {
                 tokio::spawn(crate::confirm::listen(
@@ -603,10 +653,15 @@ impl Worker {
                     listening.clone(),
                 ))
             });
-        let wakes = self
-            .config
-            .wake
-            .then(|| tokio::spawn(wake::listen(self.notifier.clone(), listening.clone())));
+        let wakes = self.config.wake.then(|| {
+            tokio::spawn(wake::listen(
+                self.notifier.clone(),
+                self.config.listen_url.clone(),
+                check.transaction_pooled,
+                self.hears_notify.clone(),
+                listening.clone(),
+            ))
+        });
         let heartbeat = (!self.config.heartbeat_every.is_zero()).then(|| {
             tokio::spawn(heartbeat(
                 self.id.clone(),
@@ -749,12 +804,13 @@ impl Worker {
     fn check_at(&self, rounds: &Rounds, tick: Instant) -> Option<Instant> {
         let every = (self.config.wake
             && !self.config.due_check_every.is_zero()
-            && self.notifier.store().backend() != sea_orm::DbBackend::Postgres)
-            .then(|| {
-                rounds.next_due_asked.map_or_else(Instant::now, |t| {
-                    t.checked_add(self.config.due_check_every).unwrap_or(tick)
-                })
-            });
+            && (self.notifier.store().backend() != sea_orm::DbBackend::Postgres
+                || !self.hears_notify.load(std::sync::atomic::Ordering::Relaxed)))
+        .then(|| {
+            rounds.next_due_asked.map_or_else(Instant::now, |t| {
+                t.checked_add(self.config.due_check_every).unwrap_or(tick)
+            })
+        });
         match (rounds.recheck, every) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),

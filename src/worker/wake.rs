@@ -26,9 +26,15 @@
 use std::ops::ControlFlow;
 use std::time::Duration;
 
+use std::sync::{Arc, atomic::AtomicBool};
+
 use tokio_util::sync::CancellationToken;
 
-use crate::notifier::Notifier;
+use crate::{
+    error::{Error, Result},
+    notifier::Notifier,
+    worker::config::ListenUrl,
+};
 
 /// The channel PostgreSQL workers listen on (see the migrations).
 pub const WAKE_CHANNEL: &str = migration::WAKE_CHANNEL;
@@ -48,24 +54,95 @@ const RECONNECT_PAUSE: Duration = Duration::from_millis(500);
 /// silent; one that does not answer is dropped and listening starts again.
 pub const LISTEN_CHECK_EVERY: Duration = Duration::from_secs(30);
 
-/// Listens for `NOTIFY solid_notify` until `stop` and wakes the notifier's
-/// workers on each notification and after each reconnection. Does nothing on
-/// other backends.
+/// Checks [`WorkerConfig::listen_url`](crate::WorkerConfig::listen_url):
+/// PostgreSQL only, a URL sqlx reads.
+pub(crate) fn check_listen_url(notifier: &Notifier, url: Option<&ListenUrl>) -> Result<()> {
+    let Some(url) = url else {
+        return Ok(());
+    };
+    if notifier.store().backend() != sea_orm::DbBackend::Postgres {
+        return Err(Error::Config(
+            "listen_url: only PostgreSQL workers listen for wake-ups".into(),
+        ));
+    }
+    listen_options(url).map(drop)
+}
+
+/// `url` read as PostgreSQL's connection options.
+#[cfg(feature = "postgres")]
+fn listen_options(url: &ListenUrl) -> Result<sea_orm::sqlx::postgres::PgConnectOptions> {
+    use std::str::FromStr;
+    sea_orm::sqlx::postgres::PgConnectOptions::from_str(&url.0).map_err(|e| {
+        Error::Config(format!(
+            "listen_url {}: {}",
+            crate::redact::url(&url.0),
+            crate::redact::scrub(&e.to_string(), &url.0)
+        ))
+    })
+}
+
+/// Without PostgreSQL there is nothing to listen to.
 #[cfg(not(feature = "postgres"))]
-pub(crate) async fn listen(_: Notifier, _: CancellationToken) {}
+fn listen_options(_: &ListenUrl) -> Result<()> {
+    Ok(())
+}
 
 /// Listens for `NOTIFY solid_notify` until `stop` and wakes the notifier's
 /// workers on each notification and after each reconnection. Does nothing on
 /// other backends.
+#[cfg(not(feature = "postgres"))]
+pub(crate) async fn listen(
+    _: Notifier,
+    _: Option<ListenUrl>,
+    _: bool,
+    _: Arc<AtomicBool>,
+    _: CancellationToken,
+) {
+}
+
+/// Listens for `NOTIFY solid_notify` until `stop`, on `listen_url` or else
+/// the pool's connection options, and wakes the notifier's workers on each
+/// notification and after each reconnection. Does nothing on other
+/// backends. Behind a pooler in transaction mode, where `LISTEN` hears
+/// nothing (`pooled`: the pool's, found by the worker's check; a
+/// `listen_url`'s, checked before each connection), it warns once, sets
+/// `solid_notify_wake_listening` to 0 and `hears_notify` to false (the
+/// worker polls), and waits for `stop`.
 #[cfg(feature = "postgres")]
-pub(crate) async fn listen(notifier: Notifier, stop: CancellationToken) {
+pub(crate) async fn listen(
+    notifier: Notifier,
+    listen_url: Option<ListenUrl>,
+    pooled: bool,
+    hears_notify: Arc<AtomicBool>,
+    stop: CancellationToken,
+) {
     let db = notifier.db().clone();
     if db.get_database_backend() != sea_orm::DbBackend::Postgres {
         return;
     }
-    let options = db.get_postgres_connection_pool().connect_options();
+    let options = match listen_url.as_ref().map(listen_options) {
+        Some(Ok(options)) => options,
+        // Checked by `Worker::new`.
+        Some(Err(_)) => return,
+        None => db
+            .get_postgres_connection_pool()
+            .connect_options()
+            .as_ref()
+            .clone(),
+    };
     let bound = notifier.config().db_timeout;
     while !stop.is_cancelled() {
+        let can = match listen_url.is_some() {
+            true => can_listen(&options, bound, &stop).await,
+            false => !pooled,
+        };
+        if !can {
+            warn_pooled(listen_url.is_some());
+            hears_notify.store(false, std::sync::atomic::Ordering::Relaxed);
+            crate::counters::wake_listening(false);
+            stop.cancelled().await;
+            return;
+        }
         let own = own_pool(&options, bound);
         let mut listener = tokio::select! {
             connected = connect(&own, bound) => match connected {
@@ -80,6 +157,7 @@ pub(crate) async fn listen(notifier: Notifier, stop: CancellationToken) {
             },
             _ = stop.cancelled() => return,
         };
+        crate::counters::wake_listening(true);
         // Anything that became due while we were not listening.
         notifier.wake_workers();
         if hear(&notifier, &mut listener, bound, &stop)
@@ -89,6 +167,40 @@ pub(crate) async fn listen(notifier: Notifier, stop: CancellationToken) {
             return;
         }
     }
+}
+
+/// Whether `LISTEN` can hear anything on `options`' connections: `false`
+/// behind a pooler in transaction mode. A check that fails (the server
+/// does not answer) says `true`: connecting will fail and be tried again.
+#[cfg(feature = "postgres")]
+async fn can_listen(
+    options: &sea_orm::sqlx::postgres::PgConnectOptions,
+    bound: Duration,
+    stop: &CancellationToken,
+) -> bool {
+    use crate::schema::pooling::{Pooled, pooled};
+    let probed = tokio::select! {
+        probed = tokio::time::timeout(bound, pooled(options)) => probed,
+        () = stop.cancelled() => return true,
+    };
+    !matches!(probed, Ok(Ok(Pooled::KeepsPrepared | Pooled::Refused(_))))
+}
+
+/// The one warning of a listener that cannot listen (`own_url`: through
+/// `listen_url`).
+#[cfg(feature = "postgres")]
+fn warn_pooled(own_url: bool) {
+    let fix = match own_url {
+        true => {
+            "point listen_url (SOLID_NOTIFY_LISTEN_URL) at PostgreSQL itself or at a pooler in session mode"
+        }
+        false => {
+            "set listen_url (SOLID_NOTIFY_LISTEN_URL) to PostgreSQL itself or to a pooler in session mode"
+        }
+    };
+    tracing::warn!(
+        "wake-ups cannot LISTEN through a pooler in transaction mode: {fix}; until then this worker polls (each tick, and asks what is due every due_check_every)"
+    );
 }
 
 /// The listener's pool, made anew for each connection (none is opened

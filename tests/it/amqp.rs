@@ -250,7 +250,15 @@ fn worker(notifier: Notifier) -> (CancellationToken, tokio::task::JoinHandle<()>
     let worker = Worker::new(notifier, config).unwrap();
     let stop = CancellationToken::new();
     let token = stop.clone();
-    (stop, tokio::spawn(async move { worker.run(token).await }))
+    (
+        stop,
+        tokio::spawn(async move {
+            worker
+                .run(token)
+                .await
+                .expect("the worker refused to start")
+        }),
+    )
 }
 
 async fn stop((stop, task): (CancellationToken, tokio::task::JoinHandle<()>)) {

@@ -46,8 +46,14 @@ db_test!(
         assert_eq!(get(&base, "/healthz").await.unwrap(), (200, "ok\n".into()));
         assert_eq!(until(&base, "/readyz", 200, "ready").await, "ready\n");
 
+        // The worker has started (its heartbeat is written): a worker that
+        // starts on an older schema refuses to (tests/it/schema.rs).
+        eventually(30, "the worker's first heartbeat", || async {
+            (db.scalar("SELECT COUNT(*) FROM notify_worker").await > 0).then_some(())
+        })
+        .await;
         // The newest migration's record gone: the schema is older than the
-        // build (a worker rolled out before its migration job).
+        // build (a restore from an older backup, say).
         let newest: String = db
             .db
             .query_one_raw(Statement::from_string(

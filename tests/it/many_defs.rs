@@ -307,7 +307,9 @@ crate::db_test!(
         let stop = tokio_util::sync::CancellationToken::new();
         let running = {
             let (worker, stop) = (worker.clone(), stop.clone());
-            tokio::spawn(async move { worker.run(stop).await })
+            tokio::spawn(
+                async move { worker.run(stop).await.expect("the worker refused to start") },
+            )
         };
         eventually(60, "the 150 notices of the listed definitions", || async {
             (db.counts().await == (ids.len() as u64 - 150, 150)).then_some(())

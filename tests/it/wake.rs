@@ -75,6 +75,14 @@ pg_test!(
     |db: Arc<TestDb>| async move {
         let rec = Recorder::default();
         let (_, running) = worker(&db, &rec).await;
+        // Listening once the worker's start (its database check) is done.
+        eventually(10, "one listener connection", || async {
+            let n = db
+                .scalar("SELECT COUNT(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN%' AND datname = current_database()")
+                .await;
+            (n == 1).then_some(())
+        })
+        .await;
         let listening = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
                      WHERE query LIKE 'LISTEN%' AND datname = current_database()";
         assert_eq!(db.scalar(listening).await, 1, "one listener connection");

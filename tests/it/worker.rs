@@ -39,7 +39,12 @@ fn fast_worker() -> WorkerConfig {
 fn spawn(worker: Arc<Worker>) -> (CancellationToken, tokio::task::JoinHandle<()>) {
     let stop = CancellationToken::new();
     let token = stop.clone();
-    let task = tokio::spawn(async move { worker.run(token).await });
+    let task = tokio::spawn(async move {
+        worker
+            .run(token)
+            .await
+            .expect("the worker refused to start")
+    });
     (stop, task)
 }
 
@@ -224,7 +229,8 @@ fn child_worker_process() {
         Worker::new(notifier, config)
             .unwrap()
             .run(CancellationToken::new())
-            .await;
+            .await
+            .unwrap();
     });
 }
 

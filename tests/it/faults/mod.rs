@@ -84,7 +84,7 @@ pub fn start(notifier: Notifier, config: WorkerConfig) -> Running {
     let stats = worker.stats();
     let task = tokio::spawn({
         let stop = stop.clone();
-        async move { worker.run(stop).await }
+        async move { worker.run(stop).await.expect("the worker refused to start") }
     });
     Running { stop, task, stats }
 }

@@ -116,6 +116,7 @@ db_test!(a_worker_never_cancels_the_callers_token, |db: Arc<
     let token = CancellationToken::new();
     tokio::time::timeout(Duration::from_secs(10), worker.run(token.clone()))
         .await
+        .unwrap()
         .unwrap();
     assert!(!token.is_cancelled());
 });
