@@ -84,7 +84,7 @@ fn sqlx_error(e: &DbErr) -> Option<&sea_orm::sqlx::Error> {
 
 /// The SQLSTATE (or SQLite's code) of the database's error under `e`.
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-fn sql_state(e: &DbErr) -> Option<String> {
+pub(crate) fn sql_state(e: &DbErr) -> Option<String> {
     sqlx_error(e)?
         .as_database_error()
         .and_then(|db| db.code())
@@ -92,7 +92,7 @@ fn sql_state(e: &DbErr) -> Option<String> {
 }
 
 #[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
-fn sql_state(_: &DbErr) -> Option<String> {
+pub(crate) fn sql_state(_: &DbErr) -> Option<String> {
     None
 }
 

@@ -153,7 +153,9 @@ pub use notifier::{Notifier, NotifierBuilder};
 pub use producer::MAX_DELAY;
 pub use producer::{NewNotice, NoticeTx};
 pub use report::{AttemptReport, AttemptResult};
-pub use schema::DatabaseCheck;
+pub use schema::{
+    DatabaseCheck, MIGRATION_LOCK_PAUSE, MIGRATION_LOCK_TIMEOUT, MIGRATION_LOCK_TRIES,
+};
 pub use status::{Origin, Status};
 pub use worker::{
     ListenUrl, Worker, WorkerConfig, WorkerMode, connect, connect_with, pool_options,
@@ -168,16 +170,30 @@ struct ReadmeExample;
 /// `solid_notify_migrations`): creates or upgrades its tables. A database
 /// a pre-release build migrated is adopted first (ADR 0013).
 ///
+/// On PostgreSQL each migration waits at most
+/// [`MIGRATION_LOCK_TIMEOUT`] (2 s) for a
+/// table's lock, so that it never holds producers queued behind it for
+/// longer; one that could not take it rolls back and is tried again, up to
+/// 30 times, 2 s apart.
+///
 /// Fails with [`Error::BackendNotCompiled`] when the connection's database
 /// has no cargo feature in this build.
 pub async fn migrate(db: &sea_orm::DatabaseConnection) -> Result<()> {
-    use migration::MigratorTrait;
     db::check_backend(db.get_database_backend())?;
     if migration::adopt_pre_release(db).await? {
         tracing::info!(
             "adopted a database of the pre-release migrations: recorded as the baseline"
         );
     }
-    migration::Migrator::up(db, None).await?;
-    Ok(())
+    schema::migrate::<migration::Migrator>(db, schema::MIGRATION_LOCK_TIMEOUT).await
+}
+
+/// [`migrate`]'s runner for any migrator `M`, with its lock timeout on
+/// PostgreSQL: for the migration checks of the tests.
+#[doc(hidden)]
+pub async fn migrate_with<M: migration::MigratorTrait>(
+    db: &sea_orm::DatabaseConnection,
+    lock_timeout: std::time::Duration,
+) -> Result<()> {
+    schema::migrate::<M>(db, lock_timeout).await
 }

@@ -41,6 +41,8 @@ pub struct Notifier {
     config: Arc<Config>,
     /// What [`Notifier::check_database`] found, once it succeeded.
     checked: Arc<tokio::sync::OnceCell<DatabaseCheck>>,
+    /// Its last failure, for a second.
+    refused: Arc<crate::schema::Refused>,
 }
 
 /// What only producers need, beside the engine.
@@ -71,7 +73,18 @@ impl Notifier {
     /// [`add`](Self::add) in its own transactions calls it at start.
     pub async fn check_database(&self) -> Result<DatabaseCheck> {
         self.checked
-            .get_or_try_init(|| crate::schema::check(self.db(), self.config.db_timeout))
+            .get_or_try_init(|| async {
+                // A refusal is kept for a second: callers waiting meanwhile
+                // get it again instead of each checking in turn.
+                if let Some(refused) = self.refused.recent() {
+                    return Err(refused);
+                }
+                let checked = crate::schema::check(self.db(), self.config.db_timeout).await;
+                if let Err(e) = &checked {
+                    self.refused.keep(e);
+                }
+                checked
+            })
             .await
             .cloned()
     }
@@ -315,6 +328,7 @@ impl NotifierBuilder {
             producing: Arc::new(producing),
             config: Arc::new(self.config),
             checked: Arc::default(),
+            refused: Arc::default(),
         })
     }
 }

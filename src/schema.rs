@@ -40,7 +40,7 @@ pub(crate) async fn migrations(db: &DatabaseConnection) -> Result<(Vec<String>, 
         .map(|m| m.name().to_string())
         .collect();
     let table = migration::MIGRATION_TABLE;
-    if !migration::SchemaManager::new(db).has_table(table).await? {
+    if !has_table(db, table).await? {
         return Ok((known, Vec::new()));
     }
     let select = Query::select()
@@ -61,6 +61,27 @@ pub(crate) async fn migrations(db: &DatabaseConnection) -> Result<(Vec<String>, 
         .collect();
     newer.sort();
     Ok((pending.collect(), newer))
+}
+
+/// Whether `table` is there for `db`'s statements: on PostgreSQL as its
+/// `search_path` finds it (`to_regclass`), which is how every statement
+/// names it (sea-orm-migration's `has_table` looks in `current_schema()`
+/// alone, and misses tables a migration role made in `public` for a worker
+/// role whose own schema comes first).
+async fn has_table(db: &DatabaseConnection, table: &str) -> Result<bool> {
+    if db.get_database_backend() != sea_orm::DbBackend::Postgres {
+        return Ok(migration::SchemaManager::new(db).has_table(table).await?);
+    }
+    let found = db
+        .query_one_raw(sea_orm::Statement::from_sql_and_values(
+            sea_orm::DbBackend::Postgres,
+            "SELECT to_regclass($1) IS NOT NULL AS found",
+            [table.into()],
+        ))
+        .await?
+        .map(|row| row.try_get_by_index::<bool>(0))
+        .transpose()?;
+    Ok(found.unwrap_or(false))
 }
 
 /// The schema's check: [`Error::SchemaBehind`] when a migration of this
@@ -84,7 +105,15 @@ pub(crate) async fn check(
 ) -> Result<DatabaseCheck> {
     // The pooler first: behind one that refuses, the pool's own statements
     // (the schema's read) fail with a prepared statement's clash instead.
-    let transaction_pooled = within(bound, pooling::probe(db)).await?;
+    let transaction_pooled = match tokio::time::timeout(bound, pooling::probe(db)).await {
+        Ok(probed) => probed?,
+        Err(_) => {
+            tracing::warn!(
+                "cannot check for a pooler in transaction mode within {bound:?}; assuming none"
+            );
+            false
+        }
+    };
     let newer = within(bound, check_schema(db)).await?;
     if let Some(last) = newer.last() {
         tracing::warn!(
@@ -97,6 +126,139 @@ pub(crate) async fn check(
         newer,
         transaction_pooled,
     })
+}
+
+/// How long a PostgreSQL migration waits for a table's lock before it
+/// gives up and is tried again: 2 seconds. A DDL statement queued behind a
+/// long transaction blocks every statement queued behind it, producers'
+/// inserts included: past this it steps back (its transaction rolls back)
+/// and the producers go on.
+pub const MIGRATION_LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// How many times a PostgreSQL migration that could not take its lock is
+/// tried, [`MIGRATION_LOCK_PAUSE`] apart: 30 (about two minutes with
+/// [`MIGRATION_LOCK_TIMEOUT`]).
+pub const MIGRATION_LOCK_TRIES: u32 = 30;
+
+/// The pause between two tries of a migration that could not take its
+/// lock: 2 seconds.
+pub const MIGRATION_LOCK_PAUSE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Runs `M`'s pending migrations on `db`. On PostgreSQL they run on a
+/// connection of their own whose `lock_timeout` is `lock_timeout`, each in
+/// its transaction (sea-orm-migration's rule there): one that cannot take
+/// its lock in time rolls back and is tried again, up to
+/// [`MIGRATION_LOCK_TRIES`] times. MySQL/MariaDB and SQLite run them as
+/// sea-orm-migration does (MySQL's DDL is not transactional: a statement
+/// given up half way would leave half a migration).
+pub(crate) async fn migrate<M: migration::MigratorTrait>(
+    db: &DatabaseConnection,
+    lock_timeout: std::time::Duration,
+) -> Result<()> {
+    #[cfg(feature = "postgres")]
+    if db.get_database_backend() == sea_orm::DbBackend::Postgres {
+        return migrate_pg::<M>(db, lock_timeout).await;
+    }
+    let _ = lock_timeout;
+    M::up(db, None).await?;
+    Ok(())
+}
+
+#[cfg(feature = "postgres")]
+async fn migrate_pg<M: migration::MigratorTrait>(
+    db: &DatabaseConnection,
+    lock_timeout: std::time::Duration,
+) -> Result<()> {
+    use sea_orm::sqlx;
+    let options = db
+        .get_postgres_connection_pool()
+        .connect_options()
+        .as_ref()
+        .clone()
+        .options([(
+            "lock_timeout",
+            format!("{}ms", lock_timeout.as_millis().max(1)),
+        )]);
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_lazy_with(options);
+    let own = sea_orm::SqlxPostgresConnector::from_sqlx_postgres_pool(pool);
+    let mut tries = 0;
+    let ran = loop {
+        tries += 1;
+        match M::up(&own, None).await {
+            Err(e) if lock_not_available(&e) && tries < MIGRATION_LOCK_TRIES => {
+                tracing::warn!(
+                    tries,
+                    "a migration could not take its lock within {} (a long transaction holds the table); trying again",
+                    humantime::format_duration(lock_timeout)
+                );
+                tokio::time::sleep(MIGRATION_LOCK_PAUSE).await;
+            }
+            ran => break ran,
+        }
+    };
+    own.close().await.ok();
+    ran.map_err(|e| match lock_not_available(&e) {
+        true => Error::Db(sea_orm::DbErr::Migration(format!(
+            "a migration could not take its lock within {} in {tries} tries: a long transaction holds the table (see pg_stat_activity); nothing of that migration was applied",
+            humantime::format_duration(lock_timeout)
+        ))),
+        false => Error::Db(e),
+    })
+}
+
+/// PostgreSQL's `lock_not_available` (55P03): `lock_timeout` ran out.
+#[cfg(feature = "postgres")]
+fn lock_not_available(e: &sea_orm::DbErr) -> bool {
+    crate::db::sql_state(e).is_some_and(|code| code == "55P03")
+        || e.to_string().contains("due to lock timeout")
+}
+
+/// How long a failed [`check`] is answered again without checking: 1 second.
+const REFUSAL_KEPT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The last failed [`check`], kept for [`REFUSAL_KEPT`].
+#[derive(Default)]
+pub(crate) struct Refused(std::sync::Mutex<Option<(std::time::Instant, Kept)>>);
+
+/// A failed check's error, as it can be given again.
+#[derive(Clone)]
+enum Kept {
+    Behind { first: String, count: usize },
+    Pooler(String),
+    Other(String),
+}
+
+impl Refused {
+    /// Keeps `e`.
+    pub(crate) fn keep(&self, e: &Error) {
+        let kept = match e {
+            Error::SchemaBehind { first, count } => Kept::Behind {
+                first: first.clone(),
+                count: *count,
+            },
+            Error::Pooler(why) => Kept::Pooler(why.clone()),
+            other => Kept::Other(other.to_string()),
+        };
+        if let Ok(mut last) = self.0.lock() {
+            *last = Some((std::time::Instant::now(), kept));
+        }
+    }
+
+    /// The error kept less than [`REFUSAL_KEPT`] ago.
+    pub(crate) fn recent(&self) -> Option<Error> {
+        let last = self.0.lock().ok()?;
+        let (at, kept) = last.as_ref()?;
+        if at.elapsed() >= REFUSAL_KEPT {
+            return None;
+        }
+        Some(match kept.clone() {
+            Kept::Behind { first, count } => Error::SchemaBehind { first, count },
+            Kept::Pooler(why) => Error::Pooler(why),
+            Kept::Other(why) => Error::Db(sea_orm::DbErr::Custom(why)),
+        })
+    }
 }
 
 /// `work` within `bound`, or the timeout as a database error.
@@ -150,7 +312,16 @@ pub(crate) mod pooling {
             return Ok(false);
         }
         let options = db.get_postgres_connection_pool().connect_options();
-        match pooled(&options).await? {
+        let found = match pooled(&options).await {
+            Ok(found) => found,
+            // No connection of its own (a role's connection limit, a full
+            // session pool): the pool's statements tell the rest.
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot check for a pooler in transaction mode; assuming none");
+                return Ok(false);
+            }
+        };
+        match found {
             Pooled::No => Ok(false),
             Pooled::KeepsPrepared => Ok(true),
             Pooled::Refused(e) => Err(Error::Pooler(format!("{REFUSAL} ({e})"))),
@@ -194,18 +365,26 @@ pub(crate) mod pooling {
     }
 
     /// Whether `first` and `second` are served by one server process at
-    /// some point, or `first` by two: asked in turn, [`PROBE_ROUNDS`]
-    /// times (another client of the pooler may take the session one gave
-    /// back), in the simple protocol, which prepares nothing.
+    /// some point, or either by two: asked in the order first, second,
+    /// second, first, [`PROBE_ROUNDS`] times, in the simple protocol,
+    /// which prepares nothing. A pooler that hands sessions out last in,
+    /// first out gives the second the first's session; one that hands them
+    /// out first in, first out gives the second a new one on its second
+    /// question.
     async fn shared(
         first: &mut sqlx::PgConnection,
         second: &mut sqlx::PgConnection,
     ) -> Result<bool> {
+        let mut pids = [
+            std::collections::HashSet::new(),
+            std::collections::HashSet::new(),
+        ];
         for _ in 0..PROBE_ROUNDS {
-            let a = backend(first).await?;
-            let b = backend(second).await?;
-            let a_again = backend(first).await?;
-            if a == b || a != a_again {
+            pids[0].insert(backend(first).await?);
+            pids[1].insert(backend(second).await?);
+            pids[1].insert(backend(second).await?);
+            pids[0].insert(backend(first).await?);
+            if pids[0].len() > 1 || pids[1].len() > 1 || !pids[0].is_disjoint(&pids[1]) {
                 return Ok(true);
             }
         }
@@ -227,14 +406,19 @@ pub(crate) mod pooling {
         first: &mut sqlx::PgConnection,
         second: &mut sqlx::PgConnection,
     ) -> std::result::Result<(), sqlx::Error> {
-        sqlx::query("SELECT $1::int4 AS probe")
-            .bind(1)
-            .fetch_one(&mut *first)
-            .await?;
-        sqlx::query("SELECT $1::int4 + 1 AS probe")
-            .bind(1)
-            .fetch_one(&mut *second)
-            .await?;
+        // Each prepares statements of its own, named `sqlx_s_1`, … on
+        // each connection: on sessions handed around, one of the names
+        // meets another's.
+        for n in 0..PROBE_ROUNDS as i32 {
+            for conn in [&mut *first, &mut *second] {
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "SELECT $1::int4 + {n} AS probe"
+                )))
+                .bind(1)
+                .fetch_one(&mut *conn)
+                .await?;
+            }
+        }
         Ok(())
     }
 

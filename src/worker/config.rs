@@ -121,9 +121,20 @@ pub struct WorkerConfig {
 #[serde(transparent)]
 pub struct ListenUrl(pub String);
 
+impl ListenUrl {
+    /// What may be shown of it: the URL without its credentials, or `***`
+    /// for text that is no URL (a `key=value` string may hold a password).
+    pub(crate) fn shown(&self) -> String {
+        match url::Url::parse(&self.0) {
+            Ok(_) => crate::redact::url(&self.0),
+            Err(_) => crate::redact::HIDDEN.into(),
+        }
+    }
+}
+
 impl std::fmt::Debug for ListenUrl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&crate::redact::url(&self.0))
+        f.write_str(&self.shown())
     }
 }
 

@@ -569,6 +569,11 @@ impl Worker {
         let Some(check) = self.checked(&shutdown).await? else {
             return Ok(());
         };
+        // Known before the listener starts: the first wait already polls.
+        if check.transaction_pooled && self.config.listen_url.is_none() {
+            self.hears_notify
+                .store(false, std::sync::atomic::Ordering::Relaxed);
+        }
         let listening = shutdown.child_token();
         let listener_tasks = self.spawn_listeners(&listening, &check);
         // The deadline, once shutdown is asked for: everything is done,

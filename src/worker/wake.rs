@@ -72,10 +72,15 @@ pub(crate) fn check_listen_url(notifier: &Notifier, url: Option<&ListenUrl>) -> 
 #[cfg(feature = "postgres")]
 fn listen_options(url: &ListenUrl) -> Result<sea_orm::sqlx::postgres::PgConnectOptions> {
     use std::str::FromStr;
+    if url::Url::parse(&url.0).is_err() {
+        return Err(Error::Config(
+            "listen_url: not a URL (postgres://user:password@host:port/database)".into(),
+        ));
+    }
     sea_orm::sqlx::postgres::PgConnectOptions::from_str(&url.0).map_err(|e| {
         Error::Config(format!(
             "listen_url {}: {}",
-            crate::redact::url(&url.0),
+            url.shown(),
             crate::redact::scrub(&e.to_string(), &url.0)
         ))
     })
@@ -148,6 +153,7 @@ pub(crate) async fn listen(
             connected = connect(&own, bound) => match connected {
                 Ok(listener) => listener,
                 Err(e) => {
+                    crate::counters::wake_listening(false);
                     tracing::warn!(error = %e, "cannot listen for wake-ups; polling meanwhile");
                     tokio::select! {
                         _ = tokio::time::sleep(RECONNECT_PAUSE) => continue,

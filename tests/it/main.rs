@@ -37,6 +37,7 @@ mod keys;
 mod legacy;
 mod mail;
 mod many_defs;
+mod migrations;
 mod ops;
 mod ordered;
 mod pins;

@@ -116,6 +116,11 @@ db_test!(
             ))
             .await
             .unwrap();
+        // A refusal is answered again for a second, then checked anew.
+        eventually(10, "the check passes once migrated", || async {
+            fresh.check_database().await.ok()
+        })
+        .await;
         let running = start(fresh.clone(), fast());
         eventually(30, "the notice sent once migrated", || async {
             (rec.count() == 1).then_some(())
@@ -150,3 +155,20 @@ db_test!(
         running.stop().await;
     }
 );
+
+/// A `listen_url`'s password never shows in a worker's settings, whether
+/// it is a URL or a `key=value` string.
+#[test]
+fn a_listen_url_is_never_shown_with_its_password() {
+    for url in [
+        "postgres://app:hunter2@db:5432/x",
+        "host=db user=app password=hunter2",
+    ] {
+        let config = WorkerConfig {
+            listen_url: Some(solid_notify::ListenUrl(url.into())),
+            ..WorkerConfig::default()
+        };
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+    }
+}
