@@ -74,8 +74,9 @@ impl Notifier {
     pub async fn check_database(&self) -> Result<DatabaseCheck> {
         self.checked
             .get_or_try_init(|| async {
-                // A refusal is kept for a second: callers waiting meanwhile
-                // get it again instead of each checking in turn.
+                // A refusal (an older schema, a pooler) is kept for a
+                // second: callers waiting meanwhile get it again instead of
+                // each checking in turn.
                 if let Some(refused) = self.refused.recent() {
                     return Err(refused);
                 }

@@ -105,15 +105,7 @@ pub(crate) async fn check(
 ) -> Result<DatabaseCheck> {
     // The pooler first: behind one that refuses, the pool's own statements
     // (the schema's read) fail with a prepared statement's clash instead.
-    let transaction_pooled = match tokio::time::timeout(bound, pooling::probe(db)).await {
-        Ok(probed) => probed?,
-        Err(_) => {
-            tracing::warn!(
-                "cannot check for a pooler in transaction mode within {bound:?}; assuming none"
-            );
-            false
-        }
-    };
+    let transaction_pooled = within(bound, pooling::probe(db)).await?;
     let newer = within(bound, check_schema(db)).await?;
     if let Some(last) = newer.last() {
         tracing::warn!(
@@ -170,17 +162,30 @@ async fn migrate_pg<M: migration::MigratorTrait>(
     lock_timeout: std::time::Duration,
 ) -> Result<()> {
     use sea_orm::sqlx;
+    // The session the caller's pool gives its connections (its hooks may
+    // set a search_path or a role), then the lock timeout: set on the
+    // connection, not as a startup option, which PgBouncer refuses.
+    let session = session_of(db).await?;
+    let set = format!(
+        "{session}SET lock_timeout = '{}ms'",
+        lock_timeout.as_millis().max(1)
+    );
     let options = db
         .get_postgres_connection_pool()
         .connect_options()
         .as_ref()
-        .clone()
-        .options([(
-            "lock_timeout",
-            format!("{}ms", lock_timeout.as_millis().max(1)),
-        )]);
+        .clone();
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(1)
+        .after_connect(move |conn, _| {
+            let set = set.clone();
+            Box::pin(async move {
+                sqlx::raw_sql(sqlx::AssertSqlSafe(set))
+                    .execute(&mut *conn)
+                    .await
+                    .map(drop)
+            })
+        })
         .connect_lazy_with(options);
     let own = sea_orm::SqlxPostgresConnector::from_sqlx_postgres_pool(pool);
     let mut tries = 0;
@@ -201,11 +206,35 @@ async fn migrate_pg<M: migration::MigratorTrait>(
     own.close().await.ok();
     ran.map_err(|e| match lock_not_available(&e) {
         true => Error::Db(sea_orm::DbErr::Migration(format!(
-            "a migration could not take its lock within {} in {tries} tries: a long transaction holds the table (see pg_stat_activity); nothing of that migration was applied",
+            "a migration could not take its lock within {} in {tries} tries: a long transaction holds the table (see pg_stat_activity); the migration's transaction was rolled back (one that runs outside a transaction may have applied its first statements)",
             humantime::format_duration(lock_timeout)
         ))),
         false => Error::Db(e),
     })
+}
+
+/// The statements that give a new connection the session of `db`'s pool:
+/// its `search_path` and, when a hook set one, its role.
+#[cfg(feature = "postgres")]
+async fn session_of(db: &DatabaseConnection) -> Result<String> {
+    let row = db
+        .query_one_raw(sea_orm::Statement::from_string(
+            sea_orm::DbBackend::Postgres,
+            "SELECT current_setting('search_path') AS path, current_user::text AS role, \
+             session_user::text AS login, quote_ident(current_user) AS quoted",
+        ))
+        .await?
+        .ok_or_else(|| Error::Db(sea_orm::DbErr::RecordNotFound("the session".into())))?;
+    let path: String = row.try_get("", "path")?;
+    let role: String = row.try_get("", "role")?;
+    let login: String = row.try_get("", "login")?;
+    let quoted: String = row.try_get("", "quoted")?;
+    // A search_path as the server shows it is valid SQL for SET.
+    let mut set = format!("SET search_path TO {path}; ");
+    if role != login {
+        set.push_str(&format!("SET ROLE {quoted}; "));
+    }
+    Ok(set)
 }
 
 /// PostgreSQL's `lock_not_available` (55P03): `lock_timeout` ran out.
@@ -218,16 +247,16 @@ fn lock_not_available(e: &sea_orm::DbErr) -> bool {
 /// How long a failed [`check`] is answered again without checking: 1 second.
 const REFUSAL_KEPT: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// The last failed [`check`], kept for [`REFUSAL_KEPT`].
+/// The last refusal of [`check`], kept for [`REFUSAL_KEPT`].
 #[derive(Default)]
 pub(crate) struct Refused(std::sync::Mutex<Option<(std::time::Instant, Kept)>>);
 
-/// A failed check's error, as it can be given again.
+/// A refusal, as it can be given again (a database that did not answer
+/// is not kept: it is asked again at once).
 #[derive(Clone)]
 enum Kept {
     Behind { first: String, count: usize },
     Pooler(String),
-    Other(String),
 }
 
 impl Refused {
@@ -239,7 +268,7 @@ impl Refused {
                 count: *count,
             },
             Error::Pooler(why) => Kept::Pooler(why.clone()),
-            other => Kept::Other(other.to_string()),
+            _ => return,
         };
         if let Ok(mut last) = self.0.lock() {
             *last = Some((std::time::Instant::now(), kept));
@@ -256,7 +285,6 @@ impl Refused {
         Some(match kept.clone() {
             Kept::Behind { first, count } => Error::SchemaBehind { first, count },
             Kept::Pooler(why) => Error::Pooler(why),
-            Kept::Other(why) => Error::Db(sea_orm::DbErr::Custom(why)),
         })
     }
 }
@@ -312,16 +340,10 @@ pub(crate) mod pooling {
             return Ok(false);
         }
         let options = db.get_postgres_connection_pool().connect_options();
-        let found = match pooled(&options).await {
-            Ok(found) => found,
-            // No connection of its own (a role's connection limit, a full
-            // session pool): the pool's statements tell the rest.
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot check for a pooler in transaction mode; assuming none");
-                return Ok(false);
-            }
-        };
-        match found {
+        // A probe that cannot connect fails the check (asked again), never
+        // passes it: statements through a pooler it did not see could
+        // meet another client's prepared statements.
+        match pooled(&options).await? {
             Pooled::No => Ok(false),
             Pooled::KeepsPrepared => Ok(true),
             Pooled::Refused(e) => Err(Error::Pooler(format!("{REFUSAL} ({e})"))),

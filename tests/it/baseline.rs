@@ -317,3 +317,39 @@ macro_rules! each_backend {
 each_backend!(the_baseline_builds_what_the_old_chain_built);
 each_backend!(a_pre_release_database_is_adopted_and_a_partial_one_refused);
 each_backend!(a_role_that_is_no_superuser_migrates_and_runs);
+
+/// PostgreSQL: a pool whose connections get their `search_path` from a
+/// hook (sea-orm's `set_schema_search_path`) is migrated in that schema,
+/// as its statements will find it; the start check then finds it whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pools_search_path_is_where_migrations_go() {
+    if !Backend::Postgres.selected() {
+        return;
+    }
+    let db = TestDb::blank(Backend::Postgres).await;
+    db.db.execute_unprepared("CREATE SCHEMA app").await.unwrap();
+    let mut options = sea_orm::ConnectOptions::new(db.url.clone());
+    options.set_schema_search_path("app").sqlx_logging(false);
+    let app = sea_orm::Database::connect(options).await.unwrap();
+    solid_notify::migrate(&app).await.expect("migrate in app");
+    let found = |table: &'static str| {
+        let db = &db;
+        async move {
+            db.scalar(&format!(
+                "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema || '.' || table_name = '{table}'"
+            ))
+            .await
+        }
+    };
+    assert_eq!(found("app.notify_msg").await, 1);
+    assert_eq!(found("app.solid_notify_migrations").await, 1);
+    assert_eq!(found("public.notify_msg").await, 0);
+    let notifier = solid_notify::Notifier::builder(app.clone())
+        .config(crate::support::test_config())
+        .build()
+        .unwrap();
+    let check = notifier.check_database().await.unwrap();
+    assert!(check.newer.is_empty());
+    app.close().await.ok();
+    db.cleanup().await;
+}

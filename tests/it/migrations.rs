@@ -97,7 +97,9 @@ async fn populate(db: &TestDb) {
         )
         .await
         .unwrap();
+    // Written out now, not by a checkpoint in the middle of a measure.
     db.db.execute_unprepared("ANALYZE").await.unwrap();
+    db.db.execute_unprepared("CHECKPOINT").await.unwrap();
 }
 
 /// A stand-in for a migration that rewrites `notify_msg`: it holds the
@@ -198,6 +200,7 @@ pg_test!(no_migration_blocks_a_producer_for_two_seconds, |db: Arc<
         .await
         .unwrap();
     let worst = producer.worst().await;
+    eprintln!("a migration holding notify_msg 3 s: slowest commit {worst:?}");
     assert!(
         worst >= LIMIT,
         "a 3 s lock went unseen: slowest commit {worst:?}"
@@ -220,6 +223,7 @@ pg_test!(no_migration_blocks_a_producer_for_two_seconds, |db: Arc<
         .unwrap();
     release.await.unwrap();
     let worst = producer.worst().await;
+    eprintln!("a migration queued behind a 4 s reader, no lock timeout: slowest commit {worst:?}");
     assert!(worst >= LIMIT, "an unbounded wait went unseen: {worst:?}");
     db.db
         .execute_unprepared("ALTER TABLE notify_msg DROP COLUMN probe_added")
@@ -242,6 +246,7 @@ pg_test!(no_migration_blocks_a_producer_for_two_seconds, |db: Arc<
         .unwrap();
     release.await.unwrap();
     let worst = producer.worst().await;
+    eprintln!("the same with a 500 ms lock timeout: slowest commit {worst:?}");
     assert!(
         worst < LIMIT,
         "the lock timeout let a commit wait {worst:?}"
