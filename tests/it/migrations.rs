@@ -102,6 +102,20 @@ async fn populate(db: &TestDb) {
     db.db.execute_unprepared("CHECKPOINT").await.unwrap();
 }
 
+/// A long reader: a transaction that has read `notify_msg` (and holds its
+/// share lock) for `long`, then commits.
+async fn hold_for(db: &TestDb, long: Duration) -> tokio::task::JoinHandle<()> {
+    let reader = db.db.begin().await.unwrap();
+    reader
+        .execute_unprepared("SELECT count(*) FROM notify_msg")
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        tokio::time::sleep(long).await;
+        reader.commit().await.unwrap();
+    })
+}
+
 /// A stand-in for a migration that rewrites `notify_msg`: it holds the
 /// table's exclusive lock for 3 s.
 struct Rewrite;
@@ -209,15 +223,7 @@ pg_test!(no_migration_blocks_a_producer_for_two_seconds, |db: Arc<
     // A long transaction holds notify_msg (a reader): a migration that
     // waits for it without a bound holds every commit queued behind
     // it ...
-    let reader = db.db.begin().await.unwrap();
-    reader
-        .execute_unprepared("SELECT count(*) FROM notify_msg")
-        .await
-        .unwrap();
-    let release = tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_secs(4)).await;
-        reader.commit().await.unwrap();
-    });
+    let release = hold_for(&db, Duration::from_secs(4)).await;
     solid_notify::migrate_with::<AddsColumnWaiting>(&db.db, Duration::from_secs(60))
         .await
         .unwrap();
@@ -232,15 +238,7 @@ pg_test!(no_migration_blocks_a_producer_for_two_seconds, |db: Arc<
     producer.worst().await;
 
     // ... while `migrate`'s lock timeout steps back and tries again.
-    let reader = db.db.begin().await.unwrap();
-    reader
-        .execute_unprepared("SELECT count(*) FROM notify_msg")
-        .await
-        .unwrap();
-    let release = tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_secs(4)).await;
-        reader.commit().await.unwrap();
-    });
+    let release = hold_for(&db, Duration::from_secs(4)).await;
     solid_notify::migrate_with::<AddsColumn>(&db.db, Duration::from_millis(500))
         .await
         .unwrap();

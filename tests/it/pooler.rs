@@ -138,21 +138,8 @@ pg_test!(
             Err(e) => said(&e),
             Ok(_) => panic!("a transaction began behind a transaction pooler"),
         }
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_solid-notify"))
-            .args(["worker", "--allow-private-network"])
-            .env("DATABASE_URL", db.url_via(TRANSACTION))
-            .env("RUST_LOG", "warn")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
-            .await
-            .expect("the refused CLI worker exits")
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{stderr}");
+        let (status, stderr) = crate::support::worker_until_exit(&db.url_via(TRANSACTION)).await;
+        assert!(!status.success(), "{stderr}");
         assert!(stderr.contains("pool_mode = session"), "{stderr}");
         assert!(!stderr.contains("panicked"), "{stderr}");
         // Nothing was claimed or sent.

@@ -27,28 +27,6 @@ fn fast() -> WorkerConfig {
     }
 }
 
-/// A `solid-notify worker` on `db`: its exit status and what it wrote to
-/// stderr, within 60 s (killed past it).
-async fn cli_worker(db: &TestDb) -> (std::process::ExitStatus, String) {
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_solid-notify"))
-        .args(["worker", "--allow-private-network"])
-        .env("DATABASE_URL", &db.url)
-        .env("RUST_LOG", "warn")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
-        .await
-        .expect("a refused worker exits")
-        .unwrap();
-    (
-        out.status,
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 db_test!(
     an_older_schema_is_refused_by_workers_and_producers_naming_its_migration,
     |db: Arc<TestDb>| async move {
@@ -100,7 +78,7 @@ db_test!(
             Err(e) => panic!("expected SchemaBehind, got {e}"),
             Ok(_) => panic!("a transaction began on an older schema"),
         }
-        let (status, stderr) = cli_worker(&db).await;
+        let (status, stderr) = crate::support::worker_until_exit(&db.url).await;
         assert!(!status.success(), "the CLI worker ran: {stderr}");
         assert!(stderr.contains(BASELINE), "{stderr}");
         // Nothing was claimed or sent: the notice is as it was added.

@@ -586,6 +586,28 @@ pub fn worker_process(db: &TestDb, extra: &[&str]) -> KillOnDrop {
     )
 }
 
+/// A `solid-notify worker` on the database at `url`, expected to exit (a
+/// refusal): its exit status and what it wrote to stderr, within 60 s.
+pub async fn worker_until_exit(url: &str) -> (std::process::ExitStatus, String) {
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_solid-notify"))
+        .args(["worker", "--allow-private-network"])
+        .env("DATABASE_URL", url)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .expect("the worker exits")
+        .unwrap();
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// A `solid-notify worker` process on `db` (fixed delay of 100 ms, gauges
 /// every 200 ms, and `extra` flags) serving metrics on a free port; returns
 /// it and the metrics URL it printed.
