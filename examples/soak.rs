@@ -221,6 +221,8 @@ async fn main() -> BoxResult<()> {
         tokio::time::sleep_until(next.into()).await;
         next += every;
         let now = start.elapsed();
+        // Whether the reader was open during the interval now ending.
+        let was_open = reader.is_some();
         let reading = now >= reader_at && now < reader_at + reader_for;
         if reading && reader.is_none() {
             reader = Some(open_reader(&reader_db).await?);
@@ -246,7 +248,7 @@ async fn main() -> BoxResult<()> {
             dead_history: sizes.2,
             mib_live: sizes.3,
             mib_history: sizes.4,
-            reader: reader.is_some(),
+            reader: was_open,
         };
         (last_produced, last_delivered) = (p, d);
         println!(
@@ -441,14 +443,15 @@ fn plot(rows: &[Row], backend: &str) -> String {
             .fold(0.0_f64, f64::max)
             .max(1e-9);
         let y = |v: f64| bottom - (bottom - top - 20.0) * v / max;
-        // The reader's window.
+        // The reader's window: the intervals it was open in.
+        let interval = rows.first().map_or(1.0, |r| r.minute);
         let open: Vec<f64> = rows.iter().filter(|r| r.reader).map(|r| r.minute).collect();
         if let (Some(a), Some(b)) = (open.first(), open.last()) {
             let _ = write!(
                 svg,
                 r##"<rect x="{}" y="{top}" width="{}" height="{}" fill="#eeeeee"/>"##,
-                x(*a),
-                (x(*b) - x(*a)).max(2.0),
+                x(*a - interval),
+                (x(*b) - x(*a - interval)).max(2.0),
                 bottom - top
             );
         }
