@@ -8,7 +8,8 @@
 //! Prints msgs/s, µs per notice, the ratio to the baseline, and peak RSS.
 //! `SN_BENCH_DEFS=N` spreads a PostgreSQL backlog over N definitions (up to
 //! 10,000 of them busy; `SN_BENCH_FRESH_DEFS=1`: created just before the
-//! drain, not an hour before). `SN_BENCH_PAYLOAD=BYTES` pads each PostgreSQL notice's param with that
+//! drain, not an hour before). `SN_BENCH_PARTITIONED=day|month` partitions a
+//! PostgreSQL history first (`solid-notify history partition`). `SN_BENCH_PAYLOAD=BYTES` pads each PostgreSQL notice's param with that
 //! many bytes of random hex (e.g. 100, 10000, 1048576).
 //!
 //! Run: `cargo run --release --example bench_sweep` (PostgreSQL);
@@ -403,6 +404,18 @@ async fn fresh_db(backend: &str, ordered: bool, encrypt: bool) -> BoxResult<Data
     opts.max_connections(16).sqlx_logging(false);
     let db = Database::connect(opts).await?;
     solid_notify::migrate(&db).await?;
+    if let Ok(period) = std::env::var("SN_BENCH_PARTITIONED")
+        && backend == "postgres"
+    {
+        let how = solid_notify::ops::Partitioning {
+            period: match period.as_str() {
+                "day" => solid_notify::ops::Period::Day,
+                _ => solid_notify::ops::Period::Month,
+            },
+            ..Default::default()
+        };
+        solid_notify::state::partitions::convert(&db, &how).await?;
+    }
     let mut spec = DefSpec::new("bench", Channel::Handler, json!({"handler": "noop"}));
     if ordered {
         spec.ordering = "per_key".into();

@@ -253,14 +253,20 @@ async fn run(cli: Cli) -> solid_notify::Result<()> {
         } => crate::cli::serve::run(db, addr, token, allow_actions).await?,
         Command::Show { id, key, def, json } => find::show(&db, id, key, def, json).await?,
         Command::List { filter, page } => find::list(&db, filter, page).await?,
-        Command::History {
-            command:
-                HistoryCommand::List {
-                    filter,
-                    range,
-                    page,
-                },
-        } => find::history(&db, filter, range, page).await?,
+        Command::History { command } => match command {
+            HistoryCommand::List {
+                filter,
+                range,
+                page,
+            } => find::history(&db, filter, range, page).await?,
+            HistoryCommand::Partition {
+                period,
+                ahead,
+                batch_size,
+                json,
+            } => find::partition(&db, period, ahead, batch_size, json).await?,
+            HistoryCommand::Partitions { json } => find::partitions(&db, json).await?,
+        },
         Command::Keys { command } => keys::run(&db, command).await?,
         Command::Rekey { batch_size, json } => keys::rekey(&db, batch_size, json).await?,
         Command::Requeue(args) => bulk::run(db, *args, true).await?,

@@ -3,7 +3,7 @@
 
 use clap::Subcommand;
 use sea_orm::DatabaseConnection;
-use solid_notify::ops::{NoticeView, Place, find};
+use solid_notify::ops::{NoticeView, Partitioning, Period, Place, find};
 
 use super::common::{FilterArgs, PageArgs, RangeArgs, print_json};
 
@@ -18,6 +18,83 @@ pub(crate) enum HistoryCommand {
         #[command(flatten)]
         page: PageArgs,
     },
+    /// Partition notify_msg_history by the time each notice finished
+    /// (PostgreSQL), online: a copy is filled in batches while a trigger
+    /// mirrors every change, then swapped in under a lock held for
+    /// milliseconds. Run again, it resumes, or makes the periods ahead.
+    /// Retention then drops whole periods; final failures are kept.
+    Partition {
+        /// One partition per UTC day or month.
+        #[arg(long, value_enum, default_value_t = Period::Month)]
+        period: Period,
+        /// Periods made ahead of the current one.
+        #[arg(long, default_value_t = solid_notify::ops::DEFAULT_AHEAD)]
+        ahead: u32,
+        /// Rows copied per batch.
+        #[arg(long, default_value_t = solid_notify::ops::DEFAULT_COPY_BATCH,
+              value_parser = clap::value_parser!(u64).range(1..=100_000))]
+        batch_size: u64,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// How notify_msg_history is partitioned: its periods.
+    Partitions {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `history partition`: partitions history online.
+pub(crate) async fn partition(
+    db: &DatabaseConnection,
+    period: Period,
+    ahead: u32,
+    batch_size: u64,
+    json: bool,
+) -> solid_notify::Result<()> {
+    let how = Partitioning {
+        period,
+        ahead,
+        batch_size,
+    };
+    let done = solid_notify::state::partitions::convert(db, &how).await?;
+    if json {
+        print_json(&serde_json::to_value(&done));
+    } else if done.already {
+        println!(
+            "history is partitioned already; {} period(s) made ahead",
+            done.made.len()
+        );
+    } else {
+        println!(
+            "history partitioned by {period}: {} rows ({} copied in batches), {} partition(s) made",
+            done.rows,
+            done.copied,
+            done.made.len()
+        );
+    }
+    Ok(())
+}
+
+/// `history partitions`: the periods of partitioned history.
+pub(crate) async fn partitions(db: &DatabaseConnection, json: bool) -> solid_notify::Result<()> {
+    let layout = solid_notify::state::partitions::layout(db).await?;
+    if json {
+        print_json(&serde_json::to_value(&layout));
+        return Ok(());
+    }
+    match layout {
+        None => println!("history is one table (not partitioned)"),
+        Some(layout) => {
+            println!("history is partitioned by {}", layout.period);
+            for p in &layout.periods {
+                println!("{}  {} .. {}", p.name, p.from, p.to);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `show`: one notice by id, or every notice with an idempotency key.

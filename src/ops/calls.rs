@@ -8,7 +8,11 @@ use super::{
     overview::{self, Overview, OverviewQuery},
     purge,
 };
-use crate::{error::Result, notifier::Notifier};
+use crate::{
+    error::Result,
+    notifier::Notifier,
+    state::partitions::{self, Converted, Layout, Partitioning},
+};
 
 impl Notifier {
     /// A page of notices at `place` matching `filter`, newest first.
@@ -58,6 +62,27 @@ impl Notifier {
         purge: &Purge,
     ) -> std::result::Result<PurgeReport, Interrupted<PurgeReport>> {
         purge::purge(self.db(), purge).await
+    }
+
+    /// Partitions `notify_msg_history` by the time each notice finished
+    /// (PostgreSQL), online: a partitioned copy is filled in batches while
+    /// a trigger mirrors every change, then swapped in under a lock held
+    /// for milliseconds. Run again, it resumes an interrupted conversion,
+    /// or on a partitioned history makes the periods ahead. Retention then
+    /// drops whole periods ([`purge`](Self::purge)).
+    ///
+    /// # Errors
+    /// [`Error::Config`](crate::Error::Config) on MySQL/MariaDB and SQLite,
+    /// or when the copy does not match the table (not swapped); database
+    /// errors (a lock not taken in 30 tries of 2 s among them).
+    pub async fn partition_history(&self, how: &Partitioning) -> Result<Converted> {
+        partitions::convert(self.db(), how).await
+    }
+
+    /// How `notify_msg_history` is partitioned: `None` when it is one
+    /// table (always on MySQL/MariaDB and SQLite).
+    pub async fn history_layout(&self) -> Result<Option<Layout>> {
+        partitions::layout(self.db()).await
     }
 
     /// Seals every param and step result with the current key of

@@ -41,6 +41,10 @@ mod released;
 /// A worker's heartbeat row (`notify_worker`): its id (`host:pid:random`),
 /// host, pid, when it started and was last seen, and its counts.
 pub use crate::entity::notify_worker::Model as WorkerRow;
+pub use crate::state::partitions::{
+    Converted, DEFAULT_AHEAD, DEFAULT_COPY_BATCH, Layout, PARTITION_LOCK_TIMEOUT, Partitioning,
+    Period, PeriodPartition,
+};
 pub use bulk::{BulkAction, BulkReport, Pinned, PinnedAction};
 pub use find::{NoticeFilter, NoticeView, Page, Place};
 pub use keys::{BlockedKey, BlockedKeys};

@@ -22,7 +22,7 @@ use crate::{
         read,
     },
     error::{Error, Result},
-    state::retention,
+    state::{partitions, retention},
     status::Status,
 };
 
@@ -94,6 +94,9 @@ pub struct PurgeReport {
     pub skipped: u64,
     /// Whether this was a dry run.
     pub dry_run: bool,
+    /// Partitions of history dropped whole (PostgreSQL, partitioned
+    /// history): their rows are counted in `deleted`.
+    pub dropped_partitions: u64,
 }
 
 impl std::fmt::Display for PurgeReport {
@@ -105,7 +108,11 @@ impl std::fmt::Display for PurgeReport {
             f,
             "{} matched, {} archived, {} deleted, {} skipped (changed meanwhile)",
             self.matched, self.archived, self.deleted, self.skipped
-        )
+        )?;
+        if self.dropped_partitions > 0 {
+            write!(f, ", {} partitions dropped", self.dropped_partitions)?;
+        }
+        Ok(())
     }
 }
 
@@ -164,7 +171,7 @@ async fn run(db: &DatabaseConnection, purge: &Purge, report: &mut PurgeReport) -
     // A notice cancelled while an attempt held it keeps that lease in
     // history until it ends: it is left for a later purge (the delete
     // checks again).
-    let base = sea_orm::sea_query::Condition::all()
+    let mut base = sea_orm::sea_query::Condition::all()
         .add(Expr::col(Column::Status).is_in(purge.statuses()))
         .add(finished.lt(cutoff))
         .add(retention::lease_live(db.get_database_backend()).not());
@@ -179,26 +186,19 @@ async fn run(db: &DatabaseConnection, purge: &Purge, report: &mut PurgeReport) -
         ),
         _ => None,
     };
+    let mut archive = archive
+        .as_mut()
+        .zip(purge.archive.as_deref())
+        .map(|(file, path)| Archive { file, path });
+    if let Some(layout) = partitions::layout(db).await? {
+        drop_periods(db, purge, &layout, cutoff, archive.as_mut(), report).await?;
+        // What is left in a period goes with it; the batches purge the
+        // kept and default partitions.
+        base = base.add(Expr::cust(partitions::outside_periods(&layout)));
+    }
     let mut after = i64::MIN;
     loop {
-        let select = notify_msg_history::Entity::find()
-            .filter(base.clone().add(Expr::col(Column::Id).gt(after)))
-            .order_by_asc(Column::Id)
-            .limit(purge.batch_size.clamp(1, super::bulk::MAX_BATCH_SIZE));
-        let raw = db
-            .query_all(&sea_orm::QueryTrait::into_query(select))
-            .await?;
-        // Each row on its own: one a plain-SQL producer wrote with a cell
-        // that cannot be read is archived as far as it reads (with why),
-        // and purged like the others.
-        // (Both tables have the same columns: a history row reads as one.)
-        let rows: Vec<(notify_msg::Model, Option<String>)> = raw
-            .iter()
-            .map(|row| match read::notice(row) {
-                Ok(model) => (model, None),
-                Err(u) => (read::lenient(row), Some(u.reason())),
-            })
-            .collect();
+        let rows = batch_after(db, base.clone(), after, purge.batch_size).await?;
         let Some((last, _)) = rows.last() else {
             return Ok(());
         };
@@ -207,8 +207,8 @@ async fn run(db: &DatabaseConnection, purge: &Purge, report: &mut PurgeReport) -
         if purge.dry_run {
             continue;
         }
-        if let (Some(file), Some(path)) = (archive.as_mut(), &purge.archive) {
-            archive_rows(file, path, &rows).await?;
+        if let Some(archive) = archive.as_mut() {
+            archive_rows(archive.file, archive.path, &rows).await?;
             report.archived += rows.len() as u64;
         }
         let rows: Vec<notify_msg::Model> = rows.into_iter().map(|(row, _)| row).collect();
@@ -229,6 +229,90 @@ async fn run(db: &DatabaseConnection, purge: &Purge, report: &mut PurgeReport) -
         }
         report.skipped += rows.len() as u64 - deleted;
     }
+}
+
+/// The archive file a purge appends to, and its path (for errors).
+struct Archive<'a> {
+    file: &'a mut tokio::fs::File,
+    path: &'a std::path::Path,
+}
+
+/// Up to `size` rows of history matching `cond` with ids above `after`, in
+/// id order. Each row on its own: one a plain-SQL producer wrote with a
+/// cell that cannot be read is read as far as it reads, with why (both
+/// tables have the same columns: a history row reads as one).
+async fn batch_after(
+    db: &DatabaseConnection,
+    cond: sea_orm::sea_query::Condition,
+    after: i64,
+    size: u64,
+) -> Result<Vec<(notify_msg::Model, Option<String>)>> {
+    let select = notify_msg_history::Entity::find()
+        .filter(cond.add(Expr::col(Column::Id).gt(after)))
+        .order_by_asc(Column::Id)
+        .limit(size.clamp(1, super::bulk::MAX_BATCH_SIZE));
+    let raw = db
+        .query_all(&sea_orm::QueryTrait::into_query(select))
+        .await?;
+    Ok(raw
+        .iter()
+        .map(|row| match read::notice(row) {
+            Ok(model) => (model, None),
+            Err(u) => (read::lenient(row), Some(u.reason())),
+        })
+        .collect())
+}
+
+/// Partitioned history (PostgreSQL): drops each period that ended before
+/// `cutoff`, after moving out what it must keep (final failures and parked
+/// notices unless `include_failures`, which the batches then purge; a live
+/// lease) and archiving the rest. A period whose lock could not be taken in
+/// time stays for the next purge (logged); the others go on.
+async fn drop_periods(
+    db: &DatabaseConnection,
+    purge: &Purge,
+    layout: &partitions::Layout,
+    cutoff: chrono::NaiveDateTime,
+    mut archive: Option<&mut Archive<'_>>,
+    report: &mut PurgeReport,
+) -> Result<()> {
+    for period in layout.ended_by(cutoff) {
+        if purge.dry_run {
+            report.matched += partitions::droppable(db, period).await?;
+            continue;
+        }
+        partitions::evacuate(db, period).await?;
+        if let Some(archive) = archive.as_mut() {
+            let all = Expr::cust(format!(
+                "finished_time >= '{}' AND finished_time < '{}'",
+                period.from.format("%Y-%m-%d %H:%M:%S"),
+                period.to.format("%Y-%m-%d %H:%M:%S")
+            ));
+            let mut after = i64::MIN;
+            loop {
+                let cond = sea_orm::sea_query::Condition::all().add(all.clone());
+                let rows = batch_after(db, cond, after, purge.batch_size).await?;
+                let Some((last, _)) = rows.last() else { break };
+                after = last.id;
+                archive_rows(archive.file, archive.path, &rows).await?;
+                report.archived += rows.len() as u64;
+            }
+        }
+        match partitions::drop_period(db, period).await {
+            Ok(gone) => {
+                report.matched += gone;
+                report.deleted += gone;
+                report.dropped_partitions += 1;
+                tracing::info!(partition = %period.name, rows = gone, "dropped a period of history");
+            }
+            Err(e) if crate::db::sql_state(&e).as_deref() == Some("55P03") => {
+                tracing::warn!(partition = %period.name, "could not take history's lock within {:?} to drop a period (a long transaction holds it); the next purge tries again", partitions::PARTITION_LOCK_TIMEOUT);
+                return Ok(());
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 fn archive_error(path: &std::path::Path, e: std::io::Error) -> Error {
@@ -297,6 +381,9 @@ pub fn spawn_retention(
             tokio::select! {
                 _ = tick.tick() => {}
                 _ = shutdown.cancelled() => return,
+            }
+            if let Err(e) = partitions::upkeep(&db).await {
+                tracing::warn!(error = %e, "cannot make the periods of history ahead");
             }
             match purge(&db, &retention.purge()).await {
                 Ok(report) => tracing::info!(%report, "retention purge"),

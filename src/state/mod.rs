@@ -53,6 +53,7 @@ pub(crate) mod keyed;
 mod lease;
 pub mod operator;
 pub mod order;
+pub mod partitions;
 pub mod pause;
 pub(crate) mod rate;
 pub(crate) mod retention;

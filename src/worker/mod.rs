@@ -650,7 +650,7 @@ impl Worker {
         &self,
         listening: &CancellationToken,
         check: &DatabaseCheck,
-    ) -> [Option<JoinHandle<()>>; 3] {
+    ) -> [Option<JoinHandle<()>>; 4] {
         let confirmations =
             (self.config.confirm_listener && self.notifier.amqp_enabled()).then(|| {
                 tokio::spawn(crate::confirm::listen(
@@ -676,7 +676,11 @@ impl Worker {
                 listening.clone(),
             ))
         });
-        [confirmations, wakes, heartbeat]
+        let partitions = Some(tokio::spawn(partition_upkeep(
+            self.notifier.clone(),
+            listening.clone(),
+        )));
+        [confirmations, wakes, heartbeat, partitions]
     }
 
     /// Sweeps on the schedule until shutdown (or until the schedule has no
@@ -1228,7 +1232,7 @@ fn note_deadline(
 /// Waits for the listeners' tasks to end, for at most [`HARD_STOP_MARGIN`]
 /// and never past `deadline`, then aborts those still running.
 async fn stop_listeners(
-    listeners: [Option<JoinHandle<()>>; 3],
+    listeners: [Option<JoinHandle<()>>; 4],
     deadline: &std::sync::OnceLock<Instant>,
 ) {
     // Listeners stop between calls (and out of them); whatever still
@@ -1280,6 +1284,31 @@ fn worker_id() -> String {
         std::process::id(),
         fastrand::u64(..)
     )
+}
+
+/// Makes the periods ahead of partitioned history (PostgreSQL) at start and
+/// every [`UPKEEP_EVERY`](crate::state::partitions::UPKEEP_EVERY) until
+/// `stop`; nothing on one history table. A failure is logged and tried
+/// again at the next round (until then rows of a missing period go to the
+/// default partition).
+async fn partition_upkeep(notifier: Notifier, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(crate::state::partitions::UPKEEP_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.cancelled() => return,
+        }
+        let made = tokio::select! {
+            made = crate::state::partitions::upkeep(notifier.db()) => made,
+            _ = stop.cancelled() => return,
+        };
+        match made {
+            Ok(made) if !made.is_empty() => tracing::info!(?made, "made periods of history ahead"),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "cannot make the periods of history ahead"),
+        }
+    }
 }
 
 /// Writes this worker's heartbeat row every `every` until `stop` (the row

@@ -40,6 +40,7 @@ mod many_defs;
 mod migrations;
 mod ops;
 mod ordered;
+mod partitions;
 mod pins;
 mod poison;
 mod pooler;
