@@ -299,7 +299,8 @@ async fn drop_periods(
             }
         }
         match partitions::drop_period(db, period).await {
-            Ok(gone) => {
+            Ok(None) => {}
+            Ok(Some(gone)) => {
                 report.matched += gone;
                 report.deleted += gone;
                 report.dropped_partitions += 1;

@@ -13,11 +13,11 @@
 //!
 //! A period is dropped once it ended before the purge's cutoff: its final
 //! failures, parked notices and cancelled notices whose lease is still live
-//! move to the kept partition first ([`evacuate`]), in one statement backed
+//! move to the kept partition first (`evacuate`), in one statement backed
 //! by a partial index of exactly those rows, and the drop takes the parent's
-//! lock for milliseconds under a `lock_timeout` ([`drop_period`]).
+//! lock for milliseconds under a `lock_timeout` (`drop_period`).
 //!
-//! An installation converts online ([`convert`]): a partitioned copy is
+//! An installation converts online (`convert`): a partitioned copy is
 //! built beside the table while a trigger mirrors every change into it,
 //! filled in batches of ids (each in a REPEATABLE READ transaction that
 //! locks its rows, tried again when one changed meanwhile), counted against
@@ -66,6 +66,16 @@ pub const DEFAULT_COPY_BATCH: u64 = 5_000;
 /// again before the conversion stops (it can be run again; it resumes): 50.
 const COPY_TRIES: u32 = 50;
 
+/// How many periods before the current one a conversion makes at most:
+/// 400. Older rows (a stray row dated years back would otherwise make
+/// thousands of partitions) go to the default partition, purged in
+/// batches.
+pub const MAX_PERIODS_BEHIND: u32 = 400;
+
+/// The advisory lock key that makes the periods of history one at a time
+/// (two purges, two upkeeps): "snparts" in ASCII.
+const UPKEEP_LOCK: i64 = 0x0073_6e70_6172_7473;
+
 /// How often a worker makes the periods ahead: every hour.
 pub const UPKEEP_EVERY: Duration = Duration::from_secs(3_600);
 
@@ -97,6 +107,16 @@ impl Period {
             Period::Day => start.succ_opt().unwrap_or(start),
             Period::Month => start.checked_add_months(Months::new(1)).unwrap_or(start),
         }
+    }
+
+    /// The start of the period `n` periods before the one starting at
+    /// `start` (the earliest date there is, past it).
+    fn back(self, start: NaiveDate, n: u32) -> NaiveDate {
+        match self {
+            Period::Day => start.checked_sub_days(chrono::Days::new(n.into())),
+            Period::Month => start.checked_sub_months(Months::new(n)),
+        }
+        .unwrap_or(NaiveDate::MIN)
     }
 
     /// The partition name of the period starting at `start`.
@@ -297,7 +317,12 @@ async fn make_periods(
     for _ in 0..ahead {
         last = period.next(last);
     }
-    let mut start = period.start(from.min(now));
+    // Never a period overlapping the kept partition (before 1970-01-02).
+    let floor = NaiveDate::from_ymd_opt(1970, 2, 1).unwrap_or(NaiveDate::MIN);
+    let earliest = period
+        .back(period.start(now), MAX_PERIODS_BEHIND)
+        .max(floor);
+    let mut start = period.start(from.min(now)).max(earliest);
     let mut made = Vec::new();
     while start <= last {
         let name = period.name(start);
@@ -308,7 +333,8 @@ async fn make_periods(
                 literal(midnight(start)),
                 literal(midnight(next))
             );
-            match locked(db, &[sql]).await {
+            let one_at_a_time = format!("SELECT pg_advisory_xact_lock({UPKEEP_LOCK})");
+            match locked(db, &[one_at_a_time, sql]).await {
                 Ok(()) => made.push(name),
                 // check_violation: the default partition holds rows of it.
                 Err(e) if crate::db::sql_state(&e).as_deref() == Some("23514") => {
@@ -393,13 +419,17 @@ pub(crate) async fn rows_in(
     Ok(n.map_or(0, |n| u64::try_from(n).unwrap_or(0)))
 }
 
-/// Drops `p`: under the parent's lock (waited for at most
-/// [`PARTITION_LOCK_TIMEOUT`]), moves out what it must keep (what changed
-/// since [`evacuate`]), then drops it. Returns how many rows went with it.
+/// Drops `p`: counts it first (an ended period takes no new rows), then,
+/// under the parent's lock (waited for at most [`PARTITION_LOCK_TIMEOUT`])
+/// and the upkeep's advisory lock, moves out what it must keep (what
+/// changed since [`evacuate`], by the partial index) and drops it: nothing
+/// that scans the period runs under the lock. Returns how many rows went
+/// with it, `None` when another purge dropped it first.
 pub(crate) async fn drop_period(
     db: &DatabaseConnection,
     p: &PeriodPartition,
-) -> std::result::Result<u64, DbErr> {
+) -> std::result::Result<Option<u64>, DbErr> {
+    let gone = rows_in(db, p).await?;
     let txn = db.begin().await?;
     exec(
         &txn,
@@ -411,14 +441,29 @@ pub(crate) async fn drop_period(
     .await?;
     exec(
         &txn,
+        &format!("SELECT pg_advisory_xact_lock({UPKEEP_LOCK})"),
+    )
+    .await?;
+    exec(
+        &txn,
         &format!("LOCK TABLE {TABLE} IN ACCESS EXCLUSIVE MODE"),
     )
     .await?;
+    let there = one_i64(
+        &txn,
+        &format!(
+            "SELECT count(*) FROM pg_class WHERE oid = to_regclass('{}')",
+            p.name
+        ),
+    )
+    .await?;
+    if there != Some(1) {
+        return Ok(None);
+    }
     evacuate(&txn, p).await?;
-    let gone = rows_in(&txn, p).await?;
     exec(&txn, &format!("DROP TABLE {}", p.name)).await?;
     txn.commit().await?;
-    Ok(gone)
+    Ok(Some(gone))
 }
 
 /// The condition, as SQL, of history rows outside every period of `layout`
@@ -496,6 +541,7 @@ pub async fn convert(db: &DatabaseConnection, how: &Partitioning) -> Result<Conv
             ..Converted::default()
         });
     }
+    owner_converts(db).await?;
     let mut made = build_copy(db, how).await?;
     start_sync(db).await?;
     let copied = copy_rows(db, how.batch_size).await?;
@@ -517,6 +563,31 @@ pub async fn convert(db: &DatabaseConnection, how: &Partitioning) -> Result<Conv
         rows,
         made,
     })
+}
+
+/// Refuses unless the session's role owns the table: the copy, its
+/// partitions and the trigger's writes must be the owner's, or every
+/// worker's move into history would be refused once the trigger is on.
+async fn owner_converts(db: &DatabaseConnection) -> Result<()> {
+    let row = db
+        .query_one_raw(Statement::from_string(
+            DbBackend::Postgres,
+            format!(
+                "SELECT current_user::text, (SELECT tableowner::text FROM pg_tables \
+                 WHERE tablename = '{TABLE}' AND schemaname = current_schema())"
+            ),
+        ))
+        .await?;
+    let (me, owner): (String, Option<String>) = match row {
+        Some(r) => (r.try_get_by_index(0)?, r.try_get_by_index(1)?),
+        None => return Ok(()),
+    };
+    match owner {
+        Some(owner) if owner != me => Err(Error::Config(format!(
+            "partition history as the role that owns {TABLE} ({owner}), not as {me}: the partitioned table must be its owner's for workers to write it"
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// Creates [`COPY`] (if it is not there from an interrupted run) with the
@@ -545,7 +616,7 @@ async fn build_copy(db: &DatabaseConnection, how: &Partitioning) -> Result<Vec<S
     ];
     ddl.extend(copied_indexes(db).await?);
     ddl.extend(copied_grants(db).await?);
-    locked(db, &ddl).await?;
+    retry_locked(db, &ddl).await?;
     let oldest = one_timestamp(
         db,
         &format!("SELECT min(coalesce(last_call_time, create_time)) FROM {TABLE}"),
@@ -590,10 +661,15 @@ async fn copied_indexes(db: &DatabaseConnection) -> Result<Vec<String>> {
         }
         ddl.push(format!(
             "CREATE INDEX IF NOT EXISTS {} ON {COPY} USING {using}",
-            copy_name(&name)
+            ident(&copy_name(&name))
         ));
     }
     Ok(ddl)
+}
+
+/// `name` quoted as an SQL identifier.
+fn ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
 }
 
 /// The name an index of the table has on [`COPY`] until the swap.
@@ -643,12 +719,20 @@ async fn start_sync(db: &DatabaseConnection) -> Result<()> {
            RETURN NULL; \
          END $$"
     );
+    // Under the table's lock, so that a conversion swapped in meanwhile is
+    // seen: a trigger on the partitioned table would point at no copy.
+    let lock = format!("LOCK TABLE {TABLE} IN SHARE ROW EXCLUSIVE MODE");
     let trigger = format!(
-        "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = '{TABLE}'::regclass AND tgname = '{SYNC}') \
+        "DO $$ BEGIN \
+         IF EXISTS (SELECT 1 FROM pg_partitioned_table WHERE partrelid = '{TABLE}'::regclass) \
+            OR to_regclass('{COPY}') IS NULL THEN \
+           RAISE EXCEPTION 'another conversion of history finished meanwhile'; \
+         END IF; \
+         IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = '{TABLE}'::regclass AND tgname = '{SYNC}') \
          THEN CREATE TRIGGER {SYNC} AFTER INSERT OR UPDATE OR DELETE ON {TABLE} FOR EACH ROW EXECUTE FUNCTION {SYNC}(); \
          END IF; END $$"
     );
-    retry_locked(db, &[function, trigger]).await
+    retry_locked(db, &[lock, function, trigger]).await
 }
 
 /// [`locked`], tried again while the lock could not be taken in time, up to
@@ -790,11 +874,13 @@ async fn swap(db: &DatabaseConnection) -> Result<()> {
         format!("ALTER TABLE {COPY} RENAME TO {TABLE}"),
         format!("ALTER INDEX {COPY}_pkey RENAME TO {TABLE}_pkey"),
     ];
-    body.extend(
-        indexes
-            .iter()
-            .map(|n| format!("ALTER INDEX IF EXISTS {} RENAME TO {n}", copy_name(n))),
-    );
+    body.extend(indexes.iter().map(|n| {
+        format!(
+            "ALTER INDEX IF EXISTS {} RENAME TO {}",
+            ident(&copy_name(n)),
+            ident(n)
+        )
+    }));
     body.extend(triggers);
     body.push(format!("DROP FUNCTION IF EXISTS {SYNC}()"));
     retry_locked(db, &body).await

@@ -478,3 +478,78 @@ pg_test!(
         assert!(db.history_of(id).await.is_some(), "today's success stays");
     }
 );
+
+pg_test!(
+    a_stray_old_row_goes_to_the_default_partition_not_to_thousands_of_periods,
+    |db: Arc<TestDb>| async move {
+        db.def("ship", "ship", |_| {}).await;
+        let def_id = db
+            .scalar("SELECT id FROM notify_def WHERE name = 'ship'")
+            .await;
+        // A plain-SQL producer's row dated ten years back, and one of today.
+        finished(&db, def_id, 1, 1, 3_650, false).await;
+        finished(&db, def_id, 2, 1, 0, false).await;
+        let notifier = db.notifier().config(test_config()).build().unwrap();
+        let how = Partitioning {
+            period: Period::Day,
+            ahead: 1,
+            batch_size: 100,
+        };
+        notifier.partition_history(&how).await.unwrap();
+        let layout = notifier
+            .history_layout()
+            .await
+            .unwrap()
+            .expect("partitioned");
+        let cap = solid_notify::state::partitions::MAX_PERIODS_BEHIND as usize;
+        assert!(layout.periods.len() <= cap + 2, "{}", layout.periods.len());
+        assert_eq!(
+            db.scalar("SELECT count(*) FROM notify_msg_history_default WHERE id = 1")
+                .await,
+            1
+        );
+        // The batches purge the default partition; periods go whole.
+        let report = notifier
+            .purge(&Purge::older_than(Duration::from_secs(30 * 86_400)))
+            .await
+            .unwrap();
+        assert_eq!(report.deleted, 1, "{report:?}");
+        assert!(report.dropped_partitions >= cap as u64 - 31, "{report:?}");
+        assert!(db.history_of(1).await.is_none());
+        assert!(db.history_of(2).await.is_some());
+    }
+);
+
+pg_test!(
+    a_role_that_does_not_own_history_may_not_partition_it,
+    |db: Arc<TestDb>| async move {
+        let role = format!("sn_owner_{}", std::process::id());
+        db.db
+            .execute_unprepared(&format!(
+                "DROP ROLE IF EXISTS {role}; CREATE ROLE {role}; ALTER TABLE notify_msg_history OWNER TO {role}"
+            ))
+            .await
+            .unwrap();
+        let notifier = db.notifier().config(test_config()).build().unwrap();
+        let refused = notifier.partition_history(&Partitioning::default()).await;
+        // Given back before the assertions, so the role can go.
+        db.db
+            .execute_unprepared(&format!(
+                "ALTER TABLE notify_msg_history OWNER TO CURRENT_USER; DROP ROLE {role}"
+            ))
+            .await
+            .unwrap();
+        match refused {
+            Err(e @ Error::Config(_)) => assert!(e.to_string().contains(&role), "{e}"),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        // Nothing was built: no copy, no trigger.
+        assert_eq!(
+            db.scalar(
+                "SELECT count(*) FROM pg_class WHERE relname = 'notify_msg_history_partitioned'"
+            )
+            .await,
+            0
+        );
+    }
+);
