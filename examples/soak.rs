@@ -16,7 +16,9 @@
 //!   producer timestamp to its handler call;
 //! - the backlog (`notify_msg` rows) at its end;
 //! - dead tuples of `notify_msg` and `notify_msg_history` (PostgreSQL's
-//!   `pg_stat_user_tables`; MySQL: `data_free` bytes; SQLite: free pages);
+//!   `pg_stat_user_tables`; MySQL/MariaDB: InnoDB's history list length,
+//!   the undo records its purge has not reached, and `notify_msg`'s
+//!   `data_free` bytes; SQLite: free pages);
 //! - the sizes of both tables with their indexes, in MiB.
 //!
 //! Workers run in-process (`--workers`, each a `Worker` on one notifier,
@@ -207,8 +209,9 @@ async fn main() -> BoxResult<()> {
         (reader_at + reader_for).as_secs_f64() / 60.0,
         cli.keep
     );
+    let (_, dead_a, dead_b) = labels(backend_name(db.get_database_backend()));
     println!(
-        "| minute | produced | delivered | p50 ms | p99 ms | backlog | dead notify_msg | dead history | notify_msg MiB | history MiB | reader |"
+        "| minute | produced | delivered | p50 ms | p99 ms | backlog | {dead_a} | {dead_b} | notify_msg MiB | history MiB | reader |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let start = Instant::now();
@@ -343,8 +346,8 @@ async fn sample(db: &DatabaseConnection) -> BoxResult<(i64, i64, i64, f64, f64)>
         }
         DbBackend::MySql => {
             "SELECT (SELECT COUNT(*) FROM notify_msg), \
+             (SELECT CAST(`count` AS SIGNED) FROM information_schema.innodb_metrics WHERE name = 'trx_rseg_history_len'), \
              (SELECT CAST(data_free AS SIGNED) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = 'notify_msg'), \
-             (SELECT CAST(data_free AS SIGNED) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = 'notify_msg_history'), \
              (SELECT CAST(data_length + index_length AS DOUBLE) / 1048576 FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = 'notify_msg'), \
              (SELECT CAST(data_length + index_length AS DOUBLE) / 1048576 FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = 'notify_msg_history')"
         }
@@ -394,6 +397,24 @@ type Series = (&'static str, &'static str, Box<dyn Fn(&Row) -> f64>);
 
 /// Three panels over the minutes: p50/p99 latency, backlog, and dead
 /// tuples with table sizes; the reader's window shaded.
+/// The third panel's title and the names of the two counts `sample` takes
+/// besides the backlog, per backend.
+fn labels(backend: &str) -> (&'static str, &'static str, &'static str) {
+    match backend {
+        "PostgreSQL" => (
+            "dead tuples (k) and sizes (MiB)",
+            "dead notify_msg",
+            "dead history",
+        ),
+        "MySQL/MariaDB" => (
+            "InnoDB history list length (k), free space (MB) and sizes (MiB)",
+            "InnoDB history list length",
+            "free bytes notify_msg",
+        ),
+        _ => ("free pages (k) and file size (MiB)", "free pages", "–"),
+    }
+}
+
 fn plot(rows: &[Row], backend: &str) -> String {
     let (w, h, pad) = (900.0, 220.0, 50.0);
     let last = rows.last().map_or(1.0, |r| r.minute).max(1.0);
@@ -404,6 +425,7 @@ fn plot(rows: &[Row], backend: &str) -> String {
         svg,
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{height}" font-family="sans-serif" font-size="12"><rect width="100%" height="100%" fill="white"/><text x="{pad}" y="20" font-size="14">solid-notify soak on {backend}: one row per interval; the long reader shaded</text>"#
     );
+    let (title, dead_a, dead_b) = labels(backend);
     let panels: [(&str, Vec<Series>); 3] = [
         (
             "latency, ms",
@@ -417,15 +439,15 @@ fn plot(rows: &[Row], backend: &str) -> String {
             vec![("backlog", "#2ca02c", Box::new(|r: &Row| r.backlog as f64))],
         ),
         (
-            "dead tuples (k) and sizes (MiB)",
+            title,
             vec![
                 (
-                    "dead notify_msg (k)",
+                    dead_a,
                     "#9467bd",
                     Box::new(|r: &Row| r.dead_live as f64 / 1000.0),
                 ),
                 (
-                    "dead history (k)",
+                    dead_b,
                     "#8c564b",
                     Box::new(|r: &Row| r.dead_history as f64 / 1000.0),
                 ),

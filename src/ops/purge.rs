@@ -191,10 +191,16 @@ async fn run(db: &DatabaseConnection, purge: &Purge, report: &mut PurgeReport) -
         .zip(purge.archive.as_deref())
         .map(|(file, path)| Archive { file, path });
     if let Some(layout) = partitions::layout(db).await? {
-        drop_periods(db, purge, &layout, cutoff, archive.as_mut(), report).await?;
-        // What is left in a period goes with it; the batches purge the
-        // kept and default partitions.
-        base = base.add(Expr::cust(partitions::outside_periods(&layout)));
+        if partitions::ownership(db).await? == partitions::Ownership::Mine {
+            drop_periods(db, purge, &layout, cutoff, archive.as_mut(), report).await?;
+            // What is left in a period goes with it; the batches purge the
+            // kept and default partitions.
+            base = base.add(Expr::cust(partitions::outside_periods(&layout)));
+        } else {
+            tracing::warn!(
+                "this role does not own notify_msg_history, so it cannot drop its periods: purging in batches (run the purge as the table's owner)"
+            );
+        }
     }
     let mut after = i64::MIN;
     loop {
@@ -278,7 +284,7 @@ async fn drop_periods(
 ) -> Result<()> {
     for period in layout.ended_by(cutoff) {
         if purge.dry_run {
-            report.matched += partitions::droppable(db, period).await?;
+            report.matched += partitions::droppable(db, period, purge.include_failures).await?;
             continue;
         }
         partitions::evacuate(db, period).await?;
@@ -307,7 +313,7 @@ async fn drop_periods(
                 tracing::info!(partition = %period.name, rows = gone, "dropped a period of history");
             }
             Err(e) if crate::db::sql_state(&e).as_deref() == Some("55P03") => {
-                tracing::warn!(partition = %period.name, "could not take history's lock within {:?} to drop a period (a long transaction holds it); the next purge tries again", partitions::PARTITION_LOCK_TIMEOUT);
+                tracing::warn!(partition = %period.name, "could not take history's lock within {:?} to drop a period (a long transaction holds it, or another purge is dropping); the next purge tries again", partitions::PARTITION_LOCK_TIMEOUT);
                 return Ok(());
             }
             Err(e) => return Err(e.into()),

@@ -352,11 +352,18 @@ async fn make_periods(
 }
 
 /// Makes the partitions of the current period and [`DEFAULT_AHEAD`] after
-/// it when history is partitioned. Returns the partitions made.
-pub(crate) async fn upkeep(db: &DatabaseConnection) -> Result<Vec<String>> {
+/// it when history is partitioned and this role owns it (another role
+/// leaves them to the owner's processes). Returns the partitions made.
+pub async fn upkeep(db: &DatabaseConnection) -> Result<Vec<String>> {
     let Some(layout) = layout(db).await? else {
         return Ok(Vec::new());
     };
+    if ownership(db).await? != Ownership::Mine {
+        tracing::debug!(
+            "this role does not own notify_msg_history: its owner makes the periods ahead"
+        );
+        return Ok(Vec::new());
+    }
     let from = chrono::Utc::now().naive_utc();
     make_periods(db, TABLE, layout.period, from, DEFAULT_AHEAD).await
 }
@@ -385,24 +392,52 @@ pub(crate) async fn evacuate(
     p: &PeriodPartition,
 ) -> std::result::Result<u64, DbErr> {
     let sql = format!(
-        "UPDATE {TABLE} SET finished_time = '{KEPT_TIME}' WHERE finished_time >= {} AND finished_time < {} AND {}",
-        literal(p.from),
-        literal(p.to),
+        "UPDATE {TABLE} SET finished_time = '{KEPT_TIME}' WHERE {} AND {}",
+        in_range(p),
         keep_condition()
     );
-    Ok(db.execute_unprepared(&sql).await?.rows_affected())
+    // A row an operator changed at the same moment: PostgreSQL's "moved to
+    // another partition" (40001); the next try reads it again.
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match db.execute_unprepared(&sql).await {
+            Err(e) if crate::db::is_conflict(&e) && tries < COPY_TRIES => continue,
+            done => return Ok(done?.rows_affected()),
+        }
+    }
 }
 
-/// Rows of `p` a drop would take with it now.
+/// The condition, on `notify_msg_history`, of the rows in `p`'s range
+/// (read through the parent: its grants suffice, and a period another purge
+/// dropped has none).
+fn in_range(p: &PeriodPartition) -> String {
+    format!(
+        "finished_time >= {} AND finished_time < {}",
+        literal(p.from),
+        literal(p.to)
+    )
+}
+
+/// Rows of `p` a drop would take with it now, and, with
+/// `include_failures`, the final failures and parked notices it moves aside
+/// for the batches to purge.
 pub(crate) async fn droppable(
     db: &impl ConnectionTrait,
     p: &PeriodPartition,
+    include_failures: bool,
 ) -> std::result::Result<u64, DbErr> {
+    let failures = match include_failures {
+        true => {
+            " OR (status IN (3, 6) AND NOT (leased AND next_call_time > (now() AT TIME ZONE 'utc')))"
+        }
+        false => "",
+    };
     let n = one_i64(
         db,
         &format!(
-            "SELECT count(*) FROM {} WHERE NOT ({})",
-            p.name,
+            "SELECT count(*) FROM {TABLE} WHERE {} AND (NOT ({}){failures})",
+            in_range(p),
             keep_condition()
         ),
     )
@@ -415,7 +450,11 @@ pub(crate) async fn rows_in(
     db: &impl ConnectionTrait,
     p: &PeriodPartition,
 ) -> std::result::Result<u64, DbErr> {
-    let n = one_i64(db, &format!("SELECT count(*) FROM {}", p.name)).await?;
+    let n = one_i64(
+        db,
+        &format!("SELECT count(*) FROM {TABLE} WHERE {}", in_range(p)),
+    )
+    .await?;
     Ok(n.map_or(0, |n| u64::try_from(n).unwrap_or(0)))
 }
 
@@ -458,12 +497,13 @@ pub(crate) async fn drop_period(
     )
     .await?;
     if there != Some(1) {
+        txn.rollback().await?;
         return Ok(None);
     }
-    evacuate(&txn, p).await?;
+    let moved = evacuate(&txn, p).await?;
     exec(&txn, &format!("DROP TABLE {}", p.name)).await?;
     txn.commit().await?;
-    Ok(Some(gone))
+    Ok(Some(gone.saturating_sub(moved)))
 }
 
 /// The condition, as SQL, of history rows outside every period of `layout`
@@ -547,16 +587,22 @@ pub async fn convert(db: &DatabaseConnection, how: &Partitioning) -> Result<Conv
     let copied = copy_rows(db, how.batch_size).await?;
     let rows = same_rows(db).await?;
     swap(db).await?;
-    made.extend(
-        make_periods(
-            db,
-            TABLE,
-            how.period,
-            chrono::Utc::now().naive_utc(),
-            how.ahead,
-        )
-        .await?,
-    );
+    // Made before the copy was filled already; a lock not taken now is
+    // the workers' upkeep's to take.
+    match make_periods(
+        db,
+        TABLE,
+        how.period,
+        chrono::Utc::now().naive_utc(),
+        how.ahead,
+    )
+    .await
+    {
+        Ok(more) => made.extend(more),
+        Err(e) => {
+            tracing::warn!(error = %e, "history is partitioned; making the periods ahead is left to the workers' upkeep")
+        }
+    }
     Ok(Converted {
         already: false,
         copied,
@@ -569,25 +615,55 @@ pub async fn convert(db: &DatabaseConnection, how: &Partitioning) -> Result<Conv
 /// partitions and the trigger's writes must be the owner's, or every
 /// worker's move into history would be refused once the trigger is on.
 async fn owner_converts(db: &DatabaseConnection) -> Result<()> {
+    match ownership(db).await? {
+        Ownership::Mine | Ownership::NoTable => Ok(()),
+        Ownership::Elsewhere(schema) => Err(Error::Config(format!(
+            "{TABLE} is in schema {schema}, not in the current schema (the first of search_path): set search_path so that {schema} comes first, then partition it"
+        ))),
+        Ownership::Theirs(owner) => Err(Error::Config(format!(
+            "partition history as the role that owns {TABLE} ({owner}; connect as it or SET ROLE {owner}): the partitioned table must be its owner's for workers to write it"
+        ))),
+    }
+}
+
+/// Who owns history, as the session finds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Ownership {
+    /// The session's role owns it, in the current schema.
+    Mine,
+    /// Another role owns it (named).
+    Theirs(String),
+    /// It is in another schema than the current one (named).
+    Elsewhere(String),
+    /// There is no history table.
+    NoTable,
+}
+
+/// Who owns `notify_msg_history` as `search_path` finds it, and whether it
+/// is in the current schema (where the copy and the partitions are made).
+pub(crate) async fn ownership(db: &impl ConnectionTrait) -> Result<Ownership> {
     let row = db
         .query_one_raw(Statement::from_string(
             DbBackend::Postgres,
             format!(
-                "SELECT current_user::text, (SELECT tableowner::text FROM pg_tables \
-                 WHERE tablename = '{TABLE}' AND schemaname = current_schema())"
+                "SELECT pg_get_userbyid(c.relowner)::text, c.relowner = (SELECT oid FROM pg_roles WHERE rolname = current_user), \
+                 n.nspname::text, n.nspname = current_schema() \
+                 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass('{TABLE}')"
             ),
         ))
         .await?;
-    let (me, owner): (String, Option<String>) = match row {
-        Some(r) => (r.try_get_by_index(0)?, r.try_get_by_index(1)?),
-        None => return Ok(()),
+    let Some(row) = row else {
+        return Ok(Ownership::NoTable);
     };
-    match owner {
-        Some(owner) if owner != me => Err(Error::Config(format!(
-            "partition history as the role that owns {TABLE} ({owner}), not as {me}: the partitioned table must be its owner's for workers to write it"
-        ))),
-        _ => Ok(()),
-    }
+    let owner: String = row.try_get_by_index(0)?;
+    let mine: bool = row.try_get_by_index(1)?;
+    let schema: String = row.try_get_by_index(2)?;
+    let here: bool = row.try_get_by_index(3)?;
+    Ok(match (here, mine) {
+        (false, _) => Ownership::Elsewhere(schema),
+        (true, false) => Ownership::Theirs(owner),
+        (true, true) => Ownership::Mine,
+    })
 }
 
 /// Creates [`COPY`] (if it is not there from an interrupted run) with the
@@ -685,9 +761,11 @@ async fn copied_grants(db: &DatabaseConnection) -> Result<Vec<String>> {
         .query_all_raw(Statement::from_string(
             DbBackend::Postgres,
             format!(
-                "SELECT privilege_type::text, quote_ident(grantee::text) FROM information_schema.role_table_grants \
-                 WHERE table_name = '{TABLE}' AND table_schema = current_schema() \
-                 AND grantee::text <> (SELECT tableowner::text FROM pg_tables WHERE tablename = '{TABLE}' AND schemaname = current_schema())"
+                "SELECT a.privilege_type::text, \
+                        CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(a.grantee)) END, \
+                        a.is_grantable \
+                 FROM pg_class c, aclexplode(c.relacl) a \
+                 WHERE c.oid = to_regclass('{TABLE}') AND a.grantee <> c.relowner"
             ),
         ))
         .await?;
@@ -695,7 +773,9 @@ async fn copied_grants(db: &DatabaseConnection) -> Result<Vec<String>> {
     for row in rows {
         let privilege: String = row.try_get_by_index(0)?;
         let grantee: String = row.try_get_by_index(1)?;
-        ddl.push(format!("GRANT {privilege} ON {COPY} TO {grantee}"));
+        let grantable: bool = row.try_get_by_index(2)?;
+        let option = if grantable { " WITH GRANT OPTION" } else { "" };
+        ddl.push(format!("GRANT {privilege} ON {COPY} TO {grantee}{option}"));
     }
     Ok(ddl)
 }

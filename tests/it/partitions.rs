@@ -262,6 +262,12 @@ pg_test!(
         purge.dry_run = true;
         let dry = notifier.purge(&purge).await.unwrap();
         assert_eq!(dry.matched, 7, "{dry:?}");
+        // With failures: the final failure and the parked notice too (the
+        // batches purge them once moved aside), not the live lease.
+        purge.include_failures = true;
+        let dry = notifier.purge(&purge).await.unwrap();
+        assert_eq!(dry.matched, 9, "{dry:?}");
+        purge.include_failures = false;
         assert_eq!(
             db.scalar("SELECT count(*) FROM notify_msg_history").await,
             14
@@ -551,5 +557,89 @@ pg_test!(
             .await,
             0
         );
+    }
+);
+
+pg_test!(
+    a_worker_role_that_does_not_own_history_purges_in_batches,
+    |db: Arc<TestDb>| async move {
+        db.def("ship", "ship", |_| {}).await;
+        let def_id = db
+            .scalar("SELECT id FROM notify_def WHERE name = 'ship'")
+            .await;
+        finished(&db, def_id, 1, 1, 40, false).await;
+        finished(&db, def_id, 2, 3, 40, false).await;
+        finished(&db, def_id, 3, 1, 0, false).await;
+        // Grants, PUBLIC's among them, go with the table.
+        db.db
+            .execute_unprepared("GRANT SELECT ON notify_msg_history TO PUBLIC")
+            .await
+            .unwrap();
+        let notifier = db.notifier().config(test_config()).build().unwrap();
+        let how = Partitioning {
+            period: Period::Day,
+            ahead: 1,
+            batch_size: 100,
+        };
+        notifier.partition_history(&how).await.unwrap();
+        assert_eq!(
+            db.scalar(
+                "SELECT count(*) FROM pg_class c, aclexplode(c.relacl) a \
+                 WHERE c.oid = 'notify_msg_history'::regclass AND a.grantee = 0"
+            )
+            .await,
+            1
+        );
+        let periods = notifier
+            .history_layout()
+            .await
+            .unwrap()
+            .expect("partitioned")
+            .periods
+            .len();
+        // A worker's role: every right on the tables, not their owner.
+        let role = format!("sn_worker_{}", std::process::id());
+        db.db
+            .execute_unprepared(&format!(
+                "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN; \
+                 GRANT ALL ON ALL TABLES IN SCHEMA public TO {role}; \
+                 GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {role}"
+            ))
+            .await
+            .unwrap();
+        let url = db
+            .url
+            .replacen("postgres://postgres@", &format!("postgres://{role}@"), 1);
+        let worker = TestDb::connect_to(&url).await;
+        let report = solid_notify::ops::purge::purge(
+            &worker,
+            &Purge::older_than(Duration::from_secs(30 * 86_400)),
+        )
+        .await;
+        let made = solid_notify::state::partitions::upkeep(&worker).await;
+        worker.close().await.unwrap();
+        db.db
+            .execute_unprepared(&format!(
+                "REVOKE ALL ON ALL TABLES IN SCHEMA public FROM {role}; \
+                 REVOKE ALL ON ALL SEQUENCES IN SCHEMA public FROM {role}; DROP ROLE {role}"
+            ))
+            .await
+            .unwrap();
+        let report = report.unwrap();
+        assert_eq!(
+            (report.deleted, report.dropped_partitions),
+            (1, 0),
+            "{report:?}"
+        );
+        assert!(made.unwrap().is_empty());
+        assert!(db.history_of(1).await.is_none());
+        assert!(db.history_of(2).await.is_some(), "a final failure stays");
+        assert!(db.history_of(3).await.is_some());
+        let after = notifier
+            .history_layout()
+            .await
+            .unwrap()
+            .expect("partitioned");
+        assert_eq!(after.periods.len(), periods, "no period dropped");
     }
 );
