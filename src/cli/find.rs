@@ -58,6 +58,7 @@ pub(crate) async fn partition(
         period,
         ahead,
         batch_size,
+        ..Partitioning::default()
     };
     let done = solid_notify::state::partitions::convert(db, &how).await?;
     if json {

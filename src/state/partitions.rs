@@ -66,8 +66,8 @@ pub const DEFAULT_COPY_BATCH: u64 = 5_000;
 /// again before the conversion stops (it can be run again; it resumes): 50.
 const COPY_TRIES: u32 = 50;
 
-/// How many periods before the current one a conversion makes at most:
-/// 400. Older rows (a stray row dated years back would otherwise make
+/// Default number of periods before the current one a conversion makes at
+/// most ([`Partitioning::behind`]): 400. Older rows (a stray row dated years back would otherwise make
 /// thousands of partitions) go to the default partition, purged in
 /// batches.
 pub const MAX_PERIODS_BEHIND: u32 = 400;
@@ -309,7 +309,7 @@ async fn make_periods(
     parent: &str,
     period: Period,
     from: NaiveDateTime,
-    ahead: u32,
+    (behind, ahead): (u32, u32),
 ) -> Result<Vec<String>> {
     let have = children(db, parent).await?;
     let now = chrono::Utc::now().naive_utc();
@@ -319,9 +319,7 @@ async fn make_periods(
     }
     // Never a period overlapping the kept partition (before 1970-01-02).
     let floor = NaiveDate::from_ymd_opt(1970, 2, 1).unwrap_or(NaiveDate::MIN);
-    let earliest = period
-        .back(period.start(now), MAX_PERIODS_BEHIND)
-        .max(floor);
+    let earliest = period.back(period.start(now), behind).max(floor);
     let mut start = period.start(from.min(now)).max(earliest);
     let mut made = Vec::new();
     while start <= last {
@@ -365,7 +363,7 @@ pub async fn upkeep(db: &DatabaseConnection) -> Result<Vec<String>> {
         return Ok(Vec::new());
     }
     let from = chrono::Utc::now().naive_utc();
-    make_periods(db, TABLE, layout.period, from, DEFAULT_AHEAD).await
+    make_periods(db, TABLE, layout.period, from, (0, DEFAULT_AHEAD)).await
 }
 
 /// The predicate of [`KEEP_INDEX`]: rows that may have to be kept.
@@ -533,6 +531,10 @@ pub struct Partitioning {
     pub period: Period,
     /// Periods made ahead of the current one. Default [`DEFAULT_AHEAD`].
     pub ahead: u32,
+    /// Periods made before the current one at most, back to the oldest
+    /// row's; rows older still go to the default partition. Default
+    /// [`MAX_PERIODS_BEHIND`].
+    pub behind: u32,
     /// Ids copied per batch. Default [`DEFAULT_COPY_BATCH`].
     pub batch_size: u64,
 }
@@ -542,6 +544,7 @@ impl Default for Partitioning {
         Partitioning {
             period: Period::Month,
             ahead: DEFAULT_AHEAD,
+            behind: MAX_PERIODS_BEHIND,
             batch_size: DEFAULT_COPY_BATCH,
         }
     }
@@ -572,7 +575,7 @@ pub async fn convert(db: &DatabaseConnection, how: &Partitioning) -> Result<Conv
             TABLE,
             layout_of(db, TABLE).await?.period,
             chrono::Utc::now().naive_utc(),
-            how.ahead,
+            (0, how.ahead),
         )
         .await?;
         return Ok(Converted {
@@ -594,7 +597,7 @@ pub async fn convert(db: &DatabaseConnection, how: &Partitioning) -> Result<Conv
         TABLE,
         how.period,
         chrono::Utc::now().naive_utc(),
-        how.ahead,
+        (0, how.ahead),
     )
     .await
     {
@@ -699,7 +702,7 @@ async fn build_copy(db: &DatabaseConnection, how: &Partitioning) -> Result<Vec<S
     )
     .await?
     .unwrap_or_else(|| chrono::Utc::now().naive_utc());
-    make_periods(db, COPY, how.period, oldest, how.ahead).await
+    make_periods(db, COPY, how.period, oldest, (how.behind, how.ahead)).await
 }
 
 async fn one_timestamp(
