@@ -279,7 +279,7 @@ db_test!(
         // Params whose search by a near miss takes long (each position is
         // compared almost all the way).
         let blob = "a".repeat(200_000);
-        for _ in 0..8 {
+        for _ in 0..16 {
             let tx = notifier.begin().await.unwrap();
             for _ in 0..10 {
                 tx.add(NewNotice::new("orders", &json!({ "blob": blob })))
@@ -306,12 +306,12 @@ db_test!(
         // a listing gets one, whether or not it then answers within its
         // own 300 ms (on a loaded machine a listing of one may not); "too
         // many searches at once" means the places are still held.
-        // (Uninterrupted, one such search over these 80 notices takes
-        // about 12 s on SQLite on a quiet 2-core machine, more on a loaded
-        // one: 8 s still tells the two apart, and leaves a loaded machine
+        // (Uninterrupted, one such search over these 160 notices takes
+        // about 24 s on SQLite on a quiet 2-core machine, more on a loaded
+        // one: 15 s still tells the two apart, and leaves a loaded machine
         // room to give the places back.)
         let listing = format!("{base}/api/notices?limit=1");
-        crate::support::eventually(8, "every place free again", || async {
+        crate::support::eventually(15, "every place free again", || async {
             let listings = (0..MAX_SEARCHES).map(|_| async {
                 let response = http.get(&listing).send().await.unwrap();
                 let status = response.status();
