@@ -5,10 +5,7 @@ use std::sync::Arc;
 use serde_json::json;
 use solid_notify::ops::{Audit, PauseEnd};
 
-use crate::{
-    db_test,
-    support::{TestDb, eventually},
-};
+use crate::{db_test, support::TestDb};
 
 db_test!(
     metrics_are_served_with_the_outcomes_of_a_known_run,
@@ -66,10 +63,15 @@ db_test!(
                 .find_map(|l| l.strip_prefix(&prefix))
                 .and_then(|v| v.trim().parse().ok())
         };
-        let text = eventually(30, "the run's series", || {
-            let addr = addr.clone();
-            async move {
-                let text = reqwest::get(&addr).await.ok()?.text().await.ok()?;
+        // The last page read is kept, so a run that times out shows what
+        // the worker served (the run itself takes well under a second; in
+        // CI beside a 100,000-definition drain on the same server, longer).
+        let mut last = String::new();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+        let text = loop {
+            if let Ok(page) = reqwest::get(&addr).await
+                && let Ok(text) = page.text().await
+            {
                 let ok = series(
                     &text,
                     "solid_notify_attempts_total",
@@ -90,39 +92,55 @@ db_test!(
                     "solid_notify_notices",
                     r#"def="m_ok",status="not_sent""#,
                 );
-                // m_ok's not_sent series is 0 once seen, absent if never seen.
-                (ok == Some(3.0)
+                // m_ok's not_sent series is 0 once seen, absent if never
+                // seen. A sweep's duration is recorded when it ends, and an
+                // attempt's after its outcome is counted.
+                if ok == Some(3.0)
                     && bad == Some(2.0)
                     && held == Some(4.0)
-                    && gone.unwrap_or(0.0) == 0.0)
-                    .then_some(text)
+                    && gone.unwrap_or(0.0) == 0.0
+                    && text.contains("solid_notify_sweep_duration_seconds_count")
+                    && text.contains("solid_notify_attempt_duration_seconds_bucket{def=\"m_ok\"")
+                {
+                    break text;
+                }
+                last = text;
             }
-        })
-        .await;
+            assert!(
+                std::time::Instant::now() < deadline,
+                "timed out after 90s waiting for the run's series; the last page served:\n{}",
+                ours(&last)
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        };
+        let shown = ours(&text);
         assert_eq!(
             series(&text, "solid_notify_paused", r#"def="m_held""#),
-            Some(1.0)
+            Some(1.0),
+            "{shown}"
         );
         // Only paused definitions have a series at 1; the others none, or 0.
         assert_eq!(
             series(&text, "solid_notify_paused", r#"def="m_ok""#).unwrap_or(0.0),
-            0.0
+            0.0,
+            "{shown}"
         );
-        assert!(series(&text, "solid_notify_oldest_due_seconds", r#"def="m_held""#).unwrap() > 0.0);
+        assert!(
+            series(&text, "solid_notify_oldest_due_seconds", r#"def="m_held""#).unwrap_or(0.0)
+                > 0.0,
+            "{shown}"
+        );
         assert_eq!(
             series(&text, "solid_notify_awaiting_confirmation", r#"def="m_ok""#).unwrap_or(0.0),
-            0.0
+            0.0,
+            "{shown}"
         );
         let claims: f64 = text
             .lines()
             .find_map(|l| l.strip_prefix("solid_notify_claims_total "))
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
-        assert!(claims >= 5.0, "{claims}");
-        assert!(text.contains("solid_notify_attempt_duration_seconds_bucket{def=\"m_ok\""));
-        assert!(text.contains("solid_notify_sweep_duration_seconds_count"));
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no claims counted:\n{shown}"));
+        assert!(claims >= 5.0, "{shown}");
         assert_eq!(
             series(
                 &text,
@@ -130,7 +148,7 @@ db_test!(
                 r#"def="m_ok",outcome="lost_claim""#
             ),
             Some(0.0),
-            "no lost claims in a one-worker run"
+            "no lost claims in a one-worker run:\n{shown}"
         );
         // A page of another site whose name points here (DNS rebinding)
         // is refused; an IP address or localhost is answered.
@@ -154,3 +172,12 @@ db_test!(
         let _ = child.0.kill();
     }
 );
+
+/// The series of the test's definitions and the claim counters of a
+/// metrics page: what a failure shows.
+fn ours(text: &str) -> String {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && (l.contains("\"m_") || l.contains("claims")))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
