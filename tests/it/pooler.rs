@@ -2,7 +2,8 @@
 //! in session mode everything works, sessions ended under it included; in
 //! transaction mode, which keeps neither sessions nor sqlx's named
 //! statements, workers, producers and the CLI refuse to start and say what
-//! to change; a `listen_url` through it is found out, and the worker polls.
+//! to change; a `listen_url` through it is found out, and the worker polls:
+//! its due checks deliver what its LISTEN cannot hear of.
 
 use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
@@ -169,5 +170,57 @@ pg_test!(
         // Listening on the server itself, it hears.
         let (_worker, metrics) = metrics_worker_at(&db.url, &["--listen-url", &db.url]).await;
         assert_eq!(gauge(&metrics, "solid_notify_wake_listening").await, 1.0);
+    }
+);
+
+pg_test!(
+    a_worker_whose_listen_goes_through_a_transaction_pooler_delivers_by_its_due_checks,
+    |db: Arc<TestDb>| async move {
+        db.def("ship", "ship", |_| {}).await;
+        let rec = Recorder::default();
+        let notifier = solid_notify::Notifier::builder(db.db.clone())
+            .config(test_config())
+            .handler("ship", rec.handler(|_| Outcome::success()))
+            .build()
+            .unwrap();
+        // Its schedule sweeps once an hour: only a wake-up or a due check
+        // finds a notice added meanwhile, and its LISTEN cannot hear.
+        let worker = Arc::new(
+            Worker::new(
+                notifier.clone(),
+                WorkerConfig {
+                    mode: Mode::FixedRate,
+                    cron: "0 0 * * * *".into(),
+                    due_check_every: Duration::from_millis(200),
+                    listen_url: Some(solid_notify::worker::ListenUrl(db.url_via(TRANSACTION))),
+                    ..fast()
+                },
+            )
+            .unwrap(),
+        );
+        let stop = CancellationToken::new();
+        let run = tokio::spawn({
+            let (worker, stop) = (worker.clone(), stop.clone());
+            async move { worker.run(stop).await }
+        });
+        // Added by another process (plain SQL: no hint in this one), once
+        // the worker's first sweep has ended.
+        eventually(30, "the first sweep", || async {
+            (worker.stats().snapshot().sweeps >= 1).then_some(())
+        })
+        .await;
+        db.insert_due("ship", 3, |_| 0).await;
+        eventually(30, "the notices delivered by the due checks", || async {
+            (rec.count() == 3).then_some(())
+        })
+        .await;
+        // Successes reach history in batches, just after their delivery.
+        eventually(30, "the three in history", || async {
+            (db.history().await.len() == 3).then_some(())
+        })
+        .await;
+        assert_eq!(rec.count(), 3, "each delivered once");
+        stop.cancel();
+        run.await.unwrap().unwrap();
     }
 );
