@@ -3,11 +3,13 @@
 //! wake-ups); a producer commits a burst of notices in transactions of
 //! `--batch`, which wakes every worker. Per worker count it prints the
 //! drain time and what the wake-ups cost, per delivered notice: scans of
-//! `notify_msg`'s due-time indexes (what claim statements read, counted by
-//! PostgreSQL over the database's life, the workers' first sweeps
-//! included), the workers' sweeps (each one or more claims), rows claimed,
-//! and claims lost. A herd shows as claim scans per notice growing with
-//! the workers, or as lost claims.
+//! `notify_msg`'s due-time indexes (what claims read, and the look-ups of
+//! the next due time after a sweep; PostgreSQL's own count over the
+//! database's life, the workers' first sweeps and their polls included),
+//! the workers' sweeps (each one or more claims), rows claimed, and claims
+//! lost. A herd shows as due-index scans per notice growing with the
+//! workers, or as lost claims. PostgreSQL 15 or later (a session's counts
+//! are in the statistics once it has ended).
 //!
 //! ```text
 //! cargo run --release --features full --example bench_herd -- --workers 1,2,8 --notices 10000
@@ -47,9 +49,10 @@ struct Cli {
     /// Notices per producer transaction.
     #[arg(long, default_value_t = 100)]
     batch: u64,
-    /// Internal: run as one worker process on this database URL.
+    /// Internal: run as one worker process on the database at
+    /// `BENCH_HERD_URL` (not an argument: `ps` shows arguments).
     #[arg(long, hide = true)]
-    child: Option<String>,
+    child: bool,
 }
 
 fn server_url() -> String {
@@ -59,7 +62,8 @@ fn server_url() -> String {
 #[tokio::main]
 async fn main() -> BoxResult<()> {
     let cli = Cli::parse();
-    if let Some(url) = cli.child {
+    if cli.child {
+        let url = std::env::var("BENCH_HERD_URL").map_err(|_| "BENCH_HERD_URL is not set")?;
         return child(&url).await;
     }
     println!(
@@ -67,7 +71,7 @@ async fn main() -> BoxResult<()> {
         cli.notices, cli.batch
     );
     println!(
-        "| workers | drained in ms | claim scans | per notice | sweeps | per notice | rows claimed per notice | lost claims | wake-ups |"
+        "| workers | drained in ms | due-index scans | per notice | sweeps | per notice | rows claimed per notice | lost claims | wake-ups |"
     );
     println!("|---|---|---|---|---|---|---|---|---|");
     for workers in cli.workers {
@@ -85,7 +89,8 @@ async fn burst(workers: usize, notices: u64, batch: u64) -> BoxResult<()> {
     for _ in 0..workers {
         children.push(
             Command::new(&exe)
-                .args(["--child", &url])
+                .arg("--child")
+                .env("BENCH_HERD_URL", &url)
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .spawn()?,
@@ -125,6 +130,11 @@ async fn burst(workers: usize, notices: u64, batch: u64) -> BoxResult<()> {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let drained = started.elapsed();
+    // Every worker told to stop first, so none polls while another's
+    // counts are read.
+    for child in &mut children {
+        drop(child.stdin.take());
+    }
     let mut total = Tally::default();
     for child in children {
         total.add(&finish(child)?);
@@ -172,7 +182,8 @@ impl Tally {
     }
 }
 
-/// Closes a worker's stdin (it stops) and reads the counts it printed.
+/// Reads the counts a worker printed once its stdin closed (it stops):
+/// an error if it failed or printed none.
 fn finish(mut child: Child) -> BoxResult<Tally> {
     drop(child.stdin.take());
     let mut out = String::new();
@@ -181,7 +192,10 @@ fn finish(mut child: Child) -> BoxResult<Tally> {
         .take()
         .ok_or("no stdout")?
         .read_to_string(&mut out)?;
-    child.wait()?;
+    let status = child.wait()?;
+    if !status.success() || !out.contains("sweeps=") {
+        return Err(format!("a worker failed ({status}): {out}").into());
+    }
     let mut tally = Tally::default();
     for field in out.split_whitespace() {
         let Some((name, value)) = field.split_once('=') else {
@@ -243,7 +257,9 @@ async fn child(url: &str) -> BoxResult<()> {
     Ok(())
 }
 
-/// Sessions waiting in `LISTEN` on the bench database.
+/// Sessions waiting in `LISTEN` on the bench database (a listener quiet
+/// for 30 s checks its session with `SELECT 1`: the workers start within
+/// seconds of each other, well before).
 async fn listeners(db: &DatabaseConnection) -> BoxResult<i64> {
     scalar(
         db,
@@ -258,11 +274,15 @@ async fn listeners(db: &DatabaseConnection) -> BoxResult<i64> {
 /// made, once every worker's session has ended (a session's counts reach
 /// the statistics when it ends, at the latest).
 async fn claim_scans(db: &DatabaseConnection) -> BoxResult<u64> {
+    if scalar(db, "SELECT current_setting('server_version_num')::bigint").await? < 150_000 {
+        return Err("PostgreSQL 15 or later: an older server's statistics lag".into());
+    }
     let deadline = Instant::now() + Duration::from_secs(30);
     while scalar(
         db,
         &format!(
-            "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = '{DB}' AND pid <> pg_backend_pid()"
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = '{DB}' \
+             AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
         ),
     )
     .await?
