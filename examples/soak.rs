@@ -1,7 +1,7 @@
 //! A soak: a steady producer, workers draining, retention purging, and a
 //! long REPEATABLE READ reader held open in the middle; one row per
 //! interval of what a production database lives through. Not a test (it
-//! runs for minutes): its table and plot go in `docs/` (ADR 0014).
+//! runs for minutes): its table and plot go in `docs/` (ADRs 0014, 0016).
 //!
 //! ```text
 //! cargo run --release --features full --example soak -- \
@@ -126,6 +126,13 @@ async fn main() -> BoxResult<()> {
     let mut options = ConnectOptions::new(cli.url.clone());
     options.max_connections(24).sqlx_logging(false);
     let db = Database::connect(options).await?;
+    if db.get_database_backend() == DbBackend::Sqlite {
+        // WAL, as docs/operating.md advises: in the rollback journal's
+        // mode the reader holds every commit back, and producers fail with
+        // "database is locked" once their busy timeout has passed (the
+        // first 10-minute run did, in the reader's first minute).
+        db.execute_unprepared("PRAGMA journal_mode = WAL").await?;
+    }
     solid_notify::migrate(&db).await?;
     let spec = DefSpec::new("soak", Channel::Handler, json!({"handler": "soak"}));
     store::sync(&db, &[spec]).await?;
