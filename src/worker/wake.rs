@@ -105,6 +105,19 @@ pub(crate) async fn listen(
 ) {
 }
 
+/// `LISTEN` cannot hear (a pooler in transaction mode, or no connection
+/// now): the gauge goes to 0 and `hears_notify` to false, and, the first
+/// time, the workers are woken so that each plans its due checks at once
+/// (a worker waiting for its next tick, an hour away on a slow schedule,
+/// would otherwise learn of it only then).
+#[cfg(feature = "postgres")]
+fn deaf(notifier: &Notifier, hears_notify: &AtomicBool) {
+    crate::counters::wake_listening(false);
+    if hears_notify.swap(false, std::sync::atomic::Ordering::Relaxed) {
+        notifier.wake_workers();
+    }
+}
+
 /// Listens for `NOTIFY solid_notify` until `stop`, on `listen_url` or else
 /// the pool's connection options, and wakes the notifier's workers on each
 /// notification and after each reconnection. Does nothing on other
@@ -112,7 +125,8 @@ pub(crate) async fn listen(
 /// nothing (`pooled`: the pool's, found by the worker's check; a
 /// `listen_url`'s, checked before each connection), it warns once, sets
 /// `solid_notify_wake_listening` to 0 and `hears_notify` to false (the
-/// worker polls), and waits for `stop`.
+/// worker polls), and waits for `stop`. While it cannot connect,
+/// `hears_notify` is false too, and true again once it listens.
 #[cfg(feature = "postgres")]
 pub(crate) async fn listen(
     notifier: Notifier,
@@ -143,8 +157,7 @@ pub(crate) async fn listen(
         };
         if !can {
             warn_pooled(listen_url.is_some());
-            hears_notify.store(false, std::sync::atomic::Ordering::Relaxed);
-            crate::counters::wake_listening(false);
+            deaf(&notifier, &hears_notify);
             stop.cancelled().await;
             return;
         }
@@ -153,7 +166,7 @@ pub(crate) async fn listen(
             connected = connect(&own, bound) => match connected {
                 Ok(listener) => listener,
                 Err(e) => {
-                    crate::counters::wake_listening(false);
+                    deaf(&notifier, &hears_notify);
                     tracing::warn!(error = %e, "cannot listen for wake-ups; polling meanwhile");
                     tokio::select! {
                         _ = tokio::time::sleep(RECONNECT_PAUSE) => continue,
@@ -164,6 +177,7 @@ pub(crate) async fn listen(
             _ = stop.cancelled() => return,
         };
         crate::counters::wake_listening(true);
+        hears_notify.store(true, std::sync::atomic::Ordering::Relaxed);
         // Anything that became due while we were not listening.
         notifier.wake_workers();
         if hear(&notifier, &mut listener, bound, &stop)
@@ -296,5 +310,29 @@ async fn hear(
                 return ControlFlow::Continue(());
             }
         }
+    }
+}
+
+#[cfg(all(test, feature = "postgres", feature = "sqlite"))]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// Finding that `LISTEN` cannot hear wakes the workers once, so that
+    /// each plans its due checks at once, and no more while it stays so.
+    #[tokio::test]
+    async fn a_listener_that_cannot_hear_wakes_the_workers_once() {
+        let db = sea_orm::Database::connect("sqlite::memory:")
+            .await
+            .expect("an in-memory SQLite database");
+        let notifier = crate::Notifier::builder(db).build().expect("a notifier");
+        let mut wakes = notifier.store().wakes.subscribe();
+        wakes.mark_unchanged();
+        let hears = AtomicBool::new(true);
+        super::deaf(&notifier, &hears);
+        assert!(!hears.load(Ordering::Relaxed));
+        assert!(wakes.has_changed().expect("the sender lives"));
+        wakes.mark_unchanged();
+        super::deaf(&notifier, &hears);
+        assert!(!wakes.has_changed().expect("the sender lives"));
     }
 }

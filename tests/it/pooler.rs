@@ -203,12 +203,14 @@ pg_test!(
             let (worker, stop) = (worker.clone(), stop.clone());
             async move { worker.run(stop).await }
         });
-        // Added by another process (plain SQL: no hint in this one), once
-        // the worker's first sweep has ended.
+        // Its startup sweep is over before the notices come (its listener
+        // wakes it once it finds it cannot hear: src/worker/wake.rs tests
+        // that wake-up, whose race with the startup this test cannot pin).
         eventually(30, "the first sweep", || async {
             (worker.stats().snapshot().sweeps >= 1).then_some(())
         })
         .await;
+        // Added by another process (plain SQL: no hint in this one).
         db.insert_due("ship", 3, |_| 0).await;
         eventually(30, "the notices delivered by the due checks", || async {
             (rec.count() == 3).then_some(())
@@ -220,6 +222,8 @@ pg_test!(
         })
         .await;
         assert_eq!(rec.count(), 3, "each delivered once");
+        // Woken again when they fell due: by what its polls found.
+        assert!(worker.stats().snapshot().wakeups >= 2);
         stop.cancel();
         run.await.unwrap().unwrap();
     }
