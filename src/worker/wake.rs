@@ -107,14 +107,15 @@ pub(crate) async fn listen(
 
 /// `LISTEN` cannot hear (a pooler in transaction mode, or no connection
 /// now): the gauge goes to 0 and `hears_notify` to false, and, the first
-/// time, the workers are woken so that each plans its due checks at once
-/// (a worker waiting for its next tick, an hour away on a slow schedule,
-/// would otherwise learn of it only then).
+/// time, the workers are told to ask what is due, so that each plans its
+/// due checks at once without sweeping (a worker waiting for its next
+/// tick, an hour away on a slow schedule, would otherwise learn of it only
+/// then; a sweep would fail while the database is down).
 #[cfg(feature = "postgres")]
 fn deaf(notifier: &Notifier, hears_notify: &AtomicBool) {
     crate::counters::wake_listening(false);
     if hears_notify.swap(false, std::sync::atomic::Ordering::Relaxed) {
-        notifier.wake_workers();
+        notifier.signals().ask_due();
     }
 }
 
@@ -317,15 +318,16 @@ async fn hear(
 mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
 
-    /// Finding that `LISTEN` cannot hear wakes the workers once, so that
-    /// each plans its due checks at once, and no more while it stays so.
+    /// Finding that `LISTEN` cannot hear tells the workers once to ask
+    /// what is due (each then plans its due checks), and no more while it
+    /// stays so.
     #[tokio::test]
-    async fn a_listener_that_cannot_hear_wakes_the_workers_once() {
+    async fn a_listener_that_cannot_hear_tells_the_workers_once() {
         let db = sea_orm::Database::connect("sqlite::memory:")
             .await
             .expect("an in-memory SQLite database");
         let notifier = crate::Notifier::builder(db).build().expect("a notifier");
-        let mut wakes = notifier.store().wakes.subscribe();
+        let mut wakes = notifier.signals().subscribe_due_checks();
         wakes.mark_unchanged();
         let hears = AtomicBool::new(true);
         super::deaf(&notifier, &hears);
