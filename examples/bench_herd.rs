@@ -185,7 +185,6 @@ impl Tally {
 /// Reads the counts a worker printed once its stdin closed (it stops):
 /// an error if it failed or printed none.
 fn finish(mut child: Child) -> BoxResult<Tally> {
-    drop(child.stdin.take());
     let mut out = String::new();
     child
         .stdout
