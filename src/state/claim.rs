@@ -9,6 +9,8 @@
 
 use std::time::Instant;
 
+use chrono::NaiveDateTime;
+
 use sea_orm::{
     ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, ExprTrait, IdenStatic, Iterable,
     QueryFilter, QueryOrder, QuerySelect, Select,
@@ -21,6 +23,7 @@ use sea_orm::{
 use super::{
     Lease, Store, batch, clock,
     columns::{self, Column, Set},
+    floor::Floor,
 };
 use crate::{
     db,
@@ -67,6 +70,9 @@ pub struct DueFilter {
     /// Rows of these definitions are taken whatever `defs` and `partitions`
     /// say (every worker sweeps the alert definition).
     pub always: Vec<i64>,
+    /// The lower bound on due times a claim reads
+    /// ([`floor`](super::floor)); by default none.
+    pub floor: Floor,
 }
 
 impl DueFilter {
@@ -229,6 +235,56 @@ fn json_ids(ids: &[i64]) -> String {
     text
 }
 
+/// Rows due at or after `floor` (by the due index's column), or all.
+fn above_floor(backend: DbBackend, floor: Option<NaiveDateTime>) -> Condition {
+    let mut above = Condition::all();
+    if let Some(floor) = floor {
+        above = above.add(due_at(backend).gte(floor));
+    }
+    above
+}
+
+/// The earliest due time (by the due index's column) of the rows in flight
+/// `filter` selects, paused or not and in their turn or not, read from
+/// `from` on (from the index's start with `None`), but no later than
+/// `guard` before the database's now: the [`floor`](super::floor) of its
+/// claims.
+pub(crate) async fn lowest_due(
+    store: &Store,
+    filter: &DueFilter,
+    from: Option<NaiveDateTime>,
+    guard: std::time::Duration,
+) -> Result<NaiveDateTime, DbErr> {
+    let backend = store.backend();
+    let (lowest, latest): (Option<NaiveDateTime>, NaiveDateTime) = notify_msg::Entity::find()
+        .select_only()
+        .expr(due_at(backend).min())
+        .expr(clock::before(backend, guard))
+        .filter(selected(filter, backend).add(above_floor(backend, from)))
+        .into_tuple()
+        .one(&store.db)
+        .await?
+        .ok_or_else(|| DbErr::RecordNotFound("no row from an aggregate".into()))?;
+    Ok(lowest.map_or(latest, |lowest| Ord::min(lowest, latest)))
+}
+
+/// The select of [`claim_due`] (without its turn's rows set aside) of
+/// `filter`'s rows above `floor`.
+#[cfg(test)]
+pub(crate) fn due_select(
+    store: &Store,
+    filter: &DueFilter,
+    floor: Option<NaiveDateTime>,
+    limit: u64,
+) -> Select<notify_msg::Entity> {
+    let backend = store.backend();
+    due_rows(
+        store,
+        wanted(filter, backend).add(above_floor(backend, floor)),
+        limit,
+    )
+}
+
 /// Due rows matching `wanted`, oldest first.
 fn due_rows(store: &Store, wanted: Condition, limit: u64) -> Select<notify_msg::Entity> {
     due_first(store.backend(), due(store.backend()).add(wanted)).limit(limit)
@@ -278,6 +334,7 @@ pub(crate) async fn next_due(
     if backend == DbBackend::Postgres {
         return next_due_pg(store, filter).await;
     }
+    let above = above_floor(backend, filter.floor.current(filter, backend));
     let until = Expr::cust(match backend {
         DbBackend::MySql => {
             "CAST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), MIN(next_call_time)) AS DOUBLE) / 1000000"
@@ -287,7 +344,7 @@ pub(crate) async fn next_due(
     let secs: Option<Option<f64>> = notify_msg::Entity::find()
         .select_only()
         .expr(until)
-        .filter(wanted(filter, store.backend()))
+        .filter(wanted(filter, store.backend()).add(above))
         .into_tuple()
         .one(&store.db)
         .await?;
@@ -318,7 +375,8 @@ async fn next_due_pg(
     let until = Expr::cust(
         "CAST(EXTRACT(EPOCH FROM (next_call_time - (statement_timestamp() AT TIME ZONE 'UTC'))) AS DOUBLE PRECISION)",
     );
-    let secs: Option<f64> = due_first(backend, wanted(filter, backend).add(known))
+    let above = above_floor(backend, filter.floor.current(filter, backend));
+    let secs: Option<f64> = due_first(backend, wanted(filter, backend).add(known).add(above))
         .select_only()
         .expr(until)
         .into_tuple()
@@ -373,10 +431,11 @@ pub(crate) async fn claim_due(
     if filter.is_empty() || limit == 0 {
         return Ok(Claimed::default());
     }
+    let above = above_floor(store.backend(), filter.floor.for_claim(store, filter).await);
     if !set_aside {
         let leases = claim_rows(
             store,
-            due_rows(store, wanted(filter, store.backend()), limit),
+            due_rows(store, wanted(filter, store.backend()).add(above), limit),
             Some(bytes),
         )
         .await?;
@@ -388,11 +447,14 @@ pub(crate) async fn claim_due(
     }
     let started = Instant::now();
     let backend = store.backend();
-    let found = selected(filter, backend).add(not_paused(backend)).add(
-        Condition::any()
-            .add(super::order::may_wait(backend))
-            .add(super::order::in_turn(backend)),
-    );
+    let found = selected(filter, backend)
+        .add(not_paused(backend))
+        .add(above)
+        .add(
+            Condition::any()
+                .add(super::order::may_wait(backend))
+                .add(super::order::in_turn(backend)),
+        );
     let candidates = due_rows(store, found, limit);
     let (rows, aside) = match backend {
         DbBackend::Postgres => claim_due_pg(store, candidates, bytes).await?,

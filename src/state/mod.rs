@@ -46,6 +46,7 @@ pub mod confirm;
 #[cfg(test)]
 mod conformance;
 pub mod errors_log;
+pub mod floor;
 pub mod heartbeat;
 pub mod ids;
 pub mod insert;

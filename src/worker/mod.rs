@@ -38,7 +38,7 @@ use crate::{
     notifier::Notifier,
     notifier::{HARD_STOP_MARGIN, RELEASE_GRACE},
     schema::DatabaseCheck,
-    state::{DefSelect, DueFilter},
+    state::{DefSelect, DueFilter, floor::Floor},
     sweep::SweepLimits,
 };
 
@@ -430,6 +430,9 @@ pub struct Worker {
     /// cache's rows it holds: again only when those change, not on every
     /// sweep (at 100,000 definitions that walk was a tenth of a drain's CPU).
     selection: Mutex<Option<(KnownDefs, Selection)>>,
+    /// The lower bound on due times its claims read
+    /// ([`floor`](crate::state::floor)).
+    floor: Floor,
     /// Whether the pool's connections were warmed up (once per worker).
     warmed: std::sync::atomic::AtomicBool,
     /// PostgreSQL: whether `NOTIFY` reaches this worker; `false` once its
@@ -513,6 +516,7 @@ impl Worker {
             last_park_check: Mutex::new(None),
             alerted: std::sync::atomic::AtomicBool::new(false),
             selection: Mutex::new(None),
+            floor: Floor::kept(),
             warmed: std::sync::atomic::AtomicBool::new(false),
             hears_notify: Arc::new(std::sync::atomic::AtomicBool::new(true)),
         })
@@ -1020,6 +1024,7 @@ impl Worker {
             partitions: self.config.partitions.clone(),
             any_partition,
             always,
+            floor: self.floor.clone(),
         })
     }
 

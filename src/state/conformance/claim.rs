@@ -2,10 +2,15 @@
 //! read, a live lease, a reservation of another notice or a notice out of
 //! its key's turn is not taken, and nothing is written.
 
-use super::{Fixture, LEASE, conformance};
+use std::time::{Duration, Instant};
+
+use sea_orm::{ConnectionTrait, DbBackend, Statement};
+
+use super::{Fixture, LEASE, conformance, on_postgres};
 use crate::state::{
     claim::{self, DueFilter},
     clock::Due,
+    floor::Floor,
     insert,
 };
 
@@ -245,6 +250,176 @@ conformance!(
             bytes <= budget + big.len() as u64,
             "{n} rows hold {bytes} bytes, over {budget} plus a row"
         );
+        f
+    }
+);
+
+/// The ids `claimed` took.
+fn ids_of(claimed: &claim::Claimed) -> Vec<i64> {
+    claimed.leases.iter().map(|l| l.id()).collect()
+}
+
+/// Moves notice `id`'s due time a minute back: written below any floor
+/// (the `due_at` triggers follow on PostgreSQL).
+async fn due_a_minute_ago(f: &Fixture, id: i64) {
+    let sql = match f.store.backend() {
+        DbBackend::Postgres => {
+            "UPDATE notify_msg SET next_call_time = (statement_timestamp() AT TIME ZONE 'UTC') - interval '1 minute' WHERE id = $1"
+        }
+        DbBackend::MySql => {
+            "UPDATE notify_msg SET next_call_time = UTC_TIMESTAMP(6) - INTERVAL 1 MINUTE WHERE id = ?"
+        }
+        _ => {
+            "UPDATE notify_msg SET next_call_time = strftime('%Y-%m-%d %H:%M:%f', 'now', '-60 seconds') WHERE id = ?"
+        }
+    };
+    f.store
+        .db
+        .execute_raw(Statement::from_sql_and_values(
+            f.store.backend(),
+            sql,
+            [id.into()],
+        ))
+        .await
+        .unwrap();
+}
+
+conformance!(
+    a_row_written_below_the_floor_is_claimed_at_the_next_rescan,
+    |f: Fixture| async move {
+        let rescan = Duration::from_secs(5);
+        let filter = DueFilter {
+            floor: Floor::rescanning(rescan),
+            ..DueFilter::default()
+        };
+        let claim = || claim::claim_due(&f.store, &filter, 10, false, u64::MAX);
+        let first = f.notice().await;
+        // Held to the end (a lease dropped gives its row back).
+        let held = claim().await.unwrap();
+        assert_eq!(ids_of(&held), [first]);
+        // Written due before the floor the first claim computed (a producer
+        // that committed long after its insert, or plain SQL).
+        let late = f.notice().await;
+        due_a_minute_ago(&f, late).await;
+        let started = Instant::now();
+        let taken = claim().await.unwrap();
+        if f.store.backend() == DbBackend::Sqlite {
+            // No floor on SQLite.
+            assert_eq!(ids_of(&taken), [late]);
+            held.leases.into_iter().for_each(|l| l.forget());
+            taken.leases.into_iter().for_each(|l| l.forget());
+            return f;
+        }
+        assert!(
+            taken.leases.is_empty(),
+            "a row below the floor was claimed before the rescan"
+        );
+        // Not lost: the next rescan finds it.
+        loop {
+            let taken = claim().await.unwrap();
+            if !taken.leases.is_empty() {
+                assert_eq!(ids_of(&taken), [late]);
+                held.leases.into_iter().for_each(|l| l.forget());
+                taken.leases.into_iter().for_each(|l| l.forget());
+                break;
+            }
+            assert!(
+                started.elapsed() < rescan * 3,
+                "a row below the floor was not claimed after a rescan"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        f
+    }
+);
+
+/// The buffers PostgreSQL read or hit running `select`, by index scans
+/// only (a sequential scan would hide what the floor changes).
+async fn pg_buffers(
+    f: &Fixture,
+    select: sea_orm::Select<crate::entity::notify_msg::Entity>,
+) -> u64 {
+    use sea_orm::{QueryTrait, TransactionTrait};
+    let built = select.build(DbBackend::Postgres);
+    let txn = f.store.db.pool().begin().await.unwrap();
+    txn.execute_unprepared("SET LOCAL enable_seqscan = off")
+        .await
+        .unwrap();
+    let row = txn
+        .query_one_raw(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {}", built.sql),
+            built.values.map(|v| v.0).unwrap_or_default(),
+        ))
+        .await
+        .unwrap()
+        .unwrap();
+    txn.rollback().await.unwrap();
+    let plan: serde_json::Value = row.try_get("", "QUERY PLAN").unwrap();
+    let top = &plan[0]["Plan"];
+    ["Shared Hit Blocks", "Shared Read Blocks"]
+        .iter()
+        .map(|k| top[k].as_u64().unwrap_or(0))
+        .sum()
+}
+
+conformance!(
+    the_floor_bounds_the_scan_under_a_long_reader,
+    |f: Fixture| async move {
+        if !on_postgres(&f) {
+            return f;
+        }
+        use sea_orm::TransactionTrait;
+        // A REPEATABLE READ reader whose snapshot predates the rows below.
+        let reader = f
+            .store
+            .db
+            .pool()
+            .begin_with_config(Some(sea_orm::IsolationLevel::RepeatableRead), None)
+            .await
+            .unwrap();
+        reader
+            .execute_unprepared("SELECT count(*) FROM notify_msg")
+            .await
+            .unwrap();
+        // 3,000 notices due half a minute ago, sent and gone: while the
+        // reader lives, their index entries stay at the due index's start.
+        let sent = format!(
+            "INSERT INTO notify_msg (def_id, param, next_call_time) SELECT {}, '{{}}', \
+             (statement_timestamp() AT TIME ZONE 'UTC') - interval '30 seconds' FROM generate_series(1, 3000)",
+            f.def_id
+        );
+        f.store.db.execute_unprepared(&sent).await.unwrap();
+        f.store
+            .db
+            .execute_unprepared("DELETE FROM notify_msg")
+            .await
+            .unwrap();
+        let live = f.notice().await;
+        let filter = DueFilter {
+            floor: Floor::kept(),
+            ..DueFilter::default()
+        };
+        let floor = filter.floor.for_claim(&f.store, &filter).await;
+        assert!(floor.is_some(), "no floor on PostgreSQL");
+        let whole = pg_buffers(&f, claim::due_select(&f.store, &filter, None, 10)).await;
+        let bounded = pg_buffers(&f, claim::due_select(&f.store, &filter, floor, 10)).await;
+        eprintln!("buffers: {whole} from the index's start, {bounded} from the floor");
+        assert!(
+            whole >= 30,
+            "the whole index's scan read {whole} buffers: the dead entries are not there"
+        );
+        assert!(
+            bounded * 5 <= whole,
+            "the scan from the floor read {bounded} buffers, against {whole} from the index's start"
+        );
+        // And the claim from the floor takes the live row.
+        let taken = claim::claim_due(&f.store, &filter, 10, false, u64::MAX)
+            .await
+            .unwrap();
+        assert_eq!(ids_of(&taken), [live]);
+        taken.leases.into_iter().for_each(|l| l.forget());
+        reader.rollback().await.unwrap();
         f
     }
 );
