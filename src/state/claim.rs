@@ -235,11 +235,23 @@ fn json_ids(ids: &[i64]) -> String {
     text
 }
 
-/// Rows due at or after `floor` (by the due index's column), or all.
+/// Rows due at or after `floor` (by the due index's column), or all. On
+/// PostgreSQL the floor is a subquery's value, unknown when the statement
+/// is planned: as a constant past the newest due time in the table's
+/// statistics, it made the planner expect one row and read the whole
+/// range by a bitmap and sort it, instead of reading the index in order
+/// up to the limit (a soak's claims then sorted the whole backlog each).
 fn above_floor(backend: DbBackend, floor: Option<NaiveDateTime>) -> Condition {
     let mut above = Condition::all();
-    if let Some(floor) = floor {
-        above = above.add(due_at(backend).gte(floor));
+    match (floor, backend) {
+        (None, _) => {}
+        (Some(floor), DbBackend::Postgres) => {
+            above = above.add(Expr::cust_with_values(
+                r#""due_at" >= (SELECT CAST($1 AS timestamp))"#,
+                [floor],
+            ));
+        }
+        (Some(floor), _) => above = above.add(due_at(backend).gte(floor)),
     }
     above
 }
@@ -256,15 +268,28 @@ pub(crate) async fn lowest_due(
     guard: std::time::Duration,
 ) -> Result<NaiveDateTime, DbErr> {
     let backend = store.backend();
-    let (lowest, latest): (Option<NaiveDateTime>, NaiveDateTime) = notify_msg::Entity::find()
-        .select_only()
-        .expr(due_at(backend).min())
-        .expr(clock::before(backend, guard))
-        .filter(selected(filter, backend).add(above_floor(backend, from)))
-        .into_tuple()
-        .one(&store.db)
+    // The first row in the due index's order, not `MIN`: MariaDB reads
+    // every row of the range for a `MIN` under conditions the index lacks.
+    let lowest = due_first(
+        backend,
+        selected(filter, backend).add(above_floor(backend, from)),
+    )
+    .select_only()
+    .expr(due_at(backend))
+    .limit(1);
+    let mut both = Query::select();
+    both.expr(Expr::SubQuery(
+        None,
+        Box::new(sea_orm::QueryTrait::into_query(lowest).into()),
+    ))
+    .expr(clock::before(backend, guard));
+    let row = store
+        .db
+        .query_one(&both)
         .await?
-        .ok_or_else(|| DbErr::RecordNotFound("no row from an aggregate".into()))?;
+        .ok_or_else(|| DbErr::RecordNotFound("no row from a select of values".into()))?;
+    let lowest: Option<NaiveDateTime> = row.try_get_by_index(0)?;
+    let latest: NaiveDateTime = row.try_get_by_index(1)?;
     Ok(lowest.map_or(latest, |lowest| Ord::min(lowest, latest)))
 }
 
@@ -334,7 +359,8 @@ pub(crate) async fn next_due(
     if backend == DbBackend::Postgres {
         return next_due_pg(store, filter).await;
     }
-    let above = above_floor(backend, filter.floor.current(filter, backend));
+    let floor = filter.floor.current(filter, backend);
+    let above = above_floor(backend, floor.map(|(at, _)| at));
     let until = Expr::cust(match backend {
         DbBackend::MySql => {
             "CAST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), MIN(next_call_time)) AS DOUBLE) / 1000000"
@@ -348,9 +374,24 @@ pub(crate) async fn next_due(
         .into_tuple()
         .one(&store.db)
         .await?;
-    Ok(secs
-        .flatten()
-        .map(|s| std::time::Duration::from_secs_f64(s.clamp(0.0, 365.0 * 86_400.0))))
+    Ok(until_rescan(
+        secs.flatten()
+            .map(|s| std::time::Duration::from_secs_f64(s.clamp(0.0, 365.0 * 86_400.0))),
+        floor,
+    ))
+}
+
+/// The time until the next due row `found` above the floor, but no later
+/// than the floor's rescan (a row below it is looked for then).
+fn until_rescan(
+    found: Option<std::time::Duration>,
+    floor: Option<(NaiveDateTime, std::time::Duration)>,
+) -> Option<std::time::Duration> {
+    match (found, floor) {
+        (Some(found), Some((_, left))) => Some(found.min(left)),
+        (None, Some((_, left))) => Some(left),
+        (found, None) => found,
+    }
 }
 
 /// [`next_due`] on PostgreSQL, by the due index: the first row in `due_at`
@@ -375,14 +416,18 @@ async fn next_due_pg(
     let until = Expr::cust(
         "CAST(EXTRACT(EPOCH FROM (next_call_time - (statement_timestamp() AT TIME ZONE 'UTC'))) AS DOUBLE PRECISION)",
     );
-    let above = above_floor(backend, filter.floor.current(filter, backend));
+    let floor = filter.floor.current(filter, backend);
+    let above = above_floor(backend, floor.map(|(at, _)| at));
     let secs: Option<f64> = due_first(backend, wanted(filter, backend).add(known).add(above))
         .select_only()
         .expr(until)
         .into_tuple()
         .one(&store.db)
         .await?;
-    Ok(secs.map(|s| std::time::Duration::from_secs_f64(s.clamp(0.0, 365.0 * 86_400.0))))
+    Ok(until_rescan(
+        secs.map(|s| std::time::Duration::from_secs_f64(s.clamp(0.0, 365.0 * 86_400.0))),
+        floor,
+    ))
 }
 
 /// What a claim of due rows did.
@@ -421,6 +466,9 @@ impl Claimed {
 /// first), and always at least one row: a sweep's memory is bounded in
 /// bytes, and a notice larger than the bound still goes, alone. Rows in
 /// turn but past the bound stay due, for the next claim.
+///
+/// Rows are read from the filter's [`floor`](super::floor) on; when that
+/// finds nothing and rows lie below the floor, again from the lower floor.
 pub(crate) async fn claim_due(
     store: &Store,
     filter: &DueFilter,
@@ -431,7 +479,27 @@ pub(crate) async fn claim_due(
     if filter.is_empty() || limit == 0 {
         return Ok(Claimed::default());
     }
-    let above = above_floor(store.backend(), filter.floor.for_claim(store, filter).await);
+    let floor = filter.floor.for_claim(store, filter).await;
+    let claimed = claim_due_from(store, filter, floor, limit, set_aside, bytes).await?;
+    let Some(floor) = floor.filter(|_| claimed.looked_at() == 0) else {
+        return Ok(claimed);
+    };
+    match filter.floor.lower_after_nothing(store, filter, floor).await {
+        Some(lower) => claim_due_from(store, filter, Some(lower), limit, set_aside, bytes).await,
+        None => Ok(claimed),
+    }
+}
+
+/// [`claim_due`] of rows due at or after `floor`.
+async fn claim_due_from(
+    store: &Store,
+    filter: &DueFilter,
+    floor: Option<NaiveDateTime>,
+    limit: u64,
+    set_aside: bool,
+    bytes: u64,
+) -> Result<Claimed, DbErr> {
+    let above = above_floor(store.backend(), floor);
     if !set_aside {
         let leases = claim_rows(
             store,

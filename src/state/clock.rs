@@ -145,10 +145,20 @@ impl Due {
         matches!(self, Due::Reserved(_))
     }
 
+    /// The row's `next_call_time`. A delayed notice's time already past
+    /// is now on the servers, so the row is above the claims'
+    /// [`floor`](super::floor) (claimed at once, not at its next rescan).
     pub fn expr(self, backend: DbBackend) -> Expr {
         match self {
             Due::Now | Due::InTurn => now(backend),
             Due::Reserved(d) => after(backend, d),
+            Due::Later(Later::At(t)) if backend != DbBackend::Sqlite => {
+                let greatest = match backend {
+                    DbBackend::Postgres => "GREATEST($1, $2)",
+                    _ => "GREATEST(?, ?)",
+                };
+                Expr::cust_with_exprs(greatest, [Expr::val(t), now(backend)])
+            }
             Due::Later(later) => later.expr(backend),
         }
     }

@@ -69,12 +69,14 @@ struct Kept {
 struct Known {
     /// The rows it bounds (the filter it was computed for).
     of: DueFilter,
-    /// The earliest due time a claim reads.
-    at: NaiveDateTime,
+    /// The earliest due time a claim reads (`None` after a failed
+    /// look-up: none, until the next).
+    at: Option<NaiveDateTime>,
     /// When it was last raised.
     refreshed: Instant,
-    /// When it was last computed from the whole index.
-    scanned: Instant,
+    /// When it was last computed from the whole index (`None`: the next
+    /// look-up reads the whole index).
+    scanned: Option<Instant>,
 }
 
 impl Floor {
@@ -104,68 +106,112 @@ impl Floor {
         }
     }
 
-    /// The floor for `filter`'s rows as last computed, if it still bounds
-    /// them (no look-up): for the due-time look-up.
-    pub(crate) fn current(&self, filter: &DueFilter, backend: DbBackend) -> Option<NaiveDateTime> {
+    /// What is known of `filter`'s rows, with how often the whole index is
+    /// read again; `None` on SQLite or without a kept floor.
+    fn of(&self, filter: &DueFilter, backend: DbBackend) -> Option<(Duration, Option<Known>)> {
+        let rescan = self.0.as_ref()?.rescan;
         if backend == DbBackend::Sqlite {
             return None;
         }
-        self.known()
-            .filter(|k| same_rows(&k.of, filter))
-            .map(|k| k.at)
+        Some((rescan, self.known().filter(|k| same_rows(&k.of, filter))))
+    }
+
+    /// The floor for `filter`'s rows as last computed, if it still bounds
+    /// them and its rescan is not due (no look-up): for the due-time
+    /// look-up, with how long until its rescan is due (the look-up answers
+    /// no later than that, so a row below the floor is looked for then).
+    pub(crate) fn current(
+        &self,
+        filter: &DueFilter,
+        backend: DbBackend,
+    ) -> Option<(NaiveDateTime, Duration)> {
+        let (rescan, known) = self.of(filter, backend)?;
+        let known = known?;
+        let left = rescan.checked_sub(known.scanned?.elapsed())?;
+        Some((known.at?, left))
     }
 
     /// The floor a claim of `filter`'s rows uses now: computed from the
     /// whole index when none bounds these rows or the last such look-up
     /// is [`RESCAN`] old, raised when it is [`REFRESH`] old. `None` (the
     /// claim reads the whole index) on SQLite, for a filter without a kept
-    /// floor, or when the look-up fails (logged).
+    /// floor, or for [`REFRESH`] after a look-up failed (logged).
     pub(crate) async fn for_claim(
         &self,
         store: &Store,
         filter: &DueFilter,
     ) -> Option<NaiveDateTime> {
-        let rescan = self.0.as_ref()?.rescan;
-        if store.backend() == DbBackend::Sqlite {
-            return None;
-        }
-        let known = self.known().filter(|k| same_rows(&k.of, filter));
+        let (rescan, known) = self.of(filter, store.backend())?;
         let from = match &known {
-            Some(k) if k.scanned.elapsed() < rescan => {
-                if k.refreshed.elapsed() < REFRESH {
-                    return Some(k.at);
-                }
-                Some(k.at)
-            }
+            Some(k) if k.refreshed.elapsed() < REFRESH => return k.at,
+            Some(k) if k.scanned.is_some_and(|t| t.elapsed() < rescan) => k.at,
             _ => None,
         };
+        self.look_up(store, filter, known, from).await
+    }
+
+    /// After a claim from `floor` took nothing: the floor computed from the
+    /// whole index, if it is lower and the last such look-up is at least
+    /// [`REFRESH`] old. A claim finds nothing when a wake-up or tick came
+    /// for a row below the floor (a producer that committed late), so the
+    /// caller claims again from the lower floor at once, instead of at the
+    /// next [`RESCAN`].
+    pub(crate) async fn lower_after_nothing(
+        &self,
+        store: &Store,
+        filter: &DueFilter,
+        floor: NaiveDateTime,
+    ) -> Option<NaiveDateTime> {
+        let (_, known) = self.of(filter, store.backend())?;
+        if known
+            .as_ref()
+            .and_then(|k| k.scanned)
+            .is_some_and(|t| t.elapsed() < REFRESH)
+        {
+            return None;
+        }
+        self.look_up(store, filter, known, None)
+            .await
+            .filter(|lower| *lower < floor)
+    }
+
+    /// Looks the floor up from `from` (the whole index with `None`) and
+    /// keeps it.
+    async fn look_up(
+        &self,
+        store: &Store,
+        filter: &DueFilter,
+        known: Option<Known>,
+        from: Option<NaiveDateTime>,
+    ) -> Option<NaiveDateTime> {
         let asked = Instant::now();
-        match super::claim::lowest_due(store, filter, from, GUARD).await {
-            Ok(at) => {
-                let scanned = match (&known, from) {
-                    (Some(k), Some(_)) => k.scanned,
-                    (Some(k), None) => {
-                        if at < k.at {
-                            tracing::debug!(floor = %k.at, found = %at, "notices due below the claim floor (committed more than {GUARD:?} after their insert, or written due earlier): claimed now");
-                        }
-                        asked
-                    }
-                    (None, _) => asked,
-                };
-                self.set(Some(Known {
-                    of: without_floor(filter),
-                    at,
-                    refreshed: asked,
-                    scanned,
-                }));
-                Some(at)
-            }
+        let at = match super::claim::lowest_due(store, filter, from, GUARD).await {
+            Ok(at) => Some(at),
             Err(e) => {
-                tracing::debug!(error = %e, "cannot compute the claim floor; claiming from the whole due index");
-                self.set(None);
+                tracing::debug!(error = %e, "cannot compute the claim floor; claiming from the whole due index for {REFRESH:?}");
                 None
             }
-        }
+        };
+        let scanned = match (&known, from, at) {
+            (Some(k), Some(_), Some(_)) => k.scanned,
+            (Some(k), None, Some(at)) => {
+                if k.at.is_some_and(|before| at < before) {
+                    tracing::debug!(found = %at, "notices due below the claim floor (committed more than {GUARD:?} after their insert, or written due earlier): claimed now");
+                }
+                Some(asked)
+            }
+            (None, _, Some(_)) => Some(asked),
+            // A failed look-up: no floor until the next, which reads the
+            // whole index.
+            (_, _, None) => None,
+        };
+        self.set(Some(Known {
+            of: without_floor(filter),
+            at,
+            refreshed: asked,
+            scanned,
+        }));
+        at
     }
 }
 
@@ -187,8 +233,8 @@ fn same_rows(a: &DueFilter, b: &DueFilter) -> bool {
 
 impl std::fmt::Debug for Floor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.known() {
-            Some(k) => write!(f, "Floor({})", k.at),
+        match self.known().and_then(|k| k.at) {
+            Some(at) => write!(f, "Floor({at})"),
             None => write!(f, "Floor(none)"),
         }
     }

@@ -428,8 +428,9 @@ pub(crate) async fn insert_new<C: ConnectionTrait>(
 fn pg_insert_sql() -> String {
     use sea_orm::IdenStatic;
     let now = "(statement_timestamp() AT TIME ZONE 'UTC')";
-    // A delayed notice's time (`r.at`), or `r.due` seconds from now.
-    let due = format!("COALESCE(r.at, {now} + make_interval(secs => r.due))");
+    // A delayed notice's time (`r.at`; now if past, above the claims'
+    // floor), or `r.due` seconds from now.
+    let due = format!("COALESCE(GREATEST(r.at, {now}), {now} + make_interval(secs => r.due))");
     let values = NEW_ROW.map(|(_, init)| match init {
         Init::DefId => "r.def_id".to_string(),
         Init::Param => "r.param".into(),
