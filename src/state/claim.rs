@@ -260,22 +260,30 @@ fn above_floor(backend: DbBackend, floor: Option<NaiveDateTime>) -> Condition {
 /// `filter` selects, paused or not and in their turn or not, read from
 /// `from` on (from the index's start with `None`), but no later than
 /// `guard` before the database's now: the [`floor`](super::floor) of its
-/// claims.
+/// claims. `None`: no floor (a row is due before 1970).
 pub(crate) async fn lowest_due(
     store: &Store,
     filter: &DueFilter,
     from: Option<NaiveDateTime>,
     guard: std::time::Duration,
-) -> Result<NaiveDateTime, DbErr> {
+) -> Result<Option<NaiveDateTime>, DbErr> {
     let backend = store.backend();
     // The first row in the due index's order, not `MIN`: MariaDB reads
     // every row of the range for a `MIN` under conditions the index lacks.
+    // Clamped: PostgreSQL's `-infinity` (a row written with its triggers
+    // off) cannot be read as a time.
     let lowest = due_first(
         backend,
         selected(filter, backend).add(above_floor(backend, from)),
     )
     .select_only()
-    .expr(due_at(backend))
+    .expr(Expr::cust_with_exprs(
+        match backend {
+            DbBackend::Postgres => "GREATEST($1, $2)",
+            _ => "GREATEST(?, ?)",
+        },
+        [due_at(backend), Expr::val(no_floor_below())],
+    ))
     .limit(1);
     let mut both = Query::select();
     both.expr(Expr::SubQuery(
@@ -290,7 +298,16 @@ pub(crate) async fn lowest_due(
         .ok_or_else(|| DbErr::RecordNotFound("no row from a select of values".into()))?;
     let lowest: Option<NaiveDateTime> = row.try_get_by_index(0)?;
     let latest: NaiveDateTime = row.try_get_by_index(1)?;
-    Ok(lowest.map_or(latest, |lowest| Ord::min(lowest, latest)))
+    Ok(match lowest {
+        Some(lowest) if lowest <= no_floor_below() => None,
+        lowest => Some(lowest.map_or(latest, |lowest| Ord::min(lowest, latest))),
+    })
+}
+
+/// A row due at or before this time (1970-01-01: PostgreSQL's
+/// `-infinity` of a row written with its triggers off) leaves no floor.
+fn no_floor_below() -> NaiveDateTime {
+    chrono::DateTime::UNIX_EPOCH.naive_utc()
 }
 
 /// The select of [`claim_due`] (without its turn's rows set aside) of
@@ -360,7 +377,7 @@ pub(crate) async fn next_due(
         return next_due_pg(store, filter).await;
     }
     let floor = filter.floor.current(filter, backend);
-    let above = above_floor(backend, floor.map(|(at, _)| at));
+    let above = above_floor(backend, floor.at);
     let until = Expr::cust(match backend {
         DbBackend::MySql => {
             "CAST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), MIN(next_call_time)) AS DOUBLE) / 1000000"
@@ -374,7 +391,7 @@ pub(crate) async fn next_due(
         .into_tuple()
         .one(&store.db)
         .await?;
-    Ok(until_rescan(
+    Ok(by_floor(
         secs.flatten()
             .map(|s| std::time::Duration::from_secs_f64(s.clamp(0.0, 365.0 * 86_400.0))),
         floor,
@@ -382,15 +399,14 @@ pub(crate) async fn next_due(
 }
 
 /// The time until the next due row `found` above the floor, but no later
-/// than the floor's rescan (a row below it is looked for then).
-fn until_rescan(
+/// than when a claim may look below it, if one owes that look.
+fn by_floor(
     found: Option<std::time::Duration>,
-    floor: Option<(NaiveDateTime, std::time::Duration)>,
+    floor: super::floor::Current,
 ) -> Option<std::time::Duration> {
-    match (found, floor) {
-        (Some(found), Some((_, left))) => Some(found.min(left)),
-        (None, Some((_, left))) => Some(left),
-        (found, None) => found,
+    match (found, floor.by) {
+        (Some(found), Some(by)) => Some(found.min(by)),
+        (found, by) => found.or(by),
     }
 }
 
@@ -417,14 +433,14 @@ async fn next_due_pg(
         "CAST(EXTRACT(EPOCH FROM (next_call_time - (statement_timestamp() AT TIME ZONE 'UTC'))) AS DOUBLE PRECISION)",
     );
     let floor = filter.floor.current(filter, backend);
-    let above = above_floor(backend, floor.map(|(at, _)| at));
+    let above = above_floor(backend, floor.at);
     let secs: Option<f64> = due_first(backend, wanted(filter, backend).add(known).add(above))
         .select_only()
         .expr(until)
         .into_tuple()
         .one(&store.db)
         .await?;
-    Ok(until_rescan(
+    Ok(by_floor(
         secs.map(|s| std::time::Duration::from_secs_f64(s.clamp(0.0, 365.0 * 86_400.0))),
         floor,
     ))
@@ -479,13 +495,18 @@ pub(crate) async fn claim_due(
     if filter.is_empty() || limit == 0 {
         return Ok(Claimed::default());
     }
+    let began = Instant::now();
     let floor = filter.floor.for_claim(store, filter).await;
     let claimed = claim_due_from(store, filter, floor, limit, set_aside, bytes).await?;
     let Some(floor) = floor.filter(|_| claimed.looked_at() == 0) else {
         return Ok(claimed);
     };
-    match filter.floor.lower_after_nothing(store, filter, floor).await {
-        Some(lower) => claim_due_from(store, filter, Some(lower), limit, set_aside, bytes).await,
+    match filter
+        .floor
+        .lower_after_nothing(store, filter, floor, began)
+        .await
+    {
+        Some(lower) => claim_due_from(store, filter, lower, limit, set_aside, bytes).await,
         None => Ok(claimed),
     }
 }

@@ -38,19 +38,26 @@ use sea_orm::DbBackend;
 use super::{Store, claim::DueFilter};
 
 /// How far behind the database's now a floor stays at least: 1 s. Rows
-/// whose producer committed more than this after their insert are claimed
-/// after the next [`RESCAN`] instead of at once. Each claim reads the index
-/// entries of the notices sent in this span (and [`REFRESH`]).
+/// whose producer committed more than this after their insert are below
+/// it ([`Floor::lower_after_nothing`] and [`RESCAN`] find them). Each claim
+/// reads the index entries of the notices sent in this span (and
+/// [`REFRESH`]).
 pub const GUARD: Duration = Duration::from_secs(1);
 
 /// How often a worker raises its floor: every 250 ms, at its next claim.
 pub const REFRESH: Duration = Duration::from_millis(250);
 
 /// How often a worker computes its floor from the whole due index again,
-/// finding rows written below it: every 10 s, at its next claim. The
-/// longest a row below the floor waits (plus the time to the next claim:
-/// at most the worker's tick).
+/// finding rows written below it: every 10 s, at its next claim, or, when
+/// that look-up is slow (a long reader's dead entries), no more than a
+/// twentieth of the time ([`SLOW_SHARE`]). The longest a row below the
+/// floor waits while claims keep finding others.
 pub const RESCAN: Duration = Duration::from_secs(10);
+
+/// Look-ups from the whole due index take at most a twentieth of a
+/// worker's time: after one that took `t`, the next comes no sooner than
+/// `20 t` later (and no sooner than [`REFRESH`]).
+pub const SLOW_SHARE: u32 = 20;
 
 /// A worker's floor, shared by the filters it builds. The default has
 /// none: its claims read the whole due index.
@@ -69,14 +76,50 @@ struct Kept {
 struct Known {
     /// The rows it bounds (the filter it was computed for).
     of: DueFilter,
-    /// The earliest due time a claim reads (`None` after a failed
-    /// look-up: none, until the next).
+    /// The earliest due time a claim reads (`None`: none, claims read the
+    /// whole index: a failed look-up, or a row due before 1970).
     at: Option<NaiveDateTime>,
     /// When it was last raised.
     refreshed: Instant,
-    /// When it was last computed from the whole index (`None`: the next
-    /// look-up reads the whole index).
-    scanned: Option<Instant>,
+    /// When it was last computed from the whole index, and how long that
+    /// took (`None`: the next look-up reads the whole index).
+    scanned: Option<(Instant, Duration)>,
+    /// Whether a claim found nothing above it and could not look below
+    /// yet ([`Floor::lower_after_nothing`]).
+    owed: bool,
+}
+
+impl Known {
+    /// How long after the last look-up from the whole index another may
+    /// come: [`REFRESH`], or [`SLOW_SHARE`] times what it took.
+    fn gap(&self) -> Duration {
+        self.scanned
+            .map_or(Duration::ZERO, |(_, took)| (took * SLOW_SHARE).max(REFRESH))
+    }
+
+    /// How long until another look-up from the whole index may come (zero:
+    /// now).
+    fn wait(&self) -> Duration {
+        self.scanned.map_or(Duration::ZERO, |(at, _)| {
+            self.gap().saturating_sub(at.elapsed())
+        })
+    }
+
+    /// Whether the rescan is due.
+    fn rescan_due(&self, rescan: Duration) -> bool {
+        self.scanned
+            .is_none_or(|(at, _)| at.elapsed() >= rescan.max(self.gap()))
+    }
+}
+
+/// The floor the due-time look-up reads from ([`Floor::current`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Current {
+    /// Read from here (`None`: the whole index).
+    pub at: Option<NaiveDateTime>,
+    /// Answer no later than this: a claim owes a look below the floor, and
+    /// may take it then.
+    pub by: Option<Duration>,
 }
 
 impl Floor {
@@ -116,26 +159,38 @@ impl Floor {
         Some((rescan, self.known().filter(|k| same_rows(&k.of, filter))))
     }
 
-    /// The floor for `filter`'s rows as last computed, if it still bounds
-    /// them and its rescan is not due (no look-up): for the due-time
-    /// look-up, with how long until its rescan is due (the look-up answers
-    /// no later than that, so a row below the floor is looked for then).
-    pub(crate) fn current(
-        &self,
-        filter: &DueFilter,
-        backend: DbBackend,
-    ) -> Option<(NaiveDateTime, Duration)> {
-        let (rescan, known) = self.of(filter, backend)?;
-        let known = known?;
-        let left = rescan.checked_sub(known.scanned?.elapsed())?;
-        Some((known.at?, left))
+    /// The floor for `filter`'s rows as last computed (no look-up), for
+    /// the due-time look-up: none (the whole index) once its rescan is due
+    /// or a look below it is owed and may be taken, so an idle worker's
+    /// due checks and the plan after a sweep find a row below it; while a
+    /// look below is owed but may not be taken yet, the floor, answered no
+    /// later than when it may.
+    pub(crate) fn current(&self, filter: &DueFilter, backend: DbBackend) -> Current {
+        let Some((rescan, Some(known))) = self.of(filter, backend) else {
+            return Current::default();
+        };
+        if known.rescan_due(rescan) {
+            return Current::default();
+        }
+        match (known.owed, known.wait()) {
+            (false, _) => Current {
+                at: known.at,
+                by: None,
+            },
+            (true, Duration::ZERO) => Current::default(),
+            (true, wait) => Current {
+                at: known.at,
+                by: Some(wait),
+            },
+        }
     }
 
     /// The floor a claim of `filter`'s rows uses now: computed from the
-    /// whole index when none bounds these rows or the last such look-up
-    /// is [`RESCAN`] old, raised when it is [`REFRESH`] old. `None` (the
-    /// claim reads the whole index) on SQLite, for a filter without a kept
-    /// floor, or for [`REFRESH`] after a look-up failed (logged).
+    /// whole index when none bounds these rows or the rescan is due,
+    /// raised when it is [`REFRESH`] old. `None` (the claim reads the
+    /// whole index) on SQLite, for a filter without a kept floor, when a
+    /// row is due before 1970, or for [`REFRESH`] after a look-up failed
+    /// (logged).
     pub(crate) async fn for_claim(
         &self,
         store: &Store,
@@ -144,35 +199,48 @@ impl Floor {
         let (rescan, known) = self.of(filter, store.backend())?;
         let from = match &known {
             Some(k) if k.refreshed.elapsed() < REFRESH => return k.at,
-            Some(k) if k.scanned.is_some_and(|t| t.elapsed() < rescan) => k.at,
+            Some(k) if !k.rescan_due(rescan) => k.at,
             _ => None,
         };
         self.look_up(store, filter, known, from).await
     }
 
     /// After a claim from `floor` took nothing: the floor computed from the
-    /// whole index, if it is lower and the last such look-up is at least
-    /// [`REFRESH`] old. A claim finds nothing when a wake-up or tick came
-    /// for a row below the floor (a producer that committed late), so the
-    /// caller claims again from the lower floor at once, instead of at the
-    /// next [`RESCAN`].
+    /// whole index, if it is lower (`Some(None)`: none, claim from the
+    /// whole index). A claim finds nothing when a wake-up or tick came for
+    /// a row below the floor (a producer that committed late), so the
+    /// caller claims again from the lower floor at once. Not while the
+    /// last such look-up is recent ([`Known::gap`]): the look below is then
+    /// owed, to the next claim or the due-time look-up
+    /// ([`current`](Self::current)). Nor when the floor was read from the
+    /// whole index after `began` (the claim's start, after the wake-up):
+    /// nothing is below it.
     pub(crate) async fn lower_after_nothing(
         &self,
         store: &Store,
         filter: &DueFilter,
         floor: NaiveDateTime,
-    ) -> Option<NaiveDateTime> {
+        began: Instant,
+    ) -> Option<Option<NaiveDateTime>> {
         let (_, known) = self.of(filter, store.backend())?;
         if known
             .as_ref()
             .and_then(|k| k.scanned)
-            .is_some_and(|t| t.elapsed() < REFRESH)
+            .is_some_and(|(at, _)| at >= began)
         {
             return None;
         }
-        self.look_up(store, filter, known, None)
-            .await
-            .filter(|lower| *lower < floor)
+        if let Some(k) = known.as_ref().filter(|k| !k.wait().is_zero()) {
+            self.set(Some(Known {
+                owed: true,
+                ..k.clone()
+            }));
+            return None;
+        }
+        match self.look_up(store, filter, known, None).await {
+            Some(lower) if lower >= floor => None,
+            lower => Some(lower),
+        }
     }
 
     /// Looks the floor up from `from` (the whole index with `None`) and
@@ -185,31 +253,34 @@ impl Floor {
         from: Option<NaiveDateTime>,
     ) -> Option<NaiveDateTime> {
         let asked = Instant::now();
-        let at = match super::claim::lowest_due(store, filter, from, GUARD).await {
-            Ok(at) => Some(at),
+        let found = match super::claim::lowest_due(store, filter, from, GUARD).await {
+            Ok(found) => Some(found),
             Err(e) => {
                 tracing::debug!(error = %e, "cannot compute the claim floor; claiming from the whole due index for {REFRESH:?}");
                 None
             }
         };
-        let scanned = match (&known, from, at) {
-            (Some(k), Some(_), Some(_)) => k.scanned,
-            (Some(k), None, Some(at)) => {
-                if k.at.is_some_and(|before| at < before) {
+        let (at, scanned, owed) = match (&known, from, found) {
+            (Some(k), Some(_), Some(at)) => (at, k.scanned, k.owed),
+            (_, None, Some(at)) => {
+                if let (Some(before), Some(at)) = (known.as_ref().and_then(|k| k.at), at)
+                    && at < before
+                {
                     tracing::debug!(found = %at, "notices due below the claim floor (committed more than {GUARD:?} after their insert, or written due earlier): claimed now");
                 }
-                Some(asked)
+                (at, Some((asked, asked.elapsed())), false)
             }
-            (None, _, Some(_)) => Some(asked),
+            (None, Some(_), Some(at)) => (at, None, false),
             // A failed look-up: no floor until the next, which reads the
             // whole index.
-            (_, _, None) => None,
+            (_, _, None) => (None, None, false),
         };
         self.set(Some(Known {
             of: without_floor(filter),
             at,
             refreshed: asked,
             scanned,
+            owed,
         }));
         at
     }

@@ -428,9 +428,14 @@ pub(crate) async fn insert_new<C: ConnectionTrait>(
 fn pg_insert_sql() -> String {
     use sea_orm::IdenStatic;
     let now = "(statement_timestamp() AT TIME ZONE 'UTC')";
-    // A delayed notice's time (`r.at`; now if past, above the claims'
-    // floor), or `r.due` seconds from now.
-    let due = format!("COALESCE(GREATEST(r.at, {now}), {now} + make_interval(secs => r.due))");
+    // A delayed notice's time (`r.at`), or `r.due` seconds from now.
+    let due = format!("COALESCE(r.at, {now} + make_interval(secs => r.due))");
+    // Its `next_call_time`: the same, but a time already past is now,
+    // above the claims' floor (`GREATEST` would take now for a NULL).
+    let next = format!(
+        "CASE WHEN r.at IS NULL THEN {now} + make_interval(secs => r.due) \
+         ELSE GREATEST(r.at, {now}) END"
+    );
     let values = NEW_ROW.map(|(_, init)| match init {
         Init::DefId => "r.def_id".to_string(),
         Init::Param => "r.param".into(),
@@ -440,7 +445,7 @@ fn pg_insert_sql() -> String {
         Init::TargetOverride => "r.over".into(),
         Init::TraceContext => "r.trace".into(),
         Init::OrderingKey => "r.ordering".into(),
-        Init::Due => due.clone(),
+        Init::Due => next.clone(),
         Init::Reserved => "r.reserved".into(),
         Init::NotBefore => format!("CASE WHEN r.later THEN {due} END"),
         Init::Now => clock::PG_INSERT_TIME.into(),
@@ -450,7 +455,7 @@ fn pg_insert_sql() -> String {
     });
     // `due_at` (migration 16) as `next_call_time`: no trigger call.
     format!(
-        "INSERT INTO notify_msg (id, {}, due_at) SELECT r.id, {}, {due} \
+        "INSERT INTO notify_msg (id, {}, due_at) SELECT r.id, {}, {next} \
          FROM UNNEST($1::bigint[], $2::bigint[], $3::text[], $4::text[], $5::int[], \
          $6::text[], $7::text[], $8::float8[], $9::bool[], $10::text[], $11::text[], \
          $12::timestamp[], $13::bool[], $14::smallint[]) \
