@@ -71,7 +71,7 @@ pub struct DueFilter {
     /// say (every worker sweeps the alert definition).
     pub always: Vec<i64>,
     /// The lower bound on due times a claim reads
-    /// ([`floor`](super::floor)); by default none.
+    /// (`src/state/floor.rs`); by default none.
     pub floor: Floor,
 }
 
@@ -235,6 +235,24 @@ fn json_ids(ids: &[i64]) -> String {
     text
 }
 
+/// Which rows `filter` selects, for its [`floor`](super::floor).
+fn rows_of(filter: &DueFilter) -> super::floor::Rows {
+    let (kind, ids, range): (u8, &[i64], (i64, i64)) = match &filter.defs {
+        DefSelect::Any => (0, &[], (0, 0)),
+        DefSelect::Only(ids) => (1, ids, (0, 0)),
+        DefSelect::Except { ids, from, through } => (2, ids, (*from, *through)),
+        DefSelect::Orphans(ids) => (3, ids, (0, 0)),
+    };
+    super::floor::Rows::new(
+        kind,
+        ids,
+        range,
+        &filter.partitions,
+        &filter.any_partition,
+        &filter.always,
+    )
+}
+
 /// Rows due at or after `floor` (by the due index's column), or all. On
 /// PostgreSQL the floor is a subquery's value, unknown when the statement
 /// is planned: as a constant past the newest due time in the table's
@@ -310,6 +328,16 @@ fn no_floor_below() -> NaiveDateTime {
     chrono::DateTime::UNIX_EPOCH.naive_utc()
 }
 
+/// The floor a claim of `filter`'s rows uses now.
+#[cfg(test)]
+pub(crate) async fn floor_of(store: &Store, filter: &DueFilter) -> Option<NaiveDateTime> {
+    let look = |from| lowest_due(store, filter, from, super::floor::GUARD);
+    filter
+        .floor
+        .for_claim(rows_of(filter), store.backend(), look)
+        .await
+}
+
 /// The select of [`claim_due`] (without its turn's rows set aside) of
 /// `filter`'s rows above `floor`.
 #[cfg(test)]
@@ -376,7 +404,7 @@ pub(crate) async fn next_due(
     if backend == DbBackend::Postgres {
         return next_due_pg(store, filter).await;
     }
-    let floor = filter.floor.current(filter, backend);
+    let floor = filter.floor.current(rows_of(filter), backend);
     let above = above_floor(backend, floor.at);
     let until = Expr::cust(match backend {
         DbBackend::MySql => {
@@ -432,7 +460,7 @@ async fn next_due_pg(
     let until = Expr::cust(
         "CAST(EXTRACT(EPOCH FROM (next_call_time - (statement_timestamp() AT TIME ZONE 'UTC'))) AS DOUBLE PRECISION)",
     );
-    let floor = filter.floor.current(filter, backend);
+    let floor = filter.floor.current(rows_of(filter), backend);
     let above = above_floor(backend, floor.at);
     let secs: Option<f64> = due_first(backend, wanted(filter, backend).add(known).add(above))
         .select_only()
@@ -496,14 +524,16 @@ pub(crate) async fn claim_due(
         return Ok(Claimed::default());
     }
     let began = Instant::now();
-    let floor = filter.floor.for_claim(store, filter).await;
+    let (rows, backend) = (rows_of(filter), store.backend());
+    let look = |from| lowest_due(store, filter, from, super::floor::GUARD);
+    let floor = filter.floor.for_claim(rows, backend, look).await;
     let claimed = claim_due_from(store, filter, floor, limit, set_aside, bytes).await?;
     let Some(floor) = floor.filter(|_| claimed.looked_at() == 0) else {
         return Ok(claimed);
     };
     match filter
         .floor
-        .lower_after_nothing(store, filter, floor, began)
+        .lower_after_nothing(rows, backend, floor, began, look)
         .await
     {
         Some(lower) => claim_due_from(store, filter, lower, limit, set_aside, bytes).await,

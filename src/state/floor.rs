@@ -10,7 +10,8 @@
 //! throughput fell to 64% and p50 rose to 55 s after 6 minutes of such a
 //! reader).
 //!
-//! A worker's claims therefore read only rows due at or after its floor:
+//! On PostgreSQL, a worker's claims therefore read only rows due at or
+//! after its floor:
 //! the earliest due time of the rows in flight it may take (any status a
 //! claim takes, paused definitions and rows waiting for their key's turn
 //! included, leased rows included), but never later than [`GUARD`] before
@@ -25,7 +26,8 @@
 //! Those are not lost: every [`RESCAN`] the floor is computed again from
 //! the whole index, which finds them, and the next claim takes them.
 //! Between two rescans the floor only rises, each [`REFRESH`], by a look-up
-//! that starts at the floor. SQLite has no such dead entries, and no floor.
+//! that starts at the floor. SQLite has no such dead entries, and no floor;
+//! MariaDB has no floor either (ADR 0017: it slowed claims there).
 
 use std::{
     sync::{Arc, Mutex},
@@ -35,29 +37,29 @@ use std::{
 use chrono::NaiveDateTime;
 use sea_orm::DbBackend;
 
-use super::{Store, claim::DueFilter};
+use sea_orm::DbErr;
 
 /// How far behind the database's now a floor stays at least: 1 s. Rows
 /// whose producer committed more than this after their insert are below
 /// it ([`Floor::lower_after_nothing`] and [`RESCAN`] find them). Each claim
 /// reads the index entries of the notices sent in this span (and
 /// [`REFRESH`]).
-pub const GUARD: Duration = Duration::from_secs(1);
+pub(crate) const GUARD: Duration = Duration::from_secs(1);
 
 /// How often a worker raises its floor: every 250 ms, at its next claim.
-pub const REFRESH: Duration = Duration::from_millis(250);
+pub(crate) const REFRESH: Duration = Duration::from_millis(250);
 
 /// How often a worker computes its floor from the whole due index again,
 /// finding rows written below it: every 10 s, at its next claim, or, when
 /// that look-up is slow (a long reader's dead entries), no more than a
 /// twentieth of the time ([`SLOW_SHARE`]). The longest a row below the
 /// floor waits while claims keep finding others.
-pub const RESCAN: Duration = Duration::from_secs(10);
+pub(crate) const RESCAN: Duration = Duration::from_secs(10);
 
 /// Look-ups from the whole due index take at most a twentieth of a
 /// worker's time: after one that took `t`, the next comes no sooner than
 /// `20 t` later (and no sooner than [`REFRESH`]).
-pub const SLOW_SHARE: u32 = 20;
+pub(crate) const SLOW_SHARE: u32 = 20;
 
 /// A worker's floor, shared by the filters it builds. The default has
 /// none: its claims read the whole due index.
@@ -74,8 +76,8 @@ struct Kept {
 /// A floor computed for one selection of rows.
 #[derive(Clone)]
 struct Known {
-    /// The rows it bounds (the filter it was computed for).
-    of: DueFilter,
+    /// The rows it bounds: those of the filter it was computed for.
+    of: Rows,
     /// The earliest due time a claim reads (`None`: none, claims read the
     /// whole index: a failed look-up, or a row due before 1970).
     at: Option<NaiveDateTime>,
@@ -151,12 +153,15 @@ impl Floor {
 
     /// What is known of `filter`'s rows, with how often the whole index is
     /// read again; `None` on SQLite or without a kept floor.
-    fn of(&self, filter: &DueFilter, backend: DbBackend) -> Option<(Duration, Option<Known>)> {
+    fn of(&self, rows: Rows, backend: DbBackend) -> Option<(Duration, Option<Known>)> {
         let rescan = self.0.as_ref()?.rescan;
-        if backend == DbBackend::Sqlite {
+        // PostgreSQL only: on MariaDB the first soak with a floor had p50
+        // at 160-186 ms before any reader, against 5-7 ms without (ADR
+        // 0017); SQLite has no dead entries.
+        if backend != DbBackend::Postgres {
             return None;
         }
-        Some((rescan, self.known().filter(|k| same_rows(&k.of, filter))))
+        Some((rescan, self.known().filter(|k| k.of == rows)))
     }
 
     /// The floor for `filter`'s rows as last computed (no look-up), for
@@ -165,8 +170,8 @@ impl Floor {
     /// due checks and the plan after a sweep find a row below it; while a
     /// look below is owed but may not be taken yet, the floor, answered no
     /// later than when it may.
-    pub(crate) fn current(&self, filter: &DueFilter, backend: DbBackend) -> Current {
-        let Some((rescan, Some(known))) = self.of(filter, backend) else {
+    pub(crate) fn current(&self, rows: Rows, backend: DbBackend) -> Current {
+        let Some((rescan, Some(known))) = self.of(rows, backend) else {
             return Current::default();
         };
         if known.rescan_due(rescan) {
@@ -191,18 +196,25 @@ impl Floor {
     /// whole index) on SQLite, for a filter without a kept floor, when a
     /// row is due before 1970, or for [`REFRESH`] after a look-up failed
     /// (logged).
-    pub(crate) async fn for_claim(
+    pub(crate) async fn for_claim<F, Fut>(
         &self,
-        store: &Store,
-        filter: &DueFilter,
-    ) -> Option<NaiveDateTime> {
-        let (rescan, known) = self.of(filter, store.backend())?;
+        rows: Rows,
+        backend: DbBackend,
+        look: F,
+    ) -> Option<NaiveDateTime>
+    where
+        F: FnOnce(Option<NaiveDateTime>) -> Fut,
+        Fut: Future<Output = Result<Option<NaiveDateTime>, DbErr>>,
+    {
+        let (rescan, known) = self.of(rows, backend)?;
         let from = match &known {
+            // A look below owed and due: from the whole index.
+            Some(k) if k.owed && k.wait().is_zero() => None,
             Some(k) if k.refreshed.elapsed() < REFRESH => return k.at,
             Some(k) if !k.rescan_due(rescan) => k.at,
             _ => None,
         };
-        self.look_up(store, filter, known, from).await
+        self.look_up(rows, known, from, look).await
     }
 
     /// After a claim from `floor` took nothing: the floor computed from the
@@ -215,14 +227,19 @@ impl Floor {
     /// ([`current`](Self::current)). Nor when the floor was read from the
     /// whole index after `began` (the claim's start, after the wake-up):
     /// nothing is below it.
-    pub(crate) async fn lower_after_nothing(
+    pub(crate) async fn lower_after_nothing<F, Fut>(
         &self,
-        store: &Store,
-        filter: &DueFilter,
+        rows: Rows,
+        backend: DbBackend,
         floor: NaiveDateTime,
         began: Instant,
-    ) -> Option<Option<NaiveDateTime>> {
-        let (_, known) = self.of(filter, store.backend())?;
+        look: F,
+    ) -> Option<Option<NaiveDateTime>>
+    where
+        F: FnOnce(Option<NaiveDateTime>) -> Fut,
+        Fut: Future<Output = Result<Option<NaiveDateTime>, DbErr>>,
+    {
+        let (_, known) = self.of(rows, backend)?;
         if known
             .as_ref()
             .and_then(|k| k.scanned)
@@ -237,23 +254,27 @@ impl Floor {
             }));
             return None;
         }
-        match self.look_up(store, filter, known, None).await {
+        match self.look_up(rows, known, None, look).await {
             Some(lower) if lower >= floor => None,
             lower => Some(lower),
         }
     }
 
-    /// Looks the floor up from `from` (the whole index with `None`) and
-    /// keeps it.
-    async fn look_up(
+    /// Looks the floor up by `look` from `from` (the whole index with
+    /// `None`) and keeps it.
+    async fn look_up<F, Fut>(
         &self,
-        store: &Store,
-        filter: &DueFilter,
+        rows: Rows,
         known: Option<Known>,
         from: Option<NaiveDateTime>,
-    ) -> Option<NaiveDateTime> {
+        look: F,
+    ) -> Option<NaiveDateTime>
+    where
+        F: FnOnce(Option<NaiveDateTime>) -> Fut,
+        Fut: Future<Output = Result<Option<NaiveDateTime>, DbErr>>,
+    {
         let asked = Instant::now();
-        let found = match super::claim::lowest_due(store, filter, from, GUARD).await {
+        let found = match look(from).await {
             Ok(found) => Some(found),
             Err(e) => {
                 tracing::debug!(error = %e, "cannot compute the claim floor; claiming from the whole due index for {REFRESH:?}");
@@ -276,7 +297,7 @@ impl Floor {
             (_, _, None) => (None, None, false),
         };
         self.set(Some(Known {
-            of: without_floor(filter),
+            of: rows,
             at,
             refreshed: asked,
             scanned,
@@ -286,20 +307,55 @@ impl Floor {
     }
 }
 
-/// `filter` with no floor of its own, to remember which rows a floor bounds.
-fn without_floor(filter: &DueFilter) -> DueFilter {
-    DueFilter {
-        floor: Floor::default(),
-        ..filter.clone()
+/// Which rows a filter selects, as a fingerprint that does not depend on
+/// the order of its lists (a worker's list of definitions comes from a map
+/// rebuilt every minute) and costs no copy of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Rows {
+    defs: (u8, Ids, i64, i64),
+    partitions: Ids,
+    any_partition: Ids,
+    always: Ids,
+}
+
+/// A list of ids, in any order: its length, and its sum, xor and sum of
+/// squares (wrapping).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct Ids(usize, u64, u64, u64);
+
+impl Ids {
+    fn of<T: Copy + Into<i64>>(ids: &[T]) -> Self {
+        ids.iter()
+            .fold(Ids(ids.len(), 0, 0, 0), |Ids(n, sum, xor, sq), id| {
+                let v = Into::<i64>::into(*id).cast_unsigned();
+                Ids(
+                    n,
+                    sum.wrapping_add(v),
+                    xor ^ v,
+                    sq.wrapping_add(v.wrapping_mul(v)),
+                )
+            })
     }
 }
 
-/// Whether `a` and `b` select the same rows.
-fn same_rows(a: &DueFilter, b: &DueFilter) -> bool {
-    a.defs == b.defs
-        && a.partitions == b.partitions
-        && a.any_partition == b.any_partition
-        && a.always == b.always
+impl Rows {
+    /// The rows of a filter: its kind of definition list (`kind`, with
+    /// `from` and `through` for a range) and its lists of ids.
+    pub(crate) fn new(
+        kind: u8,
+        defs: &[i64],
+        range: (i64, i64),
+        partitions: &[i32],
+        any_partition: &[i64],
+        always: &[i64],
+    ) -> Self {
+        Rows {
+            defs: (kind, Ids::of(defs), range.0, range.1),
+            partitions: Ids::of(partitions),
+            any_partition: Ids::of(any_partition),
+            always: Ids::of(always),
+        }
+    }
 }
 
 impl std::fmt::Debug for Floor {
@@ -319,3 +375,22 @@ impl PartialEq for Floor {
 }
 
 impl Eq for Floor {}
+
+#[cfg(test)]
+mod tests {
+    use super::Rows;
+
+    fn only(ids: &[i64]) -> Rows {
+        Rows::new(1, ids, (0, 0), &[], &[], &[])
+    }
+
+    #[test]
+    fn a_floor_bounds_the_same_rows_whatever_the_order_of_its_ids() {
+        assert_eq!(only(&[1, 2, 3]), only(&[3, 1, 2]));
+        assert_ne!(only(&[1, 2, 3]), only(&[1, 2, 4]));
+        assert_ne!(only(&[1, 2]), only(&[1, 2, 0]));
+        assert_ne!(Rows::new(2, &[2], (1, 9), &[], &[], &[]), only(&[2]));
+        assert_ne!(Rows::new(1, &[1], (0, 0), &[], &[], &[7]), only(&[1]));
+        assert_ne!(Rows::new(1, &[1], (0, 0), &[0], &[], &[]), only(&[1]));
+    }
+}

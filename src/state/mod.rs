@@ -46,7 +46,7 @@ pub mod confirm;
 #[cfg(test)]
 mod conformance;
 pub mod errors_log;
-pub mod floor;
+pub(crate) mod floor;
 pub mod heartbeat;
 pub mod ids;
 pub mod insert;
